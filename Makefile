@@ -1,0 +1,34 @@
+# Two commands do all the set-up: `make run` serves the shipped checkpoints on
+# localhost:8000, `make test` runs the test suite. Both create .venv on first use.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The one place torch is pinned; override for another platform, e.g.
+#   make setup CONSTRAINTS=my-cuda-constraints.txt
+CONSTRAINTS ?= constraints.txt
+EXTRAS ?= dev
+
+.PHONY: setup run test bench lint clean
+
+setup: $(VENV)/.installed-$(EXTRAS)
+
+$(VENV)/.installed-$(EXTRAS): pyproject.toml $(CONSTRAINTS)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c $(CONSTRAINTS) -e ".[$(EXTRAS)]"
+	touch $@
+
+run: setup
+	$(BIN)/python -m service
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/python -m benchmarks
+
+lint: setup
+	$(BIN)/ruff check model service tests benchmarks
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,153 @@
+"""ModelConfig: everything needed to build one of the three model families.
+
+The config lives beside the weights as ``config.json`` and round-trips exactly
+(``ModelConfig.from_dict(cfg.to_dict()) == cfg``). The options are the union of
+what the 2017 Transformer, GPT-2, BERT and Marian need, so each of them can be
+expressed without special cases in the model code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+FAMILIES = ("encoder-decoder", "decoder", "encoder")
+ACTIVATIONS = ("relu", "gelu", "gelu_new", "silu", "swish")
+POSITIONAL = ("sinusoidal", "learned")
+SINUSOIDAL_LAYOUTS = ("interleaved", "split")
+NORM_PLACEMENTS = ("post", "pre")
+POOLINGS = ("mean", "cls")
+
+
+class ConfigError(ValueError):
+    """A config.json that does not describe a buildable model."""
+
+
+@dataclass
+class ModelConfig:
+    family: str  # "encoder-decoder" (translation), "decoder" (LM), "encoder" (masked LM)
+    vocab_size: int  # shared source/target vocabulary for the encoder-decoder
+    d_model: int = 512
+    n_heads: int = 8
+    n_encoder_layers: int = 6  # ignored by the decoder family
+    n_decoder_layers: int = 6  # ignored by the encoder family
+    d_ff: int = 2048  # width of the position-wise feed-forward hidden layer
+    activation: str = "relu"  # paper: relu; GPT-2: gelu_new; BERT: gelu; Marian: swish
+    dropout: float = 0.1  # on embeddings and every residual branch (paper: 0.1)
+    attention_dropout: float = 0.0  # on attention probabilities (BERT: 0.1)
+    activation_dropout: float = 0.0  # inside the FFN, after the activation (Marian)
+    max_positions: int = 512  # longest sequence the position table covers
+    positional: str = "sinusoidal"  # paper/Marian: sinusoidal; GPT-2/BERT: learned
+    # Paper: sin on even, cos on odd dims. Marian/HF: sin in the first half, cos in the second.
+    sinusoidal_layout: str = "interleaved"
+    norm_placement: str = "post"  # paper/BERT/Marian: LayerNorm(x + f(x)); GPT-2: x + f(LN(x))
+    final_norm: bool = False  # a LayerNorm after the last layer of each stack (pre-norm needs it)
+    embedding_norm: bool = False  # LayerNorm right after summing embeddings (BERT)
+    layer_norm_eps: float = 1e-5  # BERT uses 1e-12
+    bias: bool = True  # biases on attention and FFN projections
+    fused_qkv: bool = True  # one (d, 3d) projection instead of three (same maths, one matmul)
+    attention_scale: float | None = None  # None: 1/sqrt(head_dim) as in the paper
+    scale_embedding: bool = False  # multiply token embeddings by sqrt(d_model) (paper, Marian)
+    tie_word_embeddings: bool = True  # output projection shares the input embedding matrix
+    type_vocab_size: int = 0  # >0 adds token-type (segment) embeddings (BERT: 2)
+    lm_head_bias: bool = False  # bias on the output projection (BERT decoder bias, Marian final_logits_bias)
+    mlm_transform: bool = False  # dense -> act -> LayerNorm before the MLM output projection (BERT)
+    pooling: str = "mean"  # sentence embedding of the encoder: mean over tokens or the first ([CLS]) token
+    pad_token_id: int = 0
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    decoder_start_token_id: int | None = None  # encoder-decoder: first decoder input (Marian: pad)
+    mask_token_id: int | None = None  # encoder family: the [MASK] id
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # --- derived values -------------------------------------------------------------
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def scale(self) -> float:
+        return self.attention_scale if self.attention_scale is not None else 1.0 / math.sqrt(self.head_dim)
+
+    @property
+    def has_encoder(self) -> bool:
+        return self.family in ("encoder-decoder", "encoder")
+
+    @property
+    def has_decoder(self) -> bool:
+        return self.family in ("encoder-decoder", "decoder")
+
+    # --- validation and (de)serialisation ------------------------------------------
+    def validate(self) -> None:
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                raise ConfigError(msg)
+
+        choices = {
+            "family": FAMILIES,
+            "activation": ACTIVATIONS,
+            "positional": POSITIONAL,
+            "sinusoidal_layout": SINUSOIDAL_LAYOUTS,
+            "norm_placement": NORM_PLACEMENTS,
+            "pooling": POOLINGS,
+        }
+        for name, allowed in choices.items():
+            value = getattr(self, name)
+            need(value in allowed, f"config field '{name}' is {value!r}; expected one of {list(allowed)}")
+        for name in ("vocab_size", "d_model", "n_heads", "d_ff", "max_positions"):
+            need(isinstance(getattr(self, name), int) and getattr(self, name) >= 1,
+                 f"config field '{name}' must be a positive integer, got {getattr(self, name)!r}")
+        need(self.d_model % self.n_heads == 0,
+             f"config field 'd_model' ({self.d_model}) must be divisible by 'n_heads' ({self.n_heads})")
+        if self.positional == "sinusoidal":
+            need(self.d_model % 2 == 0, "sinusoidal positions need an even 'd_model'")
+        if self.has_encoder:
+            need(self.n_encoder_layers >= 1, "config field 'n_encoder_layers' must be >= 1")
+        if self.has_decoder:
+            need(self.n_decoder_layers >= 1, "config field 'n_decoder_layers' must be >= 1")
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
+            need(0.0 <= getattr(self, name) < 1.0, f"config field '{name}' must be in [0, 1)")
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "mask_token_id"):
+            value = getattr(self, name)
+            need(value is None or 0 <= value < self.vocab_size,
+                 f"config field '{name}' is {value}; must be in [0, vocab_size={self.vocab_size})")
+        if self.family == "encoder-decoder":
+            need(self.decoder_start_token_id is not None,
+                 "config field 'decoder_start_token_id' is required for the encoder-decoder family")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown config field(s) {unknown}; known fields: {sorted(known)}")
+        try:
+            return cls(**data)
+        except TypeError as exc:  # a missing required field
+            raise ConfigError(str(exc)) from None
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "ModelConfig":
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"{path}: cannot read config: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: expected a JSON object")
+        try:
+            return cls.from_dict(data)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None

@@ -1,0 +1,122 @@
+"""Static, slot-based KV cache for serving.
+
+One preallocated buffer per K and V holds every layer: (layers, slots, nh, max_len + 1, hs).
+Each slot holds one sequence; sequences in a batch sit at their own positions, and a
+slot is freed (by the scheduler's bookkeeping) and reused without reallocating. The
+extra last position is a scratch column: padded rows of a ragged prefill batch write
+there, so they can never overwrite a real position of the same slot.
+
+For the encoder-decoder the cache also keeps the cross-attention K/V of each slot's
+source, computed once at admission, and the source length used to mask it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from model.host_transfer import to_device
+
+
+@dataclass
+class SlotBatch:
+    """The slots one forward pass touches, in the forms the cache needs."""
+
+    slots: list[int]
+    ids: Tensor  # (B,) long, on the cache device
+    index: slice | Tensor  # a slice when the slots are contiguous: reading is then a view, not a copy
+
+
+class SlotKVCache(nn.Module):
+    def __init__(
+        self,
+        n_layers: int,
+        n_slots: int,
+        n_heads: int,
+        head_dim: int,
+        max_len: int,
+        max_src_len: int = 0,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ):
+        super().__init__()
+        self.n_layers, self.n_slots, self.max_len, self.max_src_len = n_layers, n_slots, max_len, max_src_len
+        shape = (n_layers, n_slots, n_heads, max_len + 1, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        positions = torch.arange(max(max_len + 1, max_src_len), device=device)
+        self.register_buffer("key_positions", positions, persistent=False)
+        if max_src_len:
+            cross_shape = (n_layers, n_slots, n_heads, max_src_len, head_dim)
+            self.register_buffer("cross_k", torch.zeros(cross_shape, dtype=dtype, device=device), persistent=False)
+            self.register_buffer("cross_v", torch.zeros(cross_shape, dtype=dtype, device=device), persistent=False)
+            self.register_buffer("src_lengths", torch.zeros(n_slots, dtype=torch.long, device=device),
+                                 persistent=False)
+        self.src_lengths_host = [0] * n_slots  # host copy, so batch shapes need no device sync
+
+    @property
+    def device(self) -> torch.device:
+        return self.k.device
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self.buffers())
+
+    def batch(self, slots: Sequence[int]) -> SlotBatch:
+        slots = [int(s) for s in slots]
+        if not slots:
+            raise ValueError("empty slot batch")
+        bad = [s for s in slots if not 0 <= s < self.n_slots]
+        if bad:
+            raise IndexError(f"slots {bad} out of range [0, {self.n_slots})")
+        ids = to_device(slots, torch.long, self.device)
+        contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
+        index: slice | Tensor = slice(slots[0], slots[0] + len(slots)) if contiguous else ids
+        return SlotBatch(slots, ids, index)
+
+    # --- self-attention history ------------------------------------------------------
+    def write(self, layer: int, batch: SlotBatch, positions: Tensor, k: Tensor, v: Tensor) -> None:
+        """Store k, v (B, nh, T, hs) at positions (B, T) of each slot, in place."""
+        rows = batch.ids[:, None]  # (B, 1) broadcasts against positions (B, T)
+        self.k[layer][rows, :, positions] = k.transpose(1, 2).to(self.k.dtype)  # (B, T, nh, hs)
+        self.v[layer][rows, :, positions] = v.transpose(1, 2).to(self.v.dtype)
+
+    def read(self, layer: int, batch: SlotBatch, length: int) -> tuple[Tensor, Tensor]:
+        """The first ``length`` positions of each slot: 2 x (B, nh, length, hs)."""
+        return self.k[layer][batch.index, :, :length], self.v[layer][batch.index, :, :length]
+
+    # --- cross-attention memory (encoder-decoder) ------------------------------------
+    def write_cross(self, layer: int, batch: SlotBatch, k: Tensor, v: Tensor) -> None:
+        """Store the source's projected memory k, v (B, nh, S, hs) for each slot."""
+        s = k.size(2)
+        if s > self.max_src_len:
+            raise ValueError(f"source length {s} exceeds the cache's max_src_len {self.max_src_len}")
+        self.cross_k[layer][batch.ids, :, :s] = k.to(self.cross_k.dtype)
+        self.cross_v[layer][batch.ids, :, :s] = v.to(self.cross_v.dtype)
+
+    def set_src_lengths(self, batch: SlotBatch, lengths: Sequence[int]) -> None:
+        self.src_lengths[batch.ids] = to_device(lengths, torch.long, self.device)
+        for slot, n in zip(batch.slots, lengths):
+            self.src_lengths_host[slot] = int(n)
+
+    def read_cross(self, layer: int, batch: SlotBatch, length: int) -> tuple[Tensor, Tensor]:
+        return self.cross_k[layer][batch.index, :, :length], self.cross_v[layer][batch.index, :, :length]
+
+    def cross_mask(self, batch: SlotBatch, length: int) -> Tensor:
+        """(B, 1, 1, length): True on the real source tokens of each slot."""
+        lengths = self.src_lengths[batch.index]
+        return (self.key_positions[:length][None, :] < lengths[:, None])[:, None, None, :]
+
+    # --- slot management ---------------------------------------------------------------
+    def copy_slots(self, src: Sequence[int], dst: Sequence[int], length: int | None = None) -> None:
+        """Copy the history of slots ``src`` into ``dst`` (beam search reorders this way).
+
+        The right-hand side is gathered before it is written, so src and dst may overlap.
+        """
+        n = self.max_len + 1 if length is None else length
+        src_t, dst_t = to_device(src, torch.long, self.device), to_device(dst, torch.long, self.device)
+        self.k[:, dst_t, :, :n] = self.k[:, src_t, :, :n]
+        self.v[:, dst_t, :, :n] = self.v[:, src_t, :, :n]

@@ -1,0 +1,299 @@
+"""The three model families: EncoderDecoder, DecoderLM, MaskedLM.
+
+Two ways to run a decoder:
+- ``forward`` recomputes everything (training, tests, the reference for the cache);
+- ``prefill`` / ``decode_step`` run over a ``SlotKVCache``: a batch of slots, each at
+  its own position, so a scheduler can step many requests at different stages at once.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from model.config import ModelConfig
+from model.host_transfer import to_device
+from model.kv_cache import SlotKVCache
+from model.layers import ACTIVATION_FNS, Embeddings, KVHook, TransformerLayer
+
+
+def _plain_hook(mask: Tensor | None, causal: bool) -> KVHook:
+    return lambda k, v: (k, v, mask, causal)
+
+
+def _padded(seqs: Sequence[Sequence[int]], pad: int, device: torch.device) -> tuple[Tensor, list[int]]:
+    lengths = [len(s) for s in seqs]
+    if min(lengths) < 1:
+        raise ValueError("every sequence needs at least one token")
+    ids = torch.full((len(seqs), max(lengths)), pad, dtype=torch.long)
+    for row, seq in enumerate(seqs):
+        ids[row, : len(seq)] = torch.as_tensor(list(seq), dtype=torch.long)
+    return ids.to(device), lengths
+
+
+class LMHead(nn.Module):
+    """Hidden states -> vocabulary logits (optionally through BERT's dense/act/LayerNorm)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.mlm_transform:
+            self.dense = nn.Linear(cfg.d_model, cfg.d_model)
+            self.act = ACTIVATION_FNS[cfg.activation]
+            self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.transform = cfg.mlm_transform
+        self.proj = nn.Linear(cfg.d_model, cfg.vocab_size, bias=cfg.lm_head_bias)
+
+    def forward(self, h: Tensor) -> Tensor:
+        if self.transform:
+            h = self.norm(self.act(self.dense(h)))
+        return self.proj(h)
+
+
+class TransformerModel(nn.Module):
+    """What the three families share: embeddings, output head, init, tying, buffers."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = Embeddings(cfg)
+        self.lm_head = LMHead(cfg)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        if self.cfg.tie_word_embeddings:
+            self.lm_head.proj.weight = self.embed.tokens.weight
+
+    def reset_buffers(self) -> None:
+        self.embed.reset_buffers()
+
+    def init_weights(self, seed: int | None = None) -> "TransformerModel":
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        emb_std = self.cfg.d_model ** -0.5 if self.cfg.scale_embedding else 0.02
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                with torch.no_grad():
+                    module.weight.copy_(torch.randn(module.weight.shape, generator=gen) * 0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                with torch.no_grad():
+                    module.weight.copy_(torch.randn(module.weight.shape, generator=gen) * emb_std)
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+        self.tie_weights()
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.tokens.weight.dtype
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())  # tied tensors are counted once
+
+    def _final_norm(self) -> nn.Module:
+        if self.cfg.final_norm:
+            return nn.LayerNorm(self.cfg.d_model, eps=self.cfg.layer_norm_eps)
+        return nn.Identity()
+
+
+class _CachedDecoder(TransformerModel):
+    """The cached decode path shared by DecoderLM and EncoderDecoder."""
+
+    decoder_layers: nn.ModuleList
+    decoder_norm: nn.Module
+
+    def new_cache(self, n_slots: int, max_len: int, max_src_len: int = 0,
+                  dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> SlotKVCache:
+        if max_len > self.cfg.max_positions:
+            raise ValueError(f"max_len {max_len} exceeds the model's max_positions {self.cfg.max_positions}")
+        return SlotKVCache(
+            len(self.decoder_layers), n_slots, self.cfg.n_heads, self.cfg.head_dim, max_len,
+            max_src_len, dtype or self.dtype, device or self.device,
+        )
+
+    def forward_cached(
+        self, cache: SlotKVCache, ids: Tensor, slots: Sequence[int], starts: Sequence[int],
+        lengths: Sequence[int],
+    ) -> Tensor:
+        """Run ids (B, T) for slots whose history ends at ``starts``; each row has ``lengths``
+        real tokens (right padded). Writes their K/V and returns the last real token's
+        logits (B, V)."""
+        b, t = ids.shape
+        ends = [s + n for s, n in zip(starts, lengths)]
+        if max(ends) > cache.max_len:
+            raise ValueError(f"sequence length {max(ends)} exceeds the KV cache's max_len {cache.max_len}")
+        batch = cache.batch(slots)
+        dev = ids.device
+        offsets = torch.arange(t, device=dev)
+        pos = to_device(starts, torch.long, dev)[:, None] + offsets[None, :]  # (B, T)
+        lengths_t = to_device(lengths, torch.long, dev)
+        write_pos = torch.where(offsets[None, :] < lengths_t[:, None], pos, cache.max_len)  # pads -> scratch
+        x = self.embed(ids, pos.clamp(max=self.cfg.max_positions - 1))  # (B, T, d)
+
+        fresh = all(s == 0 for s in starts)  # nothing cached yet: attend over the new tokens only
+        span = max(ends)
+        mask = None if fresh else (cache.key_positions[:span][None, None, :] <= pos[:, :, None])[:, None]
+        cross_len = max(cache.src_lengths_host[s] for s in batch.slots) if cache.max_src_len else 0
+        cross_mask = cache.cross_mask(batch, cross_len) if cross_len else None
+
+        for i, layer in enumerate(self.decoder_layers):
+            def hook(k: Tensor, v: Tensor, i: int = i):
+                cache.write(i, batch, write_pos, k, v)
+                if fresh:
+                    return k, v, None, True
+                return (*cache.read(i, batch, span), mask, False)  # (B, nh, span, hs) each
+
+            cross = (*cache.read_cross(i, batch, cross_len), cross_mask) if cross_len else None
+            x = layer(x, hook, cross)
+        last = x[torch.arange(b, device=dev), lengths_t - 1]  # (B, d)
+        return self.lm_head(self.decoder_norm(last)).float()
+
+    def decode_step(self, cache: SlotKVCache, tokens: Tensor, slots: Sequence[int],
+                    positions: Sequence[int]) -> Tensor:
+        """One new token per slot: tokens (B,) at ``positions`` -> next-token logits (B, V).
+
+        ``tokens`` may stay on the device (fed straight from the sampler, no host sync).
+        """
+        return self.forward_cached(cache, tokens.view(-1, 1), slots, positions, [1] * len(slots))
+
+
+class DecoderLM(_CachedDecoder):
+    """Decoder-only language model (GPT style)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        self.decoder_layers = nn.ModuleList(TransformerLayer(cfg) for _ in range(cfg.n_decoder_layers))
+        self.decoder_norm = self._final_norm()
+
+    def hidden_states(self, ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """Full causal recomputation: ids (B, T), optional (B, T) real-token mask -> (B, T, d)."""
+        t = ids.size(1)
+        if attention_mask is None:
+            hook = _plain_hook(None, True)
+            positions = torch.arange(t, device=ids.device)
+        else:
+            real = attention_mask.bool()
+            # Left padding shifts positions; each row also sees itself so a pad row is never empty.
+            positions = (real.long().cumsum(-1) - 1).clamp(min=0)
+            eye = torch.eye(t, dtype=torch.bool, device=ids.device)
+            hook = _plain_hook(real[:, None, None, :] | eye, True)
+        x = self.embed(ids, positions)
+        for layer in self.decoder_layers:
+            x = layer(x, hook)
+        return self.decoder_norm(x)
+
+    def forward(self, ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        return self.lm_head(self.hidden_states(ids, attention_mask))  # (B, T, V)
+
+    def prefill(self, cache: SlotKVCache, prompts: Sequence[Sequence[int]], slots: Sequence[int],
+                starts: Sequence[int] | None = None) -> Tensor:
+        """Write the prompts (or prompt chunks continuing at ``starts``) into their slots;
+        returns the logits after each prompt's last token (B, V)."""
+        ids, lengths = _padded(prompts, self.cfg.pad_token_id, self.device)
+        return self.forward_cached(cache, ids, slots, starts or [0] * len(prompts), lengths)
+
+
+class EncoderDecoder(_CachedDecoder):
+    """Encoder-decoder (the 2017 paper's translation model); one shared vocabulary."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        self.encoder_layers = nn.ModuleList(TransformerLayer(cfg) for _ in range(cfg.n_encoder_layers))
+        self.encoder_norm = self._final_norm()
+        self.decoder_layers = nn.ModuleList(TransformerLayer(cfg, cross=True) for _ in range(cfg.n_decoder_layers))
+        self.decoder_norm = self._final_norm()
+
+    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        """src (B, S), optional (B, S) real-token mask -> memory (B, S, d)."""
+        mask = None if src_mask is None else src_mask.bool()[:, None, None, :]
+        hook = _plain_hook(mask, False)
+        x = self.embed(src, torch.arange(src.size(1), device=src.device))
+        for layer in self.encoder_layers:
+            x = layer(x, hook)
+        return self.encoder_norm(x)
+
+    def decode(self, memory: Tensor, src_mask: Tensor | None, tgt: Tensor) -> Tensor:
+        """Teacher-forced decoder pass: tgt (B, T) -> hidden (B, T, d). Causal; pads in the
+        target only affect their own (ignored) rows."""
+        cross_mask = None if src_mask is None else src_mask.bool()[:, None, None, :]
+        hook = _plain_hook(None, True)
+        x = self.embed(tgt, torch.arange(tgt.size(1), device=tgt.device))
+        for layer in self.decoder_layers:
+            x = layer(x, hook, (*layer.cross_attn.project_kv(memory), cross_mask))
+        return self.decoder_norm(x)
+
+    def forward(self, src: Tensor, tgt: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        return self.lm_head(self.decode(self.encode(src, src_mask), src_mask, tgt))  # (B, T, V)
+
+    def prefill(self, cache: SlotKVCache, sources: Sequence[Sequence[int]], slots: Sequence[int]) -> Tensor:
+        """Encode the sources once, keep their cross-attention K/V in the slots and feed the
+        decoder start token. Each source fills ``len(slots) // len(sources)`` consecutive
+        slots (its beams). Returns the first-step logits (len(slots), V)."""
+        group, rest = divmod(len(slots), len(sources))
+        if rest or group < 1:
+            raise ValueError(f"{len(slots)} slots cannot be split evenly over {len(sources)} sources")
+        src, lengths = _padded(sources, self.cfg.pad_token_id, self.device)
+        if src.size(1) > cache.max_src_len:
+            raise ValueError(f"source length {src.size(1)} exceeds the cache's max_src_len {cache.max_src_len}")
+        src_lengths = to_device(lengths, torch.long, self.device)
+        src_mask = torch.arange(src.size(1), device=self.device)[None, :] < src_lengths[:, None]  # (B, S)
+        memory = self.encode(src, src_mask)  # (B, S, d)
+        batch = cache.batch(slots)
+        for i, layer in enumerate(self.decoder_layers):
+            k, v = layer.cross_attn.project_kv(memory)  # (B, nh, S, hs) each
+            cache.write_cross(i, batch, k.repeat_interleave(group, 0), v.repeat_interleave(group, 0))
+        cache.set_src_lengths(batch, [n for n in lengths for _ in range(group)])
+        start = torch.full((len(slots), 1), self.cfg.decoder_start_token_id, dtype=torch.long, device=self.device)
+        return self.forward_cached(cache, start, slots, [0] * len(slots), [1] * len(slots))
+
+
+class MaskedLM(TransformerModel):
+    """Encoder with a masked-LM head (BERT style); also gives contextual embeddings."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        self.encoder_layers = nn.ModuleList(TransformerLayer(cfg) for _ in range(cfg.n_encoder_layers))
+        self.encoder_norm = self._final_norm()
+
+    def hidden_states(self, ids: Tensor, attention_mask: Tensor | None = None,
+                      token_type_ids: Tensor | None = None) -> Tensor:
+        """ids (B, T) -> contextual token embeddings (B, T, d)."""
+        mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+        hook = _plain_hook(mask, False)
+        x = self.embed(ids, torch.arange(ids.size(1), device=ids.device), token_type_ids)
+        for layer in self.encoder_layers:
+            x = layer(x, hook)
+        return self.encoder_norm(x)
+
+    def forward(self, ids: Tensor, attention_mask: Tensor | None = None,
+                token_type_ids: Tensor | None = None) -> Tensor:
+        return self.lm_head(self.hidden_states(ids, attention_mask, token_type_ids))  # (B, T, V)
+
+    def pool(self, hidden: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """Sentence embedding (B, d): mean over real tokens, or the first ([CLS]) token."""
+        if self.cfg.pooling == "cls":
+            return hidden[:, 0]
+        if attention_mask is None:
+            return hidden.mean(dim=1)
+        w = attention_mask.to(hidden.dtype)[:, :, None]  # (B, T, 1)
+        return (hidden * w).sum(1) / w.sum(1).clamp(min=1.0)
+
+
+MODEL_CLASSES: dict[str, type[TransformerModel]] = {
+    "encoder-decoder": EncoderDecoder,
+    "decoder": DecoderLM,
+    "encoder": MaskedLM,
+}
+
+
+def build_model(cfg: ModelConfig) -> TransformerModel:
+    """Instantiate the right family for ``cfg`` (weights uninitialised; call init_weights)."""
+    return MODEL_CLASSES[cfg.family](cfg)
+
