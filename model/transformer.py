@@ -232,13 +232,18 @@ class EncoderDecoder(_CachedDecoder):
     def forward(self, src: Tensor, tgt: Tensor, src_mask: Tensor | None = None) -> Tensor:
         return self.lm_head(self.decode(self.encode(src, src_mask), src_mask, tgt))  # (B, T, V)
 
-    def prefill(self, cache: SlotKVCache, sources: Sequence[Sequence[int]], slots: Sequence[int]) -> Tensor:
+    def prefill(self, cache: SlotKVCache, sources: Sequence[Sequence[int]], slots: Sequence[int],
+                group_sizes: Sequence[int] | None = None) -> Tensor:
         """Encode the sources once, keep their cross-attention K/V in the slots and feed the
-        decoder start token. Each source fills ``len(slots) // len(sources)`` consecutive
-        slots (its beams). Returns the first-step logits (len(slots), V)."""
-        group, rest = divmod(len(slots), len(sources))
-        if rest or group < 1:
-            raise ValueError(f"{len(slots)} slots cannot be split evenly over {len(sources)} sources")
+        decoder start token. Source i fills ``group_sizes[i]`` consecutive entries of ``slots``
+        (its beams; default: an even split). Returns the first-step logits (len(slots), V)."""
+        if group_sizes is None:
+            group, rest = divmod(len(slots), len(sources))
+            if rest or group < 1:
+                raise ValueError(f"{len(slots)} slots cannot be split evenly over {len(sources)} sources")
+            group_sizes = [group] * len(sources)
+        if len(group_sizes) != len(sources) or sum(group_sizes) != len(slots) or min(group_sizes) < 1:
+            raise ValueError(f"group_sizes {list(group_sizes)} do not cover {len(slots)} slots")
         src, lengths = _padded(sources, self.cfg.pad_token_id, self.device)
         if src.size(1) > cache.max_src_len:
             raise ValueError(f"source length {src.size(1)} exceeds the cache's max_src_len {cache.max_src_len}")
@@ -246,10 +251,11 @@ class EncoderDecoder(_CachedDecoder):
         src_mask = torch.arange(src.size(1), device=self.device)[None, :] < src_lengths[:, None]  # (B, S)
         memory = self.encode(src, src_mask)  # (B, S, d)
         batch = cache.batch(slots)
+        repeats = to_device(group_sizes, torch.long, self.device)
         for i, layer in enumerate(self.decoder_layers):
             k, v = layer.cross_attn.project_kv(memory)  # (B, nh, S, hs) each
-            cache.write_cross(i, batch, k.repeat_interleave(group, 0), v.repeat_interleave(group, 0))
-        cache.set_src_lengths(batch, [n for n in lengths for _ in range(group)])
+            cache.write_cross(i, batch, k.repeat_interleave(repeats, 0), v.repeat_interleave(repeats, 0))
+        cache.set_src_lengths(batch, [n for n, g in zip(lengths, group_sizes) for _ in range(g)])
         start = torch.full((len(slots), 1), self.cfg.decoder_start_token_id, dtype=torch.long, device=self.device)
         return self.forward_cached(cache, start, slots, [0] * len(slots), [1] * len(slots))
 

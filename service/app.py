@@ -1,0 +1,73 @@
+"""The app factory: ``create_app(settings)``.
+
+The lifespan starts model loading in the background (so /health answers at once and
+/ready reports progress) and, on shutdown, stops admitting and gives in-flight requests
+``shutdown_grace_s`` to finish before the engines stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import AsyncIterator
+
+import torch
+from fastapi import APIRouter, Depends, FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+
+from service.dependencies import require_api_key
+from service.errors import install_error_handlers
+from service.logging_config import configure_logging
+from service.metrics import Metrics
+from service.middleware import BodyLimitMiddleware, RequestLogMiddleware
+from service.registry import EngineRegistry
+from service.routes import completions, encoder, generate, system, translate
+from service.settings import Settings
+
+DESCRIPTION = """Transformer inference: translation (encoder-decoder), generation (decoder-only),
+fill-mask and embeddings (encoder-only), with continuous batching over a slot KV cache.
+OpenAI-compatible `/v1/completions`, `/v1/embeddings`, `/v1/models`; streaming via Server-Sent Events."""
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    configure_logging(settings.log_level, settings.log_json)
+    if settings.torch_threads:
+        torch.set_num_threads(settings.torch_threads)
+    metrics = Metrics()
+    registry = EngineRegistry(settings, metrics)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loading = asyncio.create_task(registry.start())
+        app.state.loading = loading
+        try:
+            yield
+        finally:
+            if not loading.done():
+                loading.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await loading
+            await registry.stop(settings.shutdown_grace_s)
+
+    app = FastAPI(title="transformer-serve", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
+    app.state.settings, app.state.metrics, app.state.registry = settings, metrics, registry
+    install_error_handlers(app)
+
+    auth = [Depends(require_api_key)]
+    probe_deps = auth if settings.protect_health_and_metrics else []
+    app.include_router(system.probes, dependencies=probe_deps)
+    api = APIRouter(dependencies=auth)
+    for module in (generate, completions, translate, encoder):
+        api.include_router(module.router)
+    api.include_router(system.models)
+    app.include_router(api)
+
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    origins = settings.cors_origin_list()
+    if origins:
+        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
+                           expose_headers=["X-Request-ID", "Retry-After"])
+    app.add_middleware(RequestLogMiddleware, metrics=metrics)  # outermost: sees every status, incl. 413
+    return app

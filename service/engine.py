@@ -1,0 +1,271 @@
+"""Engines: one per loaded model, each owning its model, tokenizer and a worker thread.
+
+The HTTP layer sees only this interface:
+- ``GenerativeEngine.submit(prompt_ids, params) -> RequestStream`` (an async iterator of
+  ``EngineEvent``; raises ``QueueFullError`` at once when the queue is full) and
+  ``abort(request_id)``;
+- ``EncoderEngine.fill_mask(...)`` / ``embed(...)``, batched across concurrent requests;
+- ``EngineRegistry``: loads every checkpoint, warms the engines up, and is the async
+  context that starts and stops them.
+The worker thread runs the scheduler step by step; results cross to the event loop with
+one ``call_soon_threadsafe`` per step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+from typing import Any
+
+import torch
+
+from model import Checkpoint, SamplingParams
+from service.engine_errors import EngineStoppedError, InvalidRequestError, QueueFullError
+from service.metrics import Metrics
+from service.scheduler import EngineEvent, EngineRequest, GenerationScheduler
+from service.settings import Settings
+
+log = logging.getLogger("tserve.engine")
+
+TASKS = {"encoder-decoder": "translation", "decoder": "text-generation", "encoder": "fill-mask"}
+
+
+class RequestStream:
+    """Events of one request, in order; the last one is ``finished``."""
+
+    def __init__(self, engine: "GenerativeEngine", request_id: str):
+        self.engine, self.request_id = engine, request_id
+        self.queue: asyncio.Queue[EngineEvent] = asyncio.Queue()
+        self.done = False
+
+    def __aiter__(self) -> "RequestStream":
+        return self
+
+    async def __anext__(self) -> EngineEvent:
+        if self.done:
+            raise StopAsyncIteration
+        event = await self.queue.get()
+        self.done = event.finished
+        return event
+
+    def abort(self) -> None:
+        """Free the request's slot at the next step (no-op once finished)."""
+        if not self.done:
+            self.done = True
+            self.engine.abort(self.request_id)
+
+
+class BaseEngine:
+    def __init__(self, name: str, ckpt: Checkpoint, settings: Settings, metrics: Metrics):
+        self.name, self.ckpt, self.settings, self.metrics = name, ckpt, settings, metrics
+        self.model, self.tokenizer, self.cfg = ckpt.model, ckpt.tokenizer, ckpt.config
+        if self.tokenizer is None:
+            raise ValueError(f"{ckpt.path}: a served checkpoint needs a tokenizer.json")
+        self.max_len = min(settings.max_seq_len, self.cfg.max_positions)
+        self.created = int(time.time())
+        self.ready = False
+        self.accepting = False
+        self._cv = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.metrics.slots_total.labels(name).set(0)
+
+    @property
+    def family(self) -> str:
+        return self.cfg.family
+
+    def info(self) -> dict[str, Any]:
+        return {"id": self.name, "object": "model", "created": self.created, "owned_by": "transformer-serve",
+                "family": self.family, "task": TASKS[self.family], "max_seq_len": self.max_len,
+                "parameters": self.model.num_parameters(), "metrics": self.ckpt.metrics}
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        if self.settings.warmup:
+            await asyncio.to_thread(self._warmup)
+        self._thread = threading.Thread(target=self._run, name=f"engine-{self.name}", daemon=True)
+        self._thread.start()
+        self.accepting = self.ready = True
+        log.info("engine ready", extra={"model": self.name, "family": self.family})
+
+    async def stop(self, grace_s: float) -> None:
+        """Stop admitting; give in-flight work ``grace_s`` to finish, then fail the rest."""
+        self.accepting = self.ready = False
+        deadline = time.monotonic() + grace_s
+        while self._busy() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+
+    def _check_accepting(self) -> None:
+        if not self.accepting:
+            raise EngineStoppedError(f"model '{self.name}' is not ready (starting or shutting down)")
+
+    def _deliver(self, fn, *args) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(fn, *args)
+
+    # subclasses
+    def _warmup(self) -> None: ...
+    def _run(self) -> None: ...
+    def _busy(self) -> bool: ...
+
+
+class GenerativeEngine(BaseEngine):
+    """Decoder-only and encoder-decoder models: continuous batching over KV-cache slots."""
+
+    def __init__(self, name: str, ckpt: Checkpoint, settings: Settings, metrics: Metrics):
+        super().__init__(name, ckpt, settings, metrics)
+        self.encdec = self.family == "encoder-decoder"
+        self.max_src_len = self.max_len if self.encdec else 0
+        self.scheduler = GenerationScheduler(self.model, self.tokenizer, settings.max_batch, self.max_len,
+                                             self.max_src_len, settings.max_prefill_tokens)
+        self._inbox: list[EngineRequest] = []
+        self._aborts: set[str] = set()
+        self._streams: dict[str, RequestStream] = {}
+        self._timing: dict[str, list[float]] = {}  # request id -> [arrival, last token time or 0]
+        self.metrics.slots_total.labels(name).set(settings.max_batch)
+
+    # --- the async API --------------------------------------------------------------------
+    def validate(self, prompt_ids: list[int], params: SamplingParams, prompt_field: str = "prompt") -> None:
+        """Model-specific limits; raises InvalidRequestError naming the field and the limit."""
+        n = len(prompt_ids)
+        if n == 0:
+            raise InvalidRequestError(f"{prompt_field} must not be empty", prompt_field)
+        if self.encdec:
+            if n > self.max_src_len:
+                raise InvalidRequestError(f"{prompt_field} is {n} tokens; this model accepts at most "
+                                          f"{self.max_src_len}", prompt_field)
+            if params.max_new_tokens + 1 > self.max_len:
+                raise InvalidRequestError(f"max_tokens must be <= {self.max_len - 1} for this model", "max_tokens")
+            if params.beam_size > self.settings.max_batch:
+                raise InvalidRequestError(f"beam_size must be <= {self.settings.max_batch} (the engine's slots)",
+                                          "beam_size")
+        else:
+            if params.beam_size != 1:
+                raise InvalidRequestError("beam_size > 1 is only supported for translation models", "beam_size")
+            if n + params.max_new_tokens > self.max_len:
+                raise InvalidRequestError(
+                    f"prompt ({n} tokens) + max_tokens ({params.max_new_tokens}) exceeds this model's limit of "
+                    f"{self.max_len} tokens", "max_tokens")
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
+               prompt_field: str = "prompt") -> RequestStream:
+        self._check_accepting()
+        self.validate(prompt_ids, params, prompt_field)
+        request_id = request_id or uuid.uuid4().hex
+        now = time.monotonic()
+        req = EngineRequest(request_id, list(prompt_ids), params, now, now + self.settings.request_timeout_s)
+        stream = RequestStream(self, request_id)
+        with self._cv:
+            queued = len(self._inbox) + len(self.scheduler.waiting)
+            if queued >= self.settings.max_queue + len(self.scheduler.free):
+                self.metrics.rejected.labels(self.name, "queue_full").inc()
+                raise QueueFullError(f"model '{self.name}' is overloaded: {queued} requests waiting; retry later",
+                                     retry_after=1)
+            self._streams[request_id] = stream
+            self._timing[request_id] = [now, 0.0]
+            self._inbox.append(req)
+            self._cv.notify()
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        with self._cv:
+            self._streams.pop(request_id, None)
+            self._aborts.add(request_id)
+            self._cv.notify()
+
+    # --- the worker thread -----------------------------------------------------------------
+    def _busy(self) -> bool:
+        return bool(self._inbox) or self.scheduler.has_work
+
+    def _warmup(self) -> None:
+        """Run one request through prefill, decode and sampling before reporting ready."""
+        ids = self.tokenizer.encode("warm up the engine")[: max(1, self.max_len // 4)] or [self.cfg.pad_token_id]
+        params = SamplingParams(max_new_tokens=min(4, self.max_len - len(ids) - 1), temperature=0.8, seed=0,
+                                ignore_eos=True)
+        self.scheduler.add(EngineRequest("warmup", ids, params))
+        while self.scheduler.has_work:
+            self.scheduler.step()
+
+    def _run(self) -> None:
+        torch.set_grad_enabled(False)
+        while True:
+            with self._cv:
+                while not (self._stopping or self._inbox or self._aborts or self.scheduler.has_work):
+                    self._cv.wait()
+                if self._stopping:
+                    break
+                inbox, self._inbox = self._inbox, []
+                aborts, self._aborts = self._aborts, set()
+            for request_id in aborts:
+                self.scheduler.abort(request_id)
+                self._timing.pop(request_id, None)
+            for req in inbox:
+                self.scheduler.add(req)
+            events = self.scheduler.expire(time.monotonic())
+            if self.scheduler.has_work:
+                try:
+                    result = self.scheduler.step()
+                except Exception:  # a bug must not hang every client: fail the batch, keep serving
+                    log.exception("engine step failed", extra={"model": self.name})
+                    events += self.scheduler.fail_all("internal", "internal engine error")
+                else:
+                    events += result.events
+                    self._observe_step(result)
+            self._observe_events(events)
+            self._update_gauges()
+            if events:
+                self._deliver(self._dispatch, events)
+        events = self.scheduler.fail_all("shutdown", "the server is shutting down")
+        self._update_gauges()
+        if events:
+            self._deliver(self._dispatch, events)
+
+    def _dispatch(self, events: list[EngineEvent]) -> None:  # on the event loop
+        for event in events:
+            stream = self._streams.get(event.request_id)
+            if stream is not None:
+                stream.queue.put_nowait(event)
+                if event.finished:
+                    self._streams.pop(event.request_id, None)
+
+    def _observe_step(self, result) -> None:
+        m, name, now = self.metrics, self.name, time.monotonic()
+        for req in result.admitted:
+            m.queue_time.labels(name).observe(now - req.arrival)
+        if result.prompt_tokens:
+            m.prompt_tokens.labels(name).inc(result.prompt_tokens)
+        if result.batch_size:
+            m.steps.labels(name).inc()
+            m.batch_size.labels(name).set(result.batch_size)
+            m.step_batch.labels(name).observe(result.batch_size)
+
+    def _observe_events(self, events: list[EngineEvent]) -> None:
+        m, name, now = self.metrics, self.name, time.monotonic()
+        for event in events:
+            timing = self._timing.get(event.request_id)
+            if event.token_ids:
+                m.generated_tokens.labels(name).inc(len(event.token_ids))
+                if timing is not None:
+                    if timing[1] == 0.0:
+                        m.ttft.labels(name).observe(now - timing[0])
+                    else:
+                        m.itl.labels(name).observe(now - timing[1])
+                    timing[1] = now
+            if event.finished:
+                self._timing.pop(event.request_id, None)
+
+    def _update_gauges(self) -> None:
+        m, name, s = self.metrics, self.name, self.scheduler
+        m.running.labels(name).set(len(s.running) + len(s.prefilling))
+        m.waiting.labels(name).set(len(s.waiting) + len(self._inbox))
+        m.slots_used.labels(name).set(s.slots_used)
+        m.kv_usage.labels(name).set(s.slots_used / s.n_slots)

@@ -1,0 +1,57 @@
+"""Prometheus metrics: one prefix (``tserve_``), units in names, a ``model`` label everywhere.
+
+Each app instance owns its own registry, so several apps (tests, replicas in one process)
+never share or double-register series.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.exposition import generate_latest
+
+PREFIX = "tserve"
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None):
+        disable_created_metrics()  # the *_created series double the scrape and no dashboard uses them
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+
+        def name(n: str) -> str:
+            return f"{PREFIX}_{n}"
+
+        self.requests = Counter(name("requests"), "HTTP requests by endpoint and status code.",
+                                ["model", "endpoint", "status"], registry=r)
+        self.request_duration = Histogram(name("request_duration_seconds"),
+                                          "End-to-end request latency, first byte in to last byte out.",
+                                          ["model", "endpoint"], buckets=LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram(name("time_to_first_token_seconds"), "Arrival to first generated token.",
+                              ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram(name("inter_token_latency_seconds"), "Time between consecutive tokens of a sequence.",
+                             ["model"], buckets=TOKEN_LATENCY_BUCKETS, registry=r)
+        self.queue_time = Histogram(name("queue_time_seconds"), "Arrival to admission into a KV-cache slot.",
+                                    ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.prompt_tokens = Counter(name("prompt_tokens"), "Prompt (or source) tokens processed.",
+                                     ["model"], registry=r)
+        self.generated_tokens = Counter(name("generated_tokens"), "Tokens generated.", ["model"], registry=r)
+        self.running = Gauge(name("running_requests"), "Requests holding a KV-cache slot (or in a forward pass).",
+                             ["model"], registry=r)
+        self.waiting = Gauge(name("waiting_requests"), "Requests queued for a slot.", ["model"], registry=r)
+        self.slots_used = Gauge(name("kv_cache_slots_used"), "KV-cache slots in use.", ["model"], registry=r)
+        self.slots_total = Gauge(name("kv_cache_slots_total"), "KV-cache slots allocated.", ["model"], registry=r)
+        self.kv_usage = Gauge(name("kv_cache_usage_ratio"), "Fraction of KV-cache slots in use.", ["model"],
+                              registry=r)
+        self.batch_size = Gauge(name("batch_size"), "Sequences in the latest engine step.", ["model"], registry=r)
+        self.step_batch = Histogram(name("step_batch_size"), "Sequences per engine step (forward pass).",
+                                    ["model"], buckets=BATCH_BUCKETS, registry=r)
+        self.steps = Counter(name("engine_steps"), "Engine steps (each one batched forward pass or two).",
+                             ["model"], registry=r)
+        self.rejected = Counter(name("rejected_requests"), "Requests refused before reaching the engine's queue.",
+                                ["model", "reason"], registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,108 @@
+"""Pure ASGI middlewares (they never buffer a streamed response).
+
+- ``BodyLimitMiddleware``: bodies over ``max_body_bytes`` get 413, whether or not the
+  client sent a Content-Length.
+- ``RequestLogMiddleware``: one structured log line and the request metrics per request:
+  id, endpoint, status, model, tokens, latency.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import uuid
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.metrics import Metrics
+
+log = logging.getLogger("tserve.access")
+REQUEST_ID_OK = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+# keys routes set in the ASGI scope for the log line and the metric labels
+MODEL_KEY, USAGE_KEY = "tserve.model", "tserve.usage"
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+async def _send_error(send: Send, status: int, message: str, type_: str) -> None:
+    body = json.dumps({"error": {"message": message, "type": type_, "code": None, "param": None}}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class BodyLimitMiddleware:
+    def __init__(self, app: ASGIApp, max_body_bytes: int):
+        self.app, self.limit = app, max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        message = f"request body exceeds the limit of {self.limit} bytes (TSERVE_MAX_BODY_BYTES)"
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            return await _send_error(send, 413, message, "invalid_request_error")
+        seen, started = 0, False
+
+        async def limited_receive() -> Message:
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.limit:
+                    raise BodyTooLarge()
+            return msg
+
+        async def tracking_send(msg: Message) -> None:
+            nonlocal started
+            started = started or msg["type"] == "http.response.start"
+            await send(msg)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except BodyTooLarge:
+            if not started:
+                await _send_error(send, 413, message, "invalid_request_error")
+
+
+class RequestLogMiddleware:
+    def __init__(self, app: ASGIApp, metrics: Metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start = time.perf_counter()
+        headers = dict(scope["headers"])
+        given = headers.get(b"x-request-id", b"").decode("latin-1")
+        request_id = given if REQUEST_ID_OK.match(given) else uuid.uuid4().hex
+        scope["tserve.request_id"] = request_id
+        status = 500
+
+        async def send_with_id(msg: Message) -> None:
+            nonlocal status
+            if msg["type"] == "http.response.start":
+                status = msg["status"]
+                msg.setdefault("headers", [])
+                msg["headers"] = list(msg["headers"]) + [(b"x-request-id", request_id.encode())]
+            await send(msg)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            latency = time.perf_counter() - start
+            route = scope.get("route")
+            endpoint = getattr(route, "path", None) or "unmatched"
+            model = scope.get(MODEL_KEY, "none")
+            prompt_tokens, completion_tokens = scope.get(USAGE_KEY, (0, 0))
+            self.metrics.requests.labels(model, endpoint, str(status)).inc()
+            self.metrics.request_duration.labels(model, endpoint).observe(latency)
+            log.info("request", extra={
+                "request_id": request_id, "method": scope["method"], "path": scope["path"], "endpoint": endpoint,
+                "status": status, "model": model, "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens, "latency_ms": round(latency * 1000, 2)})

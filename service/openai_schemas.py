@@ -1,0 +1,135 @@
+"""OpenAI-compatible bodies: /v1/completions, /v1/embeddings, /v1/models.
+
+Field names, defaults and response shapes follow the OpenAI API so the official client
+works unmodified. Parameters we do not implement are rejected with a clear 400 rather
+than silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from service.schemas import Usage, normalise_stop
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class CompletionRequest(BaseModel):
+    model: str
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(16, ge=1, le=4096)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    n: int = Field(1, ge=1, le=8)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logprobs: int | None = Field(None, ge=0, le=5)
+    echo: bool = False
+    stop: list[str] = Field(default_factory=list)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    best_of: int | None = Field(None, ge=1, le=8)
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    suffix: str | None = None
+    user: str | None = None
+    # extensions (vLLM accepts the same names)
+    top_k: int = Field(0, ge=0, le=100_000)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
+    ignore_eos: bool = False
+
+    model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [
+        {"model": "generate-en", "prompt": "To be, or not to be", "max_tokens": 32, "temperature": 0.7},
+        {"model": "generate-en", "prompt": "HAMLET:", "max_tokens": 48, "stream": True, "stop": ["\n\n"],
+         "logprobs": 2, "seed": 7},
+    ]})
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop(cls, value):
+        return normalise_stop(value)
+
+    @model_validator(mode="after")
+    def _unsupported(self) -> "CompletionRequest":
+        if self.presence_penalty or self.frequency_penalty:
+            raise ValueError("presence_penalty and frequency_penalty are not supported; "
+                             "use repetition_penalty (> 1 discourages repeats)")
+        if self.best_of not in (None, self.n):
+            raise ValueError("best_of must equal n (server-side best-of is not supported)")
+        if self.logit_bias:
+            raise ValueError("logit_bias is not supported")
+        if self.suffix:
+            raise ValueError("suffix (insertion) is not supported")
+        if isinstance(self.prompt, list) and not self.prompt:
+            raise ValueError("prompt must not be an empty list")
+        return self
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None] | None
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    text: str
+    index: int
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: Literal["stop", "length"] | None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class EmbeddingRequest(BaseModel):
+    model: str | None = None
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)
+    user: str | None = None
+
+    model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [
+        {"model": "fill-mask-en", "input": "The quick brown fox"},
+        {"model": "fill-mask-en", "input": ["first sentence", "second sentence"], "encoding_format": "base64"},
+    ]})
+
+
+class EmbeddingItem(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+
+
+class EmbeddingResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[EmbeddingItem]
+    model: str
+    usage: Usage
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+    family: str
+    task: str
+    max_seq_len: int
+    parameters: int
+    metrics: dict[str, Any] = Field(default_factory=dict)
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

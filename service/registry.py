@@ -1,0 +1,93 @@
+"""The loaded models: discovery in the weights directory, loading, warm-up, lookup.
+
+``start()`` runs in the background of the app's lifespan, so /health answers at once and
+/ready turns true only when every engine has loaded and warmed up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import torch
+
+from model import CheckpointError, is_checkpoint, load
+from service.encoder_engine import EncoderEngine
+from service.engine import BaseEngine, GenerativeEngine
+from service.engine_errors import EngineStoppedError, InvalidRequestError, ModelNotFoundError
+from service.metrics import Metrics
+from service.settings import Settings
+
+log = logging.getLogger("tserve.registry")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+FAMILY_NAMES = {"encoder-decoder": "translation (encoder-decoder)", "decoder": "text generation (decoder)",
+                "encoder": "fill-mask/embedding (encoder)"}
+
+
+class EngineRegistry:
+    def __init__(self, settings: Settings, metrics: Metrics):
+        self.settings, self.metrics = settings, metrics
+        self.engines: dict[str, BaseEngine] = {}
+        self.error: str | None = None
+        self.started = False
+
+    def discover(self) -> list[Path]:
+        root = self.settings.weights_dir
+        found = {p.name: p for p in sorted(root.iterdir())} if root.is_dir() else {}
+        found = {name: p for name, p in found.items() if is_checkpoint(p)}
+        wanted = self.settings.model_names()
+        missing = [m for m in wanted if m not in found]
+        if missing:
+            raise CheckpointError(f"TSERVE_MODELS names {missing}, not found in {root} (found: {sorted(found)})")
+        if not found:
+            raise CheckpointError(f"no checkpoints (config.json + model.safetensors) in {root.resolve()}")
+        return [found[m] for m in wanted] if wanted else list(found.values())
+
+    async def start(self) -> None:
+        try:
+            for path in self.discover():
+                ckpt = await asyncio.to_thread(load, path, self.settings.device, DTYPES[self.settings.dtype])
+                cls = EncoderEngine if ckpt.config.family == "encoder" else GenerativeEngine
+                engine = cls(path.name, ckpt, self.settings, self.metrics)
+                self.engines[path.name] = engine
+                await engine.start()
+        except Exception as exc:
+            self.error = f"{type(exc).__name__}: {exc}"
+            log.error("model loading failed: %s", self.error)
+        finally:
+            self.started = True
+
+    async def stop(self, grace_s: float) -> None:
+        await asyncio.gather(*(e.stop(grace_s) for e in self.engines.values()))
+
+    @property
+    def ready(self) -> bool:
+        return self.started and self.error is None and bool(self.engines) and all(
+            e.ready for e in self.engines.values())
+
+    def status(self) -> dict:
+        return {"ready": self.ready, "error": self.error,
+                "models": {name: ("ready" if e.ready else "starting") for name, e in self.engines.items()}}
+
+    def get(self, name: str | None, family: str, endpoint: str) -> BaseEngine:
+        """The engine for ``name`` (or the first of ``family``), checked against the endpoint."""
+        if name is None:
+            engine = next((e for e in self.engines.values() if e.family == family), None)
+            if engine is None:
+                if not self.started:
+                    raise EngineStoppedError("models are still loading")
+                raise ModelNotFoundError(f"no {FAMILY_NAMES[family]} model is loaded", "model")
+        else:
+            engine = self.engines.get(name)
+            if engine is None:
+                if not self.started:
+                    raise EngineStoppedError("models are still loading")
+                raise ModelNotFoundError(f"model '{name}' not found; loaded: {sorted(self.engines)}", "model")
+            if engine.family != family:
+                raise InvalidRequestError(f"model '{name}' is a {FAMILY_NAMES[engine.family]} model; {endpoint} "
+                                          f"needs a {FAMILY_NAMES[family]} model", "model")
+        if not engine.ready:
+            raise EngineStoppedError(f"model '{engine.name}' is not ready")
+        return engine

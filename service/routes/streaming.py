@@ -1,0 +1,96 @@
+"""Waiting for engine events on behalf of one HTTP request.
+
+Non-streaming requests watch the connection while they wait: if the client goes away
+the request is aborted and its slot freed at the next engine step. Streaming requests
+are cancelled by Starlette when the client disconnects; the ``finally`` in the chunk
+generator aborts them the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from service.engine import RequestStream
+from service.engine_errors import RequestFailedError
+from service.middleware import MODEL_KEY, USAGE_KEY
+from service.scheduler import EngineEvent
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class ClientDisconnected(Exception):
+    pass
+
+
+def mark(request: Request, model: str | None = None, usage: tuple[int, int] | None = None) -> None:
+    """Record the model and token usage for the request log and metrics."""
+    if model is not None:
+        request.scope[MODEL_KEY] = model
+    if usage is not None:
+        request.scope[USAGE_KEY] = usage
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _drain(stream: RequestStream) -> list[EngineEvent]:
+    events = []
+    async for event in stream:
+        if event.error:
+            raise RequestFailedError(event.error, f"request failed: {event.message}")
+        events.append(event)
+    return events
+
+
+async def collect(request: Request, streams: list[RequestStream]) -> list[list[EngineEvent]]:
+    """All events of every stream; aborts them all if the client disconnects or one fails."""
+    consumer = asyncio.ensure_future(asyncio.gather(*(_drain(s) for s in streams)))
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({consumer, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if consumer in done:
+            return consumer.result()
+        raise ClientDisconnected()
+    finally:
+        watcher.cancel()
+        if not consumer.done():
+            consumer.cancel()
+        for s in streams:
+            s.abort()
+
+
+def sse_event(data: dict[str, Any] | str) -> bytes:
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    return f"data: {payload}\n\n".encode()
+
+
+def sse_response(chunks: AsyncIterator[dict[str, Any]], streams: list[RequestStream]) -> StreamingResponse:
+    """One ``data: {json}`` per chunk, then ``data: [DONE]``. Errors become an error chunk."""
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            async for chunk in chunks:
+                yield sse_event(chunk)
+        except RequestFailedError as exc:
+            yield sse_event({"error": {"message": exc.message, "type": exc.type, "code": exc.code, "param": None}})
+        finally:
+            for s in streams:
+                s.abort()
+        yield sse_event("[DONE]")
+
+    return StreamingResponse(body(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+def check_event(event: EngineEvent) -> EngineEvent:
+    if event.error:
+        raise RequestFailedError(event.error, f"request failed: {event.message}")
+    return event

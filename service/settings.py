@@ -1,0 +1,53 @@
+"""Service settings: read once (env vars ``TSERVE_*`` or a ``.env`` file) in the app factory.
+
+Every limit the service enforces is here, with its default; the README's configuration
+table lists the same fields. Model-specific limits (vocabulary, positions) come from each
+checkpoint's config.json and are never repeated here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TSERVE_", env_file=".env", extra="ignore")
+
+    # --- where and what to serve -----------------------------------------------------
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    weights_dir: Path = Path("weights")
+    models: str = Field("", description="comma-separated checkpoint names to load; empty = all in weights_dir")
+    device: str = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    torch_threads: int = Field(0, ge=0, description="intra-op threads; 0 = torch's default")
+
+    # --- engine limits (per model) -----------------------------------------------------
+    max_batch: int = Field(32, ge=1, le=1024, description="KV-cache slots = sequences decoded together")
+    max_seq_len: int = Field(512, ge=8, description="prompt + generated tokens; capped by the model's positions")
+    max_queue: int = Field(128, ge=0, description="requests waiting for a slot before 429")
+    max_prefill_tokens: int = Field(2048, ge=16, description="prompt tokens processed per engine step")
+    max_encoder_batch: int = Field(64, ge=1, description="texts per fill-mask/embedding forward pass")
+    request_timeout_s: float = Field(300.0, gt=0, description="a request still running after this fails with 504")
+    warmup: bool = True
+
+    # --- HTTP ------------------------------------------------------------------------------
+    max_body_bytes: int = Field(1_000_000, ge=1024, description="larger request bodies get 413")
+    max_texts: int = Field(64, ge=1, description="list inputs (translate, fill-mask, embeddings, prompts)")
+    max_text_chars: int = Field(20_000, ge=1, description="characters per input text")
+    api_key: SecretStr | None = None
+    protect_health_and_metrics: bool = False
+    cors_origins: str = Field("", description="comma-separated allowed origins; '*' for any; empty = no CORS")
+    shutdown_grace_s: float = Field(10.0, ge=0, description="in-flight requests get this long on shutdown")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_json: bool = True
+
+    def model_names(self) -> list[str]:
+        return [m.strip() for m in self.models.split(",") if m.strip()]
+
+    def cors_origin_list(self) -> list[str]:
+        return [o.strip() for o in self.cors_origins.split(",") if o.strip()]
