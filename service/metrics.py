@@ -42,7 +42,7 @@ class Metrics:
                              ["model"], registry=r)
         self.waiting = Gauge(name("waiting_requests"), "Requests queued for a slot.", ["model"], registry=r)
         self.slots_used = Gauge(name("kv_cache_slots_used"), "KV-cache slots in use.", ["model"], registry=r)
-        self.slots_total = Gauge(name("kv_cache_slots_total"), "KV-cache slots allocated.", ["model"], registry=r)
+        self.slots_total = Gauge(name("kv_cache_slots"), "KV-cache slots allocated (capacity).", ["model"], registry=r)
         self.kv_usage = Gauge(name("kv_cache_usage_ratio"), "Fraction of KV-cache slots in use.", ["model"],
                               registry=r)
         self.batch_size = Gauge(name("batch_size"), "Sequences in the latest engine step.", ["model"], registry=r)

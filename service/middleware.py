@@ -25,10 +25,6 @@ REQUEST_ID_OK = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 MODEL_KEY, USAGE_KEY = "tserve.model", "tserve.usage"
 
 
-class BodyTooLarge(Exception):
-    pass
-
-
 async def _send_error(send: Send, status: int, message: str, type_: str) -> None:
     body = json.dumps({"error": {"message": message, "type": type_, "code": None, "param": None}}).encode()
     await send({"type": "http.response.start", "status": status,
@@ -47,27 +43,41 @@ class BodyLimitMiddleware:
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.limit:
             return await _send_error(send, 413, message, "invalid_request_error")
-        seen, started = 0, False
+        seen, started, rejected = 0, False, False
 
         async def limited_receive() -> Message:
-            nonlocal seen
+            # A chunked body is counted as it arrives. Past the limit we answer 413 ourselves and
+            # tell the app the client left (an exception here would be turned into a 400 by FastAPI).
+            nonlocal seen, rejected
+            if rejected:
+                return {"type": "http.disconnect"}
             msg = await receive()
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
                 if seen > self.limit:
-                    raise BodyTooLarge()
+                    rejected = True
+                    if not started:
+                        await tracking_send_error()
+                    return {"type": "http.disconnect"}
             return msg
+
+        async def tracking_send_error() -> None:
+            nonlocal started
+            started = True
+            await _send_error(send, 413, message, "invalid_request_error")
 
         async def tracking_send(msg: Message) -> None:
             nonlocal started
+            if rejected:
+                return  # the 413 is already out; drop whatever the app answers to the "disconnect"
             started = started or msg["type"] == "http.response.start"
             await send(msg)
 
         try:
             await self.app(scope, limited_receive, tracking_send)
-        except BodyTooLarge:
-            if not started:
-                await _send_error(send, 413, message, "invalid_request_error")
+        except Exception:
+            if not rejected:
+                raise
 
 
 class RequestLogMiddleware:

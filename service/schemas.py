@@ -75,11 +75,14 @@ class GenerateRequest(SamplingFields):
     ]}, populate_by_name=True)
 
 
-class TokenLogprob(BaseModel):
+class TopLogprob(BaseModel):
     token: str
     token_id: int
     logprob: float
-    top_logprobs: dict[str, float] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] | None = None  # most likely first
 
 
 class GenerateResponse(BaseModel):

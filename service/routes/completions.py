@@ -17,7 +17,7 @@ from service.dependencies import RegistryDep, SettingsDep
 from service.engine import GenerativeEngine, RequestStream
 from service.engine_errors import InvalidRequestError
 from service.openai_schemas import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
-from service.routes.generate import ERRORS
+from service.routes.generate import ERRORS, token_text
 from service.routes.inputs import text_list
 from service.routes.streaming import check_event, collect, mark, sse_response
 from service.scheduler import EngineEvent
@@ -45,17 +45,16 @@ def _finish(reason: str | None) -> str | None:
 
 
 def _logprobs(engine: GenerativeEngine, events: list[EngineEvent], offset: int) -> CompletionLogprobs:
-    tok = engine.tokenizer
     tokens, lps, tops, offsets = [], [], [], []
     for e in events:
         for i, (t, lp) in enumerate(zip(e.token_ids, e.logprobs)):
-            piece = tok.decode([t], skip_special_tokens=False)
+            piece = token_text(engine, t)
             offsets.append(offset)
             offset += len(piece)
             tokens.append(piece)
             lps.append(lp)
             top = e.top_logprobs[i] if i < len(e.top_logprobs) else None
-            tops.append({tok.decode([k], skip_special_tokens=False): v for k, v in top.items()} if top else None)
+            tops.append({token_text(engine, k): v for k, v in top.items()} if top else None)
     return CompletionLogprobs(tokens=tokens, token_logprobs=lps, top_logprobs=tops, text_offset=offsets)
 
 

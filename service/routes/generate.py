@@ -13,20 +13,27 @@ from service.engine import GenerativeEngine, RequestStream
 from service.routes.inputs import text_list
 from service.routes.streaming import check_event, collect, mark, sse_response
 from service.scheduler import EngineEvent
-from service.schemas import ErrorResponse, GenerateRequest, GenerateResponse, TokenLogprob, Usage
+from service.schemas import ErrorResponse, GenerateRequest, GenerateResponse, TokenLogprob, TopLogprob, Usage
 
 router = APIRouter(tags=["generation"])
 ERRORS = {code: {"model": ErrorResponse} for code in (400, 404, 413, 429, 503, 504)}
 
 
+def token_text(engine: GenerativeEngine, token_id: int) -> str:
+    """A token's text; a token holding only part of a UTF-8 character has none, so its raw
+    vocabulary entry is used (unique, unlike the replacement character)."""
+    text = engine.tokenizer.decode([token_id], skip_special_tokens=False)
+    return engine.tokenizer.id_to_token(token_id) or text if "\ufffd" in text else text
+
+
 def token_logprobs(engine: GenerativeEngine, event: EngineEvent) -> list[TokenLogprob]:
-    tok = engine.tokenizer
     out = []
     for i, (token_id, lp) in enumerate(zip(event.token_ids, event.logprobs)):
         top = event.top_logprobs[i] if i < len(event.top_logprobs) else None
-        out.append(TokenLogprob(
-            token=tok.decode([token_id], skip_special_tokens=False), token_id=token_id, logprob=lp,
-            top_logprobs={tok.decode([t], skip_special_tokens=False): v for t, v in top.items()} if top else None))
+        alternatives = [TopLogprob(token=token_text(engine, t), token_id=t, logprob=v) for t, v in top.items()] \
+            if top else None
+        out.append(TokenLogprob(token=token_text(engine, token_id), token_id=token_id, logprob=lp,
+                                top_logprobs=alternatives))
     return out
 
 

@@ -1,0 +1,51 @@
+"""A real uvicorn server on 127.0.0.1 in a background thread, for tests that need sockets."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import uvicorn
+
+from service.app import create_app
+from service.settings import Settings
+
+
+class ServerThread:
+    def __init__(self, settings: Settings):
+        self.app = create_app(settings)
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning", lifespan="on",
+                                timeout_graceful_shutdown=max(1, int(settings.shutdown_grace_s)))
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> "ServerThread":
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.01)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        while httpx.get(self.url + "/ready").status_code != 200:
+            if time.monotonic() > deadline:
+                raise RuntimeError("service never became ready")
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=60)
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def metric(self, name: str, **labels) -> float:
+        text = httpx.get(self.url + "/metrics").text
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+        return total

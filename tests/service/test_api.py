@@ -1,0 +1,243 @@
+"""Every endpoint end to end in-process (httpx.ASGITransport with the app's lifespan)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import subprocess
+
+import httpx
+import numpy as np
+import pytest
+import pytest_asyncio
+
+from service.app import create_app
+from tests.service.conftest import settings_for, wait_ready
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def client(weights_dir):
+    app = create_app(settings_for(weights_dir, max_body_bytes=4096, max_texts=4, max_text_chars=500))
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as c:
+            await wait_ready(c)
+            yield c
+
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+def sse_chunks(text: str) -> list[dict | str]:
+    out = []
+    for block in text.strip().split("\n\n"):
+        assert block.startswith("data: "), block
+        payload = block[len("data: "):]
+        out.append(payload if payload == "[DONE]" else json.loads(payload))
+    return out
+
+
+async def test_generate_plain_and_streamed_agree(client):
+    body = {"prompt": "To be, or not", "max_tokens": 12, "temperature": 0.9, "top_p": 0.95, "seed": 123,
+            "ignore_eos": True}
+    plain = (await client.post("/v1/generate", json=body)).json()
+    assert plain["object"] == "text_generation" and plain["finish_reason"] == "length"
+    assert plain["usage"]["completion_tokens"] == 12 and plain["usage"]["prompt_tokens"] >= 3
+    r = await client.post("/v1/generate", json=body | {"stream": True})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    chunks = sse_chunks(r.text)
+    assert chunks[-1] == "[DONE]"
+    data = chunks[:-1]
+    assert "".join(c["text"] for c in data) == plain["text"]
+    assert [c["finish_reason"] for c in data[:-1]] == [None] * (len(data) - 1)
+    assert data[-1]["finish_reason"] == "length" and data[-1]["usage"] == plain["usage"]
+    assert sum(len(c["token_ids"]) for c in data) == 12
+
+
+async def test_generate_logprobs(client):
+    r = await client.post("/v1/generate", json={"prompt": "Open the", "max_tokens": 4, "temperature": 0,
+                                                "logprobs": 3, "ignore_eos": True})
+    lps = r.json()["logprobs"]
+    assert len(lps) == 4
+    for item in lps:
+        top = item["top_logprobs"]
+        assert item["logprob"] <= 0 and len(top) == 3
+        assert [t["logprob"] for t in top] == sorted((t["logprob"] for t in top), reverse=True)
+        assert top[0]["token_id"] == item["token_id"]  # greedy picks the most likely token
+        assert item["logprob"] == pytest.approx(top[0]["logprob"], abs=1e-6)
+
+
+async def test_completions_openai_shape(client):
+    r = await client.post("/v1/completions", json={"model": "generate-tiny", "prompt": ["To be", "Open"],
+                                                   "max_tokens": 5, "n": 2, "temperature": 0, "ignore_eos": True})
+    body = r.json()
+    assert body["object"] == "text_completion" and [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
+    assert body["choices"][0]["text"] == body["choices"][1]["text"]  # greedy: n copies agree
+    assert body["usage"]["completion_tokens"] == 20
+    r = await client.post("/v1/completions", json={"model": "generate-tiny", "prompt": "To be", "max_tokens": 3,
+                                                   "echo": True, "temperature": 0})
+    assert r.json()["choices"][0]["text"].startswith("To be")
+
+
+async def test_completions_stream_with_logprobs(client):
+    body = {"model": "generate-tiny", "prompt": "Shall I", "max_tokens": 6, "temperature": 0, "stream": True,
+            "logprobs": 2, "ignore_eos": True}
+    chunks = sse_chunks((await client.post("/v1/completions", json=body)).text)
+    data = chunks[:-1]
+    assert chunks[-1] == "[DONE]" and data[-1]["choices"][0]["finish_reason"] == "length"
+    assert data[-1]["usage"]["completion_tokens"] == 6
+    offsets = [o for c in data for o in c["choices"][0]["logprobs"]["text_offset"]]
+    assert offsets == sorted(offsets)
+    plain = (await client.post("/v1/completions", json=body | {"stream": False})).json()
+    assert "".join(c["choices"][0]["text"] for c in data) == plain["choices"][0]["text"]
+
+
+async def test_translate_list_beam_and_stream(client):
+    r = await client.post("/v1/translate", json={"text": ["Open the file", "Save"], "max_tokens": 6, "beam_size": 2})
+    body = r.json()
+    assert r.status_code == 200 and len(body["translations"]) == 2
+    assert all(t["tokens"] <= 6 for t in body["translations"])
+    greedy = {"text": "Close the window", "max_tokens": 6, "beam_size": 1}
+    plain = (await client.post("/v1/translate", json=greedy)).json()["translations"][0]["text"]
+    chunks = sse_chunks((await client.post("/v1/translate", json=greedy | {"stream": True})).text)
+    assert "".join(c["text"] for c in chunks[:-1]).strip() == plain
+
+
+async def test_fill_mask_hf_shape(client):
+    one = (await client.post("/v1/fill-mask", json={"text": "open the [MASK] menu", "top_k": 3})).json()
+    assert len(one) == 3 and set(one[0]) == {"score", "token", "token_str", "sequence"}
+    assert one[0]["score"] >= one[1]["score"] >= one[2]["score"]
+    assert one[0]["sequence"] == f"open the {one[0]['token_str']} menu"
+    two = (await client.post("/v1/fill-mask", json={"inputs": "[MASK] the [MASK]", "top_k": 2})).json()
+    assert len(two) == 2 and all(len(per_mask) == 2 for per_mask in two)
+    many = (await client.post("/v1/fill-mask", json={"text": ["a [MASK]", "b [MASK]"], "top_k": 1})).json()
+    assert len(many) == 2 and len(many[0]) == 1
+
+
+async def test_embeddings_float_and_base64_agree(client):
+    body = {"model": "fill-mask-tiny", "input": ["hello world", "open the file"]}
+    floats = (await client.post("/v1/embeddings", json=body)).json()
+    b64 = (await client.post("/v1/embeddings", json=body | {"encoding_format": "base64"})).json()
+    for f, b in zip(floats["data"], b64["data"]):
+        decoded = np.frombuffer(base64.b64decode(b["embedding"]), dtype="<f4")
+        assert np.allclose(decoded, f["embedding"], atol=1e-6)
+        assert np.linalg.norm(f["embedding"]) == pytest.approx(1.0, abs=1e-5)
+    assert floats["usage"]["prompt_tokens"] > 0
+    single = (await client.post("/v1/embeddings", json={"input": "hello world"})).json()
+    assert np.allclose(single["data"][0]["embedding"], floats["data"][0]["embedding"], atol=1e-5)  # batch = alone
+
+
+async def test_models_health_ready(client):
+    models = (await client.get("/v1/models")).json()
+    assert models["object"] == "list"
+    assert {m["id"]: m["task"] for m in models["data"]} == {
+        "generate-tiny": "text-generation", "translate-tiny": "translation", "fill-mask-tiny": "fill-mask"}
+    assert (await client.get("/v1/models/generate-tiny")).json()["family"] == "decoder"
+    assert (await client.get("/health")).json() == {"status": "ok"}
+    assert (await client.get("/ready")).json()["ready"] is True
+
+
+INVALID = [
+    ("/v1/generate", {"prompt": "x", "temperature": -0.5}, "temperature", "greater than or equal to 0"),
+    ("/v1/generate", {"prompt": "x", "top_p": 0}, "top_p", "greater than 0"),
+    ("/v1/generate", {"prompt": "x", "top_p": 1.5}, "top_p", "less than or equal to 1"),
+    ("/v1/generate", {"prompt": "x", "top_k": -1}, "top_k", "greater than or equal to 0"),
+    ("/v1/generate", {"prompt": "x", "max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
+    ("/v1/generate", {"prompt": "x", "max_tokens": 200}, "max_tokens", "limit of 128 tokens"),
+    ("/v1/generate", {"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
+    ("/v1/generate", {"prompt": "x", "repetition_penalty": 0}, "repetition_penalty", "greater than 0"),
+    ("/v1/generate", {"prompt": "   "}, "prompt", "must not be empty"),
+    ("/v1/generate", {"prompt": ""}, "prompt", "at least 1 character"),
+    ("/v1/generate", {"prompt": "x" * 501}, "prompt", "at most 500"),
+    ("/v1/generate", {"max_tokens": 3}, "prompt", "field required"),
+    ("/v1/generate", {"prompt": 5}, "prompt", "valid string"),
+    ("/v1/generate", {"prompt": "x", "logprobs": 21}, "logprobs", "less than or equal to 20"),
+    ("/v1/generate", {"prompt": "x", "model": "translate-tiny"}, "model", "needs a text generation"),
+    ("/v1/fill-mask", {"text": "no mask here"}, "text", "must contain the mask token [MASK]"),
+    ("/v1/fill-mask", {"text": ["a [MASK]"] * 5}, "text", "at most 4"),
+    ("/v1/fill-mask", {"text": "[MASK]", "top_k": 0}, "top_k", "greater than or equal to 1"),
+    ("/v1/translate", {"text": []}, "text", "must not be an empty list"),
+    ("/v1/translate", {"text": ["a", ""]}, "text", "text[1] must not be empty"),
+    ("/v1/translate", {"text": "a", "beam_size": 17}, "beam_size", "less than or equal to 16"),
+    ("/v1/translate", {"text": "a", "beam_size": 9, "max_tokens": 8}, "beam_size", "<= 8"),
+    ("/v1/translate", {"text": ["a", "b"], "stream": True}, "stream", "single text"),
+    ("/v1/translate", {"text": "a", "max_tokens": 128}, "max_tokens", "<= 127"),
+    ("/v1/completions", {"model": "generate-tiny", "prompt": "x", "temperature": 2.5}, "temperature", "2"),
+    ("/v1/completions", {"model": "generate-tiny", "prompt": "x", "presence_penalty": 1}, None, "presence_penalty"),
+    ("/v1/completions", {"model": "generate-tiny", "prompt": [[5, 100000]]}, "prompt", "token ids"),
+    ("/v1/completions", {"model": "generate-tiny", "prompt": "x", "n": 9}, "n", "less than or equal to 8"),
+    ("/v1/completions", {"prompt": "x"}, "model", "field required"),
+    ("/v1/embeddings", {"input": "x", "dimensions": 7}, "dimensions", "must be 32"),
+    ("/v1/embeddings", {"input": [[1, 2, 99999]]}, "input", "token ids"),
+    ("/v1/embeddings", {"input": "x", "encoding_format": "hex"}, "encoding_format", "'float' or 'base64'"),
+]
+
+
+@pytest.mark.parametrize("path,body,param,needle", INVALID, ids=[f"{p}:{n}" for p, _, _, n in INVALID])
+async def test_invalid_input_is_a_400_naming_the_field(client, path, body, param, needle):
+    r = await client.post(path, json=body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert needle in err["message"], err
+    assert err["type"] == "invalid_request_error"
+    if param is not None:
+        assert err["param"] == param and param in err["message"]
+
+
+async def test_unknown_model_malformed_json_and_oversized_body(client):
+    r = await client.post("/v1/generate", json={"model": "nope", "prompt": "x"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    assert (await client.get("/v1/models/nope")).status_code == 404
+    r = await client.post("/v1/generate", content=b'{"prompt": "x",', headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    r = await client.post("/v1/generate", json={"prompt": "x" * 5000})
+    assert r.status_code == 413 and "4096 bytes" in r.json()["error"]["message"]
+
+    async def chunked():  # no Content-Length: the limit still holds
+        for _ in range(10):
+            yield b" " * 1000
+    r = await client.post("/v1/generate", content=chunked(), headers={"content-type": "application/json"})
+    assert r.status_code == 413
+    assert (await client.get("/no/such/path")).json()["error"]["type"] == "not_found_error"
+
+
+async def test_metrics_count_requests_and_tokens(client):
+    def value(text: str, name: str, **labels) -> float:
+        for line in text.splitlines():
+            if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    before = (await client.get("/metrics")).text
+    for _ in range(3):
+        await client.post("/v1/generate", json={"prompt": "To be", "max_tokens": 5, "ignore_eos": True})
+    await client.post("/v1/generate", json={"prompt": "x", "temperature": -1})
+    after = (await client.get("/metrics")).text
+    ok = dict(model="generate-tiny", endpoint="/v1/generate", status="200")
+    assert value(after, "tserve_requests_total", **ok) - value(before, "tserve_requests_total", **ok) == 3
+    assert value(after, "tserve_requests_total", endpoint="/v1/generate", status="400") - \
+        value(before, "tserve_requests_total", endpoint="/v1/generate", status="400") == 1
+    gen = dict(model="generate-tiny")
+    assert value(after, "tserve_generated_tokens_total", **gen) - value(before, "tserve_generated_tokens_total",
+                                                                        **gen) == 15
+    prompt_len = len(client._transport.app.state.registry.engines["generate-tiny"].tokenizer.encode("To be"))
+    assert value(after, "tserve_prompt_tokens_total", **gen) - value(before, "tserve_prompt_tokens_total",
+                                                                     **gen) == 3 * prompt_len
+    ttft = "tserve_time_to_first_token_seconds_count"
+    assert value(after, ttft, **gen) - value(before, ttft, **gen) == 3
+    itl = "tserve_inter_token_latency_seconds_count"
+    assert value(after, itl, **gen) - value(before, itl, **gen) == 12
+    assert value(after, "tserve_kv_cache_slots", **gen) == 8
+    for name in ("tserve_running_requests", "tserve_waiting_requests", "tserve_kv_cache_usage_ratio",
+                 "tserve_step_batch_size_bucket", "tserve_queue_time_seconds_bucket",
+                 "tserve_request_duration_seconds_bucket"):
+        assert name in after
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (CI installs prometheus)")
+async def test_metrics_pass_promtool(client):
+    await client.post("/v1/embeddings", json={"input": "warm"})
+    text = (await client.get("/metrics")).text
+    result = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.strip() == "" and result.stderr.strip() == "", \
+        result.stdout + result.stderr

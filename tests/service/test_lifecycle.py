@@ -1,0 +1,111 @@
+"""Readiness, failed start-up, CORS, request logs, and isolation of bad requests."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import httpx
+import pytest
+
+from service.app import create_app
+from service.logging_config import JsonFormatter
+from tests.service.conftest import settings_for, wait_ready
+
+pytestmark = pytest.mark.asyncio
+
+
+def asgi_client(app) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+
+
+async def test_ready_is_503_until_models_are_warm(weights_dir):
+    app = create_app(settings_for(weights_dir))
+    async with app.router.lifespan_context(app), asgi_client(app) as c:
+        first = await c.get("/ready")
+        assert first.status_code == 503 and first.json()["ready"] is False
+        assert (await c.get("/health")).status_code == 200  # alive while loading
+        r = await c.post("/v1/generate", json={"prompt": "x"})
+        assert r.status_code == 503 and r.json()["error"]["type"] == "unavailable_error"
+        await wait_ready(c)
+        assert (await c.get("/ready")).json()["models"] == {
+            "fill-mask-tiny": "ready", "generate-tiny": "ready", "translate-tiny": "ready"}
+
+
+async def test_failed_start_up_is_reported(tmp_path, weights_dir):
+    app = create_app(settings_for(tmp_path))  # no checkpoints at all
+    async with app.router.lifespan_context(app), asgi_client(app) as c:
+        await app.state.loading
+        ready = await c.get("/ready")
+        assert ready.status_code == 503 and "no checkpoints" in ready.json()["error"]
+        assert (await c.get("/health")).status_code == 503
+    app = create_app(settings_for(weights_dir, models="generate-tiny,typo"))
+    async with app.router.lifespan_context(app), asgi_client(app) as c:
+        await app.state.loading
+        assert "typo" in (await c.get("/ready")).json()["error"]
+
+
+async def test_models_setting_selects_checkpoints(weights_dir):
+    app = create_app(settings_for(weights_dir, models="fill-mask-tiny"))
+    async with app.router.lifespan_context(app), asgi_client(app) as c:
+        await wait_ready(c)
+        assert [m["id"] for m in (await c.get("/v1/models")).json()["data"]] == ["fill-mask-tiny"]
+        r = await c.post("/v1/generate", json={"prompt": "x"})
+        assert r.status_code == 404 and "no text generation" in r.json()["error"]["message"]
+
+
+async def test_cors_and_request_id(weights_dir):
+    app = create_app(settings_for(weights_dir, cors_origins="https://app.example", warmup=False))
+    async with app.router.lifespan_context(app), asgi_client(app) as c:
+        await wait_ready(c)
+        pre = await c.options("/v1/generate", headers={"Origin": "https://app.example",
+                                                       "Access-Control-Request-Method": "POST"})
+        assert pre.headers["access-control-allow-origin"] == "https://app.example"
+        other = await c.get("/health", headers={"Origin": "https://evil.example"})
+        assert "access-control-allow-origin" not in other.headers
+        r = await c.get("/health", headers={"X-Request-ID": "abc-123"})
+        assert r.headers["x-request-id"] == "abc-123"
+        assert len((await c.get("/health")).headers["x-request-id"]) == 32
+
+
+async def test_one_structured_log_line_per_request(weights_dir):
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    app = create_app(settings_for(weights_dir, warmup=False, log_level="info"))
+    logging.getLogger("tserve.access").addHandler(handler)
+    try:
+        async with app.router.lifespan_context(app), asgi_client(app) as c:
+            await wait_ready(c)
+            records.clear()
+            await c.post("/v1/generate", json={"prompt": "To be", "max_tokens": 3, "ignore_eos": True},
+                         headers={"X-Request-ID": "req-1"})
+    finally:
+        logging.getLogger("tserve.access").removeHandler(handler)
+    (rec,) = [r for r in records if getattr(r, "request_id", None) == "req-1"]
+    line = json.loads(JsonFormatter().format(rec))
+    assert line["msg"] == "request" and line["status"] == 200 and line["endpoint"] == "/v1/generate"
+    assert line["model"] == "generate-tiny" and line["completion_tokens"] == 3 and line["prompt_tokens"] > 0
+    assert line["latency_ms"] > 0
+
+
+async def test_invalid_requests_never_reach_the_engine(weights_dir):
+    app = create_app(settings_for(weights_dir))
+    async with app.router.lifespan_context(app), asgi_client(app) as c:
+        await wait_ready(c)
+        engine = app.state.registry.engines["generate-tiny"]
+        submitted = []
+        original = engine.scheduler.add
+        engine.scheduler.add = lambda req: (submitted.append(req.request_id), original(req))[1]
+        good = {"prompt": "To be", "max_tokens": 20, "temperature": 0, "ignore_eos": True}
+        expected = (await c.post("/v1/generate", json=good)).json()["text"]
+        submitted.clear()
+        bad = [{"prompt": "x", "temperature": -1}, {"prompt": "x", "max_tokens": 10_000}, {"prompt": ""},
+               {"prompt": "x", "stop": ["1", "2", "3", "4", "5"]}, {"prompt": "x", "model": "nope"}]
+        import asyncio
+
+        results = await asyncio.gather(c.post("/v1/generate", json=good),
+                                       *(c.post("/v1/generate", json=b) for b in bad))
+        assert [r.status_code for r in results] == [200, 400, 400, 400, 400, 404]
+        assert results[0].json()["text"] == expected  # the valid request is undisturbed
+        assert len(submitted) == 1  # only the valid one reached the scheduler
