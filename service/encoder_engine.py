@@ -39,6 +39,8 @@ class EncoderEngine(BaseEngine):
         self.mask_token = self.tokenizer.id_to_token(self.mask_id) if self.mask_id is not None else None
         self._jobs: deque[_Job] = deque()
         self._active = 0
+        # [CLS], [SEP], [PAD], [MASK]... are never offered as fill-mask candidates
+        self._special = torch.tensor(sorted(self.tokenizer.special_ids), dtype=torch.long, device=self.model.device)
 
     # --- the async API ------------------------------------------------------------------
     def tokenize(self, texts: list[str], field_name: str) -> list[list[int]]:
@@ -168,6 +170,7 @@ class EncoderEngine(BaseEngine):
     def _fill(self, job: _Job, ids: torch.Tensor, hidden: torch.Tensor) -> list[list[list[dict[str, Any]]]]:
         where = (ids == self.mask_id).nonzero().tolist()  # [[row, pos], ...]
         logits = self.model.lm_head(hidden[ids == self.mask_id]).float()  # (n_masks, V)
+        logits[:, self._special] = float("-inf")
         scores, tokens = logits.softmax(-1).topk(job.top_k, dim=-1)
         out: list[list[list[dict[str, Any]]]] = [[] for _ in job.rows]
         for (row, pos), sc, tk in zip(where, scores.tolist(), tokens.tolist()):

@@ -147,5 +147,6 @@ class FillMaskCandidate(BaseModel):
 
 
 # HF shape: one text with one mask -> [candidates]; several masks -> [[...] per mask];
-# a list of texts -> one of those per text.
-FillMaskResponse = list[FillMaskCandidate] | list[list[FillMaskCandidate]] | list[list[list[FillMaskCandidate]]]
+# a list of texts -> one of those per text (texts may differ in their number of masks).
+FillMaskPerText = list[FillMaskCandidate] | list[list[FillMaskCandidate]]
+FillMaskResponse = FillMaskPerText | list[FillMaskPerText]

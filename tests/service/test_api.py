@@ -110,8 +110,10 @@ async def test_fill_mask_hf_shape(client):
     assert one[0]["sequence"] == f"open the {one[0]['token_str']} menu"
     two = (await client.post("/v1/fill-mask", json={"inputs": "[MASK] the [MASK]", "top_k": 2})).json()
     assert len(two) == 2 and all(len(per_mask) == 2 for per_mask in two)
-    many = (await client.post("/v1/fill-mask", json={"text": ["a [MASK]", "b [MASK]"], "top_k": 1})).json()
-    assert len(many) == 2 and len(many[0]) == 1
+    many = (await client.post("/v1/fill-mask", json={"text": ["a [MASK]", "[MASK] b [MASK]"], "top_k": 1})).json()
+    assert len(many) == 2 and len(many[0]) == 1 and len(many[1]) == 2 and len(many[1][0]) == 1
+    special = {"[CLS]", "[SEP]", "[PAD]", "[MASK]", "[UNK]", ""}
+    assert not any(c["token_str"] in special for c in one + [c for m in two for c in m])
 
 
 async def test_embeddings_float_and_base64_agree(client):
@@ -241,3 +243,15 @@ async def test_metrics_pass_promtool(client):
     result = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout.strip() == "" and result.stderr.strip() == "", \
         result.stdout + result.stderr
+
+
+async def test_openapi_documents_every_endpoint_with_examples(client):
+    spec = (await client.get("/openapi.json")).json()
+    for path in ("/v1/generate", "/v1/completions", "/v1/translate", "/v1/fill-mask", "/v1/embeddings"):
+        op = spec["paths"][path]["post"]
+        ref = op["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
+        assert spec["components"]["schemas"][ref].get("examples"), f"{path} has no request example"
+        assert {"400", "429", "503"} <= set(op["responses"]), path
+    for path in ("/health", "/ready", "/metrics", "/v1/models"):
+        assert "get" in spec["paths"][path]
+    assert (await client.get("/docs")).status_code == 200

@@ -174,6 +174,17 @@ def test_dropped_stream_and_dropped_request_free_their_slots(slow_weights):
         assert s.metric("tserve_generated_tokens_total", model="generate-slow") - gen_before < 1000
 
 
+def test_request_timeout_is_a_504_and_frees_the_slot(slow_weights):
+    with ServerThread(settings_for(slow_weights, max_seq_len=1024, request_timeout_s=0.5)) as s:
+        r = httpx.post(s.url + "/v1/generate", json={"prompt": "To be", "max_tokens": 1000, "ignore_eos": True},
+                       timeout=30)
+        assert r.status_code == 504 and r.json()["error"]["type"] == "timeout_error"
+        assert s.metric("tserve_kv_cache_slots_used", model="generate-slow") == 0
+        chunks = httpx.post(s.url + "/v1/generate", timeout=30, json={
+            "prompt": "To be", "max_tokens": 1000, "ignore_eos": True, "stream": True}).text
+        assert '"type": "timeout_error"' in chunks and chunks.endswith("data: [DONE]\n\n")
+
+
 def test_graceful_shutdown_finishes_in_flight_requests(slow_weights):
     s = ServerThread(settings_for(slow_weights, max_seq_len=1024, shutdown_grace_s=30)).__enter__()
     results = {}
