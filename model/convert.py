@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
@@ -26,8 +26,8 @@ def model_card(hf: HFModel, dtype: str) -> str:
     lines = [
         f"# {hf.path.name} (converted)",
         "",
-        f"Converted from the Hugging Face `{hf.architecture}` checkpoint at `{hf.path}` with "
-        "`python -m model.convert`.",
+        (f"Converted from the Hugging Face `{hf.architecture}` checkpoint at `{hf.path}` with "
+         "`python -m model.convert`."),
         "",
         f"- family: {hf.config.family}",
         f"- parameters: {hf.model.num_parameters():,}",

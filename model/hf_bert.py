@@ -11,7 +11,14 @@ from pathlib import Path
 
 from model.config import ModelConfig
 from model.hf_format import (
-    HFConfig, HFImportError, HFWeights, Importer, TensorMap, activation, fast_tokenizer, special_token,
+    HFConfig,
+    HFImportError,
+    HFWeights,
+    Importer,
+    TensorMap,
+    activation,
+    fast_tokenizer,
+    special_token,
 )
 from model.tokenizer import Tokenizer
 

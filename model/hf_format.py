@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -111,7 +112,7 @@ class HFWeights:
         try:
             with safe_open(str(file), framework="pt") as f:
                 return list(f.keys())
-        except Exception as exc:  # safetensors reports corruption with its own exception types
+        except Exception as exc:  # noqa: BLE001 - safetensors reports corruption with its own types
             raise HFImportError(f"{file}: cannot read safetensors header ({type(exc).__name__}: {exc})") from None
 
     def has(self, name: str) -> bool:
@@ -132,7 +133,7 @@ class HFWeights:
         try:
             with safe_open(str(file), framework="pt") as f:
                 tensor = f.get_tensor(name)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - as above
             raise HFImportError(f"{file}: cannot read tensor '{name}' ({type(exc).__name__}: {exc})") from None
         self.used.add(name)
         if self.dtype is not None and tensor.is_floating_point():
@@ -222,5 +223,5 @@ def fast_tokenizer(directory: Path) -> Tokenizer:
                             "tokenizer so that tokenizer.json is written")
     try:
         return Tokenizer.from_file(path)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises plain Exception on bad files
         raise HFImportError(f"{path}: cannot read tokenizer ({exc})") from None

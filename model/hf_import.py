@@ -30,7 +30,7 @@ from model.transformer import TransformerModel, build_model
 
 IMPORTERS: dict[str, Importer] = {imp.architecture: imp for imp in (GPT2, BERT, MARIAN)}
 
-__all__ = ["HFImportError", "HFModel", "IMPORTERS", "is_hf_model_dir", "load_hf"]
+__all__ = ["IMPORTERS", "HFImportError", "HFModel", "is_hf_model_dir", "load_hf"]
 
 
 @dataclass
@@ -120,6 +120,8 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.d
     if not directory.is_dir():
         raise HFImportError(f"{directory}: not a local directory (nothing is downloaded; fetch the model first)")
     data = read_json(directory / HF_CONFIG_FILE)
+    if "family" in data:
+        raise HFImportError(f"{directory}: already in our checkpoint format; load it with model.checkpoint.load")
     importer = find_importer(directory / HF_CONFIG_FILE, data)
     hf = HFConfig(directory / HF_CONFIG_FILE, data, importer.architecture)
     tokenizer = importer.tokenizer(directory)

@@ -11,17 +11,21 @@ from __future__ import annotations
 import io
 import json
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: never reach a hub
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-import sentencepiece  # noqa: E402
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # noqa: E402
+import sentencepiece
+import torch
+import transformers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from model.tokenizer import train_wordpiece  # noqa: E402
+from model.hf_import import HFModel, load_hf
+from model.tokenizer import train_wordpiece
 
 transformers.logging.set_verbosity_error()
 
@@ -151,3 +155,18 @@ def save_marian(directory: Path, seed: int = 0) -> tuple[transformers.MarianMTMo
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return model, tokenizer
+
+
+@dataclass
+class Imported:
+    """One tiny HF model: where it was saved, the transformers side, and our import of it."""
+
+    directory: Path
+    reference: torch.nn.Module  # the transformers model
+    reference_tokenizer: Any  # the transformers tokenizer, loaded back from the directory
+    ours: HFModel
+
+
+def build_and_import(directory: Path, build: Callable[[Path], tuple[torch.nn.Module, Any]]) -> Imported:
+    reference, _ = build(directory)
+    return Imported(directory, reference, transformers.AutoTokenizer.from_pretrained(directory), load_hf(directory))

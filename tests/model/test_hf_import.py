@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -15,33 +14,20 @@ from safetensors.torch import load_file, save_file
 from model.checkpoint import load
 from model.convert import main as convert_main
 from model.generation import generate
-from model.hf_import import HFImportError, HFModel, is_hf_model_dir, load_hf
+from model.hf_import import HFImportError, is_hf_model_dir, load_hf
 from model.sampling import SamplingParams
 from model.transformer import DecoderLM, MaskedLM
-from tests.model.hf_tiny import ENGLISH, SENTENCES, save_bert, save_gpt2, transformers
-
-
-@dataclass
-class Imported:
-    directory: Path
-    reference: torch.nn.Module  # the transformers model
-    reference_tokenizer: object  # the transformers tokenizer, loaded back from the directory
-    ours: HFModel
-
-
-def _import(directory: Path, build) -> Imported:
-    reference, _ = build(directory)
-    return Imported(directory, reference, transformers.AutoTokenizer.from_pretrained(directory), load_hf(directory))
+from tests.model.hf_tiny import ENGLISH, SENTENCES, Imported, build_and_import, save_bert, save_gpt2, transformers
 
 
 @pytest.fixture(scope="module")
 def gpt2(tmp_path_factory) -> Imported:
-    return _import(tmp_path_factory.mktemp("hf-gpt2"), save_gpt2)
+    return build_and_import(tmp_path_factory.mktemp("hf-gpt2"), save_gpt2)
 
 
 @pytest.fixture(scope="module")
 def bert(tmp_path_factory) -> Imported:
-    return _import(tmp_path_factory.mktemp("hf-bert"), save_bert)
+    return build_and_import(tmp_path_factory.mktemp("hf-bert"), save_bert)
 
 
 def _padding_mask(batch: int, length: int) -> torch.Tensor:
@@ -150,7 +136,8 @@ def test_converted_checkpoint_loads_with_identical_logits(name, request, tmp_pat
 def test_convert_stores_the_requested_dtype(gpt2, tmp_path):
     assert convert_main([str(gpt2.directory), str(tmp_path / "bf16"), "--dtype", "bfloat16"]) == 0
     with safe_open(str(tmp_path / "bf16" / "model.safetensors"), framework="pt") as f:
-        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
+        names = f.keys()
+        assert {f.get_tensor(name).dtype for name in names} == {torch.bfloat16}
     ckpt = load(tmp_path / "bf16")
     ids = torch.tensor([gpt2.ours.tokenizer.encode(ENGLISH[0])])
     with torch.no_grad():
@@ -167,7 +154,24 @@ def test_convert_refuses_to_overwrite_and_reports_errors(gpt2, tmp_path, capsys)
     assert "not a local directory" in capsys.readouterr().err
 
 
+def test_sharded_safetensors_are_read(gpt2, tmp_path):
+    sharded = tmp_path / "sharded"
+    gpt2.reference.save_pretrained(sharded, max_shard_size="40KB")
+    shutil.copy(gpt2.directory / "tokenizer.json", sharded)
+    assert len(list(sharded.glob("model-*.safetensors"))) > 1
+    ids = torch.tensor([gpt2.ours.tokenizer.encode(ENGLISH[2])])
+    with torch.no_grad():
+        assert torch.equal(load_hf(sharded).model(ids), gpt2.ours.model(ids))
+
+
 # --- bad directories ----------------------------------------------------------------------
+
+def test_our_own_checkpoints_are_pointed_to_the_right_loader(gpt2, tmp_path):
+    assert convert_main([str(gpt2.directory), str(tmp_path / "ours")]) == 0
+    assert not is_hf_model_dir(tmp_path / "ours")
+    with pytest.raises(HFImportError, match=r"already in our checkpoint format"):
+        load_hf(tmp_path / "ours")
+
 
 def _copy(src: Path, dst: Path, config: dict | None = None, drop: str | None = None,
           add: dict[str, torch.Tensor] | None = None) -> Path:
