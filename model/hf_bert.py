@@ -1,8 +1,9 @@
 """BertForMaskedLM -> MaskedLM.
 
 BERT is a post-norm encoder: word + position + token-type embeddings summed and
-LayerNorm-ed, separate query/key/value projections, and an MLM head that transforms the
-hidden state (dense -> activation -> LayerNorm) before the tied decoder with its own bias.
+LayerNorm-ed, separate query/key/value projections (stacked into our fused one here), and
+an MLM head that transforms the hidden state (dense -> activation -> LayerNorm) before the
+tied decoder with its own bias.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def bert_config(hf: HFConfig, tokenizer: Tokenizer, directory: Path) -> ModelCon
         norm_placement="post",
         embedding_norm=True,
         layer_norm_eps=float(hf.get("layer_norm_eps", 1e-12)),
-        fused_qkv=False,
+        fused_qkv=True,  # query/key/value stacked into one projection at import
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
         type_vocab_size=hf.require("type_vocab_size"),
         lm_head_bias=True,
@@ -69,8 +70,8 @@ def bert_tensors(weights: HFWeights, cfg: ModelConfig) -> TensorMap:
     out.layer_norm("embed.norm", weights, f"{p}embeddings.LayerNorm")
     for i in range(cfg.n_encoder_layers):
         ours, theirs = f"encoder_layers.{i}", f"{p}encoder.layer.{i}"
-        for proj, name in (("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value")):
-            out.linear(f"{ours}.self_attn.{proj}", weights, f"{theirs}.attention.self.{name}")
+        attn = f"{theirs}.attention.self"
+        out.fused_linear(f"{ours}.self_attn.qkv_proj", weights, f"{attn}.query", f"{attn}.key", f"{attn}.value")
         out.linear(f"{ours}.self_attn.out_proj", weights, f"{theirs}.attention.output.dense")
         out.layer_norm(f"{ours}.self_attn_norm", weights, f"{theirs}.attention.output.LayerNorm")
         out.linear(f"{ours}.ffn.up", weights, f"{theirs}.intermediate.dense")

@@ -170,6 +170,18 @@ class TensorMap:
         self.put(f"{ours}.weight", w.t().contiguous() if transpose else w, f"{theirs}.weight")
         self.put(f"{ours}.bias", weights.take(f"{theirs}.bias"), f"{theirs}.bias")
 
+    def fused_linear(self, ours: str, weights: HFWeights, *theirs: str) -> None:
+        """Separate projections (e.g. query, key, value) stacked along the output dimension into
+        our fused one: the same maths in one matmul."""
+        parts = [(weights.take(f"{t}.weight"), weights.take(f"{t}.bias")) for t in theirs]
+        shapes = {tuple(w.shape) for w, _ in parts}
+        if len(shapes) != 1:
+            raise HFImportError(f"{weights.directory}: tensors {[f'{t}.weight' for t in theirs]} differ in shape "
+                                f"({sorted(shapes)})")
+        names = " + ".join(theirs)
+        self.put(f"{ours}.weight", torch.cat([w for w, _ in parts]), f"{names} (.weight)")
+        self.put(f"{ours}.bias", torch.cat([b for _, b in parts]), f"{names} (.bias)")
+
     def layer_norm(self, ours: str, weights: HFWeights, theirs: str) -> None:
         # Checkpoints from the TensorFlow era name LayerNorm parameters gamma/beta.
         w, w_name = weights.take_first(f"{theirs}.weight", f"{theirs}.gamma")

@@ -86,7 +86,7 @@ def marian_config(hf: HFConfig, tokenizer: Tokenizer, directory: Path) -> ModelC
         sinusoidal_layout="split",
         norm_placement="post",
         layer_norm_eps=1e-5,  # Marian's LayerNorms use the PyTorch default
-        fused_qkv=False,
+        fused_qkv=True,  # q/k/v stacked at import (see _attention)
         scale_embedding=bool(hf.get("scale_embedding", False)),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
         lm_head_bias=True,
@@ -110,9 +110,15 @@ def _check_positions(weights: HFWeights, cfg: ModelConfig) -> None:
                                     "computes (sin in the first half, cos in the second); unsupported positions")
 
 
-def _attention(out: TensorMap, weights: HFWeights, ours: str, theirs: str) -> None:
-    for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
-        out.linear(f"{ours}.{proj}", weights, f"{theirs}.{proj}")
+def _attention(out: TensorMap, weights: HFWeights, ours: str, theirs: str, cross: bool = False) -> None:
+    # Our fused layout: one q|k|v projection for self-attention; q apart and k|v together for
+    # cross-attention, whose k/v come from the encoder memory once per request.
+    if cross:
+        out.linear(f"{ours}.q_proj", weights, f"{theirs}.q_proj")
+        out.fused_linear(f"{ours}.kv_proj", weights, f"{theirs}.k_proj", f"{theirs}.v_proj")
+    else:
+        out.fused_linear(f"{ours}.qkv_proj", weights, f"{theirs}.q_proj", f"{theirs}.k_proj", f"{theirs}.v_proj")
+    out.linear(f"{ours}.out_proj", weights, f"{theirs}.out_proj")
 
 
 def marian_tensors(weights: HFWeights, cfg: ModelConfig) -> TensorMap:
@@ -127,7 +133,7 @@ def marian_tensors(weights: HFWeights, cfg: ModelConfig) -> TensorMap:
             _attention(out, weights, f"{ours}.self_attn", f"{theirs}.self_attn")
             out.layer_norm(f"{ours}.self_attn_norm", weights, f"{theirs}.self_attn_layer_norm")
             if stack == "decoder":
-                _attention(out, weights, f"{ours}.cross_attn", f"{theirs}.encoder_attn")
+                _attention(out, weights, f"{ours}.cross_attn", f"{theirs}.encoder_attn", cross=True)
                 out.layer_norm(f"{ours}.cross_attn_norm", weights, f"{theirs}.encoder_attn_layer_norm")
             out.linear(f"{ours}.ffn.up", weights, f"{theirs}.fc1")
             out.linear(f"{ours}.ffn.down", weights, f"{theirs}.fc2")
