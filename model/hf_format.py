@@ -97,6 +97,9 @@ class HFWeights:
             weight_map = read_json(index).get("weight_map")
             if not isinstance(weight_map, dict):
                 raise HFImportError(f"{index}: no 'weight_map' object")
+            outside = sorted({str(f) for f in weight_map.values() if not isinstance(f, str) or Path(f).name != f})
+            if outside:  # shards live beside the index; never follow a path elsewhere
+                raise HFImportError(f"{index}: shard file names {outside[:3]} are not plain file names")
             self.files = {name: directory / file for name, file in weight_map.items()}
         else:
             pickled = [p for p in PICKLED_WEIGHTS if (directory / p).exists()]
