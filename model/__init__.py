@@ -10,6 +10,7 @@ from model.beam_search import BeamSearch, beam_search
 from model.checkpoint import Checkpoint, CheckpointError, is_checkpoint, load, save
 from model.config import ConfigError, ModelConfig
 from model.generation import GenerationResult, SequenceTracker, TokenEvent, generate
+from model.hf_import import HFImportError, HFModel, is_hf_model_dir, load_hf
 from model.kv_cache import SlotKVCache
 from model.sampling import Sampler, SamplingParams
 from model.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -17,7 +18,7 @@ from model.transformer import DecoderLM, EncoderDecoder, MaskedLM, TransformerMo
 
 __all__ = [
     "BeamSearch", "Checkpoint", "CheckpointError", "ConfigError", "DecoderLM", "EncoderDecoder",
-    "GenerationResult", "IncrementalDetokenizer", "MaskedLM", "ModelConfig", "Sampler", "SamplingParams",
+    "GenerationResult", "HFImportError", "HFModel", "IncrementalDetokenizer", "MaskedLM", "ModelConfig", "Sampler", "SamplingParams",
     "SequenceTracker", "SlotKVCache", "TokenEvent", "Tokenizer", "TransformerModel", "beam_search",
-    "build_model", "generate", "is_checkpoint", "load", "save",
+    "build_model", "generate", "is_checkpoint", "is_hf_model_dir", "load", "load_hf", "save",
 ]
