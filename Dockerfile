@@ -20,6 +20,8 @@
 ARG BASE_IMAGE=python:3.11-slim
 
 FROM ${BASE_IMAGE} AS deps
+# Also on the build stages, so `docker image prune --filter label=...` finds their leftovers.
+LABEL org.opencontainers.image.title="transformer-serve"
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG TORCH_CONSTRAINTS=constraints.txt
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -53,7 +55,8 @@ RUN set -eu; \
     set -- /wheelhouse/*.whl; \
     if [ -e "$1" ]; then set -- --no-index --find-links /wheelhouse; else set --; fi; \
     /opt/venv/bin/pip wheel "$@" --no-deps --wheel-dir /dist /build/src; \
-    mkdir -p /build/src/weights
+    mkdir -p /build/src/weights; \
+    chmod -R a+rX,go-w /build/src/weights
 
 FROM ${BASE_IMAGE} AS runtime
 LABEL org.opencontainers.image.title="transformer-serve" \
@@ -68,6 +71,7 @@ COPY --from=deps /opt/venv /opt/venv
 COPY --from=project /dist/ /tmp/dist/
 RUN /opt/venv/bin/pip install --no-cache-dir --no-index --no-deps /tmp/dist/*.whl && rm -rf /tmp/dist
 # Root-owned and read-only for the service user: the checkpoints are data, not state.
+# (safetensors writes its files 0600; the project stage made them world-readable.)
 COPY --from=project /build/src/weights /app/weights
 WORKDIR /app
 ENV PATH=/opt/venv/bin:$PATH \

@@ -4,7 +4,7 @@
 
 Checks: the serving dependencies import; the process is not root; the train/test/bench
 extras are absent; /app/weights is read-only for the service user and holds the named
-checkpoints (each with config.json, model.safetensors and tokenizer.json).
+checkpoints (each with a readable config.json, model.safetensors and tokenizer.json).
 """
 
 import importlib
@@ -24,7 +24,7 @@ for name in SERVING:
     try:
         mod = importlib.import_module(name)
         print(f"image: {name} {getattr(mod, '__version__', '')}".rstrip())
-    except Exception as err:  # any import failure is a broken image
+    except (ImportError, OSError) as err:  # a missing module or a broken shared library
         problems.append(f"cannot import {name}: {err!r}")
 # Before the service is merged the image holds model/ only; the smoke test asks for the
 # service (--require-service) as soon as the tree has one.
@@ -59,8 +59,11 @@ if os.access(weights, os.W_OK):
     problems.append(f"{weights} is writable by the service user")
 for name in [a for a in sys.argv[1:] if not a.startswith("--")]:
     for fname in CHECKPOINT_FILES:
-        if not os.path.isfile(os.path.join(weights, name, fname)):
+        path = os.path.join(weights, name, fname)
+        if not os.path.isfile(path):
             problems.append(f"checkpoint {name}: {fname} missing under {weights}")
+        elif not os.access(path, os.R_OK):
+            problems.append(f"checkpoint {name}: {fname} not readable by uid {os.getuid()}")
 print(f"image: uid {os.getuid()}, weights {sorted(os.listdir(weights))}, python {sys.version.split()[0]}")
 
 for problem in problems:

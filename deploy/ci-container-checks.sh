@@ -87,7 +87,8 @@ check_hadolint() {
 
 check_compose() {
     docker compose config --quiet || fail "docker compose config"
-    log "docker compose config: valid ($(docker compose config --services | paste -sd' ' -))"
+    docker compose -f docker-compose.yml -f docker-compose.gpu.yml config --quiet || fail "compose GPU override"
+    log "docker compose config: valid ($(docker compose config --services | paste -sd' ' -); GPU override too)"
 }
 
 check_prometheus() {

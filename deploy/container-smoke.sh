@@ -22,6 +22,7 @@ cd "$(dirname "$0")/.."
 
 CACHE_DIR=${TSERVE_CACHE_DIR:-/var/cache/transformer-serve}
 IMAGE=${TSERVE_IMAGE:-transformer-serve:smoke}
+DEPS_IMAGE=transformer-serve-deps:cache
 READY_TIMEOUT_S=${READY_TIMEOUT_S:-180}
 DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 PYTHON=${PYTHON:-python3}
@@ -164,13 +165,16 @@ prepare_wheelhouse() {
 }
 
 build_image() {
-    log "docker build --network none --build-arg BASE_IMAGE=$BASE_IMAGE -t $IMAGE ."
-    if ! docker build --network none --build-arg "BASE_IMAGE=$BASE_IMAGE" -t "$IMAGE" . > "$WORK/build.log" 2>&1; then
+    local args=(--force-rm --network none --build-arg "BASE_IMAGE=$BASE_IMAGE")
+    log "docker build ${args[*]} -t $IMAGE ."
+    # The dependency stage gets a tag of its own, so that pruning this project's untagged
+    # leftovers below keeps it: it is the cache that saves reinstalling torch.
+    if ! docker build "${args[@]}" --target deps -t "$DEPS_IMAGE" . > "$WORK/build.log" 2>&1 \
+        || ! docker build "${args[@]}" -t "$IMAGE" . >> "$WORK/build.log" 2>&1; then
         tail -n 60 "$WORK/build.log" >&2
         fail "docker build failed"
     fi
     grep -E '^Step [0-9]+/[0-9]+ : (FROM|RUN|COPY)' "$WORK/build.log" | cut -c1-110 || true
-    # Earlier builds of this tag leave untagged images behind; drop them (the layer cache stays).
     docker image prune -f --filter "label=org.opencontainers.image.title=transformer-serve" > /dev/null
     log "image $IMAGE: $(docker image inspect -f '{{.Size}}' "$IMAGE" | awk '{printf "%.0f MB", $1/1e6}')"
 }
