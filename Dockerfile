@@ -1,0 +1,90 @@
+# Serving image for transformer-serve: the three shipped checkpoints in weights/, the core
+# dependencies of pyproject.toml only (no train/test/bench extras), CPU torch by default,
+# a non-root user, settings through TSERVE_* environment variables.
+#
+#   docker build -t transformer-serve .
+#   docker run --rm -p 8000:8000 transformer-serve
+#
+# Build arguments (all optional):
+#   BASE_IMAGE         any Debian-style image with python3 >= 3.11 and its venv module.
+#                      Default: the official python:3.11-slim. CI uses a local debootstrap
+#                      base (deploy/container-smoke.sh) because it reaches no image registry.
+#   TORCH_INDEX_URL    the package index torch comes from. Default: PyTorch's CPU-only index.
+#                      For a CUDA image: https://download.pytorch.org/whl/cu128 (the CUDA
+#                      wheels carry their own CUDA runtime, so BASE_IMAGE can stay as it is);
+#                      run it with `--gpus all -e TSERVE_DEVICE=cuda`.
+#   TORCH_CONSTRAINTS  constraints file in the build context that pins torch
+#                      (default constraints.txt, the same pin as `make setup`).
+# Offline builds: wheels placed in deploy/wheelhouse/ are installed with --no-index, so
+# `docker build --network none` works (deploy/container-smoke.sh prepares them).
+ARG BASE_IMAGE=python:3.11-slim
+
+FROM ${BASE_IMAGE} AS deps
+# Also on the build stages, so `docker image prune --filter label=...` finds their leftovers.
+LABEL org.opencontainers.image.title="transformer-serve"
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG TORCH_CONSTRAINTS=constraints.txt
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_ROOT_USER_ACTION=ignore
+WORKDIR /build
+COPY deploy/wheelhouse/ /wheelhouse/
+COPY ${TORCH_CONSTRAINTS} /build/constraints.txt
+COPY pyproject.toml /build/
+# Dependencies get their own layer, so a code change does not reinstall torch.
+# With wheels in the wheelhouse nothing is fetched; without, torch comes from
+# TORCH_INDEX_URL (its +cpu/+cuXXX build outranks the plain PyPI one) and the rest from PyPI.
+# torch's C++ unit-test binaries and headers (~190 MB) go: serving runs neither, and the
+# image has no compiler to build extensions with.
+RUN set -eu; \
+    python3 -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' \
+        > requirements.txt; \
+    set -- /wheelhouse/*.whl; \
+    if [ -e "$1" ]; then set -- --no-index --find-links /wheelhouse; \
+    else set -- --extra-index-url "${TORCH_INDEX_URL}"; fi; \
+    python3 -m venv /opt/venv; \
+    /opt/venv/bin/pip install "$@" -c constraints.txt -r requirements.txt; \
+    for torch in /opt/venv/lib/python3*/site-packages/torch; do \
+        rm -rf "$torch/test" "$torch/include" "$torch"/bin/*Test "$torch"/bin/test_* "$torch"/bin/protoc*; \
+    done
+# The project itself (model/, service/) as a wheel; the .dockerignore allow-list keeps
+# everything else (tests, .venv, data...) out of the context.
+FROM deps AS project
+COPY . /build/src/
+RUN set -eu; \
+    set -- /wheelhouse/*.whl; \
+    if [ -e "$1" ]; then set -- --no-index --find-links /wheelhouse; else set --; fi; \
+    /opt/venv/bin/pip wheel "$@" --no-deps --wheel-dir /dist /build/src; \
+    mkdir -p /build/src/weights; \
+    chmod -R a+rX,go-w /build/src/weights
+
+FROM ${BASE_IMAGE} AS runtime
+LABEL org.opencontainers.image.title="transformer-serve" \
+      org.opencontainers.image.description="Transformer inference service: translation, generation, masked fill" \
+      org.opencontainers.image.licenses="Apache-2.0"
+# Numeric ids, so orchestrators can verify "not root" without reading /etc/passwd.
+RUN groupadd --system --gid 10001 tserve \
+    && useradd --system --no-log-init --uid 10001 --gid 10001 --create-home --home-dir /home/tserve \
+       --shell /usr/sbin/nologin tserve
+# Dependencies, then the project on top: a code change leaves the large venv layer cached.
+COPY --from=deps /opt/venv /opt/venv
+COPY --from=project /dist/ /tmp/dist/
+RUN /opt/venv/bin/pip install --no-cache-dir --no-index --no-deps /tmp/dist/*.whl && rm -rf /tmp/dist
+# Root-owned and read-only for the service user: the checkpoints are data, not state.
+# (safetensors writes its files 0600; the project stage made them world-readable.)
+COPY --from=project /build/src/weights /app/weights
+WORKDIR /app
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    TSERVE_HOST=0.0.0.0 \
+    TSERVE_PORT=8000 \
+    TSERVE_WEIGHTS_DIR=/app/weights \
+    TSERVE_DEVICE=cpu
+USER 10001:10001
+EXPOSE 8000
+# Liveness only (/health); /ready tells when the models are loaded (compose waits on it).
+# The base image has no curl, so the probe is python's urllib; any non-2xx raises -> exit 1.
+HEALTHCHECK --interval=15s --timeout=5s --start-period=120s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ.get('TSERVE_PORT', '8000'), timeout=4)"]
+CMD ["transformer-serve"]

@@ -1,0 +1,71 @@
+"""Runs INSIDE the serving image (piped to `python -`): what serving needs is there, nothing else.
+
+    docker run --rm -i --network none transformer-serve python - [--require-service] [checkpoint names] < deploy/check_image_contents.py
+
+Checks: the serving dependencies import; the process is not root; the train/test/bench
+extras are absent; /app/weights is read-only for the service user and holds the named
+checkpoints (each with a readable config.json, model.safetensors and tokenizer.json).
+"""
+
+import importlib
+import importlib.util
+import os
+import shutil
+import sys
+
+SERVING = ["torch", "fastapi", "uvicorn", "tokenizers", "safetensors", "numpy",
+           "prometheus_client", "pydantic", "pydantic_settings", "model"]
+# One module from each extra that must not be installed in a serving image.
+NOT_SERVING = ["pytest", "matplotlib", "sacrebleu", "transformers", "ctranslate2", "openai", "httpx"]
+CHECKPOINT_FILES = ["config.json", "model.safetensors", "tokenizer.json"]
+
+problems = []
+for name in SERVING:
+    try:
+        mod = importlib.import_module(name)
+        print(f"image: {name} {getattr(mod, '__version__', '')}".rstrip())
+    except (ImportError, OSError) as err:  # a missing module or a broken shared library
+        problems.append(f"cannot import {name}: {err!r}")
+# Before the service is merged the image holds model/ only; the smoke test asks for the
+# service (--require-service) as soon as the tree has one.
+if importlib.util.find_spec("service") is None:
+    if "--require-service" in sys.argv:
+        problems.append("the service package is not installed")
+    else:
+        print("image: no service package in this tree yet")
+elif importlib.util.find_spec("service.__main__") is None:
+    problems.append("service has no __main__ (python -m service)")
+else:
+    print("image: service package installed")
+if shutil.which("transformer-serve") is None:
+    problems.append("no transformer-serve console script on PATH")
+
+# torch's kernels work (the build trims torch's test binaries and headers).
+if "torch" in sys.modules:
+    torch = sys.modules["torch"]
+    q = torch.randn(1, 2, 5, 8, generator=torch.Generator().manual_seed(0))  # (B, nh, T, hs)
+    out = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    if out.shape != q.shape or not torch.isfinite(out).all() or not torch.allclose(out[:, :, 0], q[:, :, 0]):
+        problems.append("torch attention gives wrong results")  # row 0 attends only to itself
+
+for name in NOT_SERVING:
+    if importlib.util.find_spec(name) is not None:
+        problems.append(f"{name} is installed but serving does not need it")
+
+if os.getuid() == 0:
+    problems.append("runs as root")
+weights = os.environ.get("TSERVE_WEIGHTS_DIR", "weights")
+if os.access(weights, os.W_OK):
+    problems.append(f"{weights} is writable by the service user")
+for name in [a for a in sys.argv[1:] if not a.startswith("--")]:
+    for fname in CHECKPOINT_FILES:
+        path = os.path.join(weights, name, fname)
+        if not os.path.isfile(path):
+            problems.append(f"checkpoint {name}: {fname} missing under {weights}")
+        elif not os.access(path, os.R_OK):
+            problems.append(f"checkpoint {name}: {fname} not readable by uid {os.getuid()}")
+print(f"image: uid {os.getuid()}, weights {sorted(os.listdir(weights))}, python {sys.version.split()[0]}")
+
+for problem in problems:
+    print(f"image: PROBLEM: {problem}", file=sys.stderr)
+sys.exit(1 if problems else 0)
