@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from model.config import ModelConfig
 from model.host_transfer import to_device
 from model.kv_cache import SlotKVCache
-from model.layers import ACTIVATION_FNS, Embeddings, KVHook, TransformerLayer
+from model.layers import ACTIVATION_FNS, Embeddings, KVHook, Linear, TransformerLayer
 
 
 def _plain_hook(mask: Tensor | None, causal: bool) -> KVHook:
@@ -39,11 +39,11 @@ class LMHead(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         if cfg.mlm_transform:
-            self.dense = nn.Linear(cfg.d_model, cfg.d_model)
+            self.dense = Linear(cfg.d_model, cfg.d_model)
             self.act = ACTIVATION_FNS[cfg.activation]
             self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.transform = cfg.mlm_transform
-        self.proj = nn.Linear(cfg.d_model, cfg.vocab_size, bias=cfg.lm_head_bias)
+        self.proj = Linear(cfg.d_model, cfg.vocab_size, bias=cfg.lm_head_bias)
 
     def forward(self, h: Tensor) -> Tensor:
         if self.transform:
@@ -68,11 +68,24 @@ class TransformerModel(nn.Module):
     def reset_buffers(self) -> None:
         self.embed.reset_buffers()
 
+    def optimize_for_inference(self) -> int:
+        """Eval mode plus prepacked projection weights (CPU float32); returns how many were
+        packed. Costs a second copy of each projection's weights; ``train()`` undoes it."""
+        self.eval()
+        return sum(m.pack() for m in self.modules() if isinstance(m, Linear))
+
+    def train(self, mode: bool = True) -> "TransformerModel":
+        if mode:
+            for m in self.modules():
+                if isinstance(m, Linear):
+                    m.packed = None  # weights are about to change
+        return super().train(mode)
+
     def init_weights(self, seed: int | None = None) -> "TransformerModel":
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
         emb_std = self.cfg.d_model ** -0.5 if self.cfg.scale_embedding else 0.02
         for module in self.modules():
-            if isinstance(module, nn.Linear):
+            if isinstance(module, nn.Linear):  # includes our packable Linear
                 with torch.no_grad():
                     module.weight.copy_(torch.randn(module.weight.shape, generator=gen) * 0.02)
                 if module.bias is not None:
@@ -139,9 +152,13 @@ class _CachedDecoder(TransformerModel):
 
         fresh = all(s == 0 for s in starts)  # nothing cached yet: attend over the new tokens only
         span = max(ends)
-        mask = None if fresh else (cache.key_positions[:span][None, None, :] <= pos[:, :, None])[:, None]
-        cross_len = max(cache.src_lengths_host[s] for s in batch.slots) if cache.max_src_len else 0
-        cross_mask = cache.cross_mask(batch, cross_len) if cross_len else None
+        # One new token per row, all at the same position: every cached key is visible, no mask
+        # needed (the masked SDPA kernel is much slower, and this is the common offline case).
+        aligned = t == 1 and len(set(starts)) == 1
+        mask = None if fresh or aligned else (cache.key_positions[:span][None, None, :] <= pos[:, :, None])[:, None]
+        src_lens = [cache.src_lengths_host[s] for s in batch.slots] if cache.max_src_len else [0]
+        cross_len = max(src_lens)
+        cross_mask = cache.cross_mask(batch, cross_len) if cross_len and min(src_lens) < cross_len else None
 
         for i, layer in enumerate(self.decoder_layers):
             def hook(k: Tensor, v: Tensor, i: int = i):

@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service.metrics import Metrics
 
 log = logging.getLogger("tserve.access")
+PROBES = {"/health", "/ready", "/metrics"}  # scraped every few seconds: logged at debug level only
 REQUEST_ID_OK = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 # keys routes set in the ASGI scope for the log line and the metric labels
@@ -112,7 +113,7 @@ class RequestLogMiddleware:
             prompt_tokens, completion_tokens = scope.get(USAGE_KEY, (0, 0))
             self.metrics.requests.labels(model, endpoint, str(status)).inc()
             self.metrics.request_duration.labels(model, endpoint).observe(latency)
-            log.info("request", extra={
+            log.log(logging.DEBUG if scope["path"] in PROBES else logging.INFO, "request", extra={
                 "request_id": request_id, "method": scope["method"], "path": scope["path"], "endpoint": endpoint,
                 "status": status, "model": model, "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens, "latency_ms": round(latency * 1000, 2)})

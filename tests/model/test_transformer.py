@@ -174,3 +174,39 @@ def test_cache_limits_are_enforced(decoder_lm):
         decoder_lm.prefill(cache, [[5]], [2])
     with pytest.raises(ValueError, match="max_positions"):
         decoder_lm.new_cache(n_slots=1, max_len=65)
+
+
+@pytest.mark.parametrize("family", ["decoder", "encoder-decoder", "encoder"])
+@torch.inference_mode()
+def test_packed_inference_weights_match_float64(family):
+    model = tiny_model(family, seed=21)
+    ids = torch.randint(3, 61, (3, 9))
+    run = (lambda m: m(ids, ids[:, :5])) if family == "encoder-decoder" else (lambda m: m(ids))
+    reference = run(tiny_model(family, seed=21).double())
+    assert model.optimize_for_inference() > 0
+    assert (run(model).double() - reference).abs().max() < 1e-5
+
+
+@torch.inference_mode()
+def test_packed_cached_decoding_equals_recomputation():
+    model = tiny_model("decoder", seed=22)
+    model.optimize_for_inference()
+    g = torch.Generator().manual_seed(9)
+    seq = rand_ids(g, 16)
+    full = model(torch.tensor([seq]))[0]
+    cache = model.new_cache(n_slots=2, max_len=32)
+    logits = model.prefill(cache, [seq[:5]], [1])
+    assert (logits[0] - full[4]).abs().max() < TOL
+    for p in range(5, 15):
+        logits = model.decode_step(cache, torch.tensor([seq[p]]), [1], [p])
+        assert (logits[0] - full[p]).abs().max() < TOL
+
+
+def test_training_drops_packed_weights():
+    model = tiny_model("decoder", seed=23)
+    model.optimize_for_inference()
+    model.train()
+    assert all(m.packed is None for m in model.modules() if hasattr(m, "packed"))
+    ids = torch.randint(3, 61, (2, 6))
+    model(ids).sum().backward()  # gradients flow through the plain weights
+    assert model.decoder_layers[0].ffn.up.weight.grad is not None
