@@ -1,9 +1,9 @@
 """Next-token selection for a batch of rows that each carry their own parameters.
 
 Everything stays on the device: greedy rows, temperature, top-k, top-p and repetition
-penalty are applied with batched tensor ops, and random draws use the exponential-race
-trick (argmax p_i / E_i with E_i ~ Exp(1) samples i with probability p_i), so no step
-needs a host sync. Each seeded row draws its noise from its own generator: the same
+penalty are applied with batched tensor ops, and each row draws one uniform number and
+inverts its cumulative distribution (``searchsorted``), so no step needs a host sync and
+no step pays for a random number per vocabulary entry. Each seeded row draws its noise from its own generator: the same
 seed gives the same tokens alone or in any batch.
 """
 
@@ -125,14 +125,17 @@ class Sampler:
                 top_k = to_device([p.top_k for p in params], torch.long, dev)
                 top_p = to_device([p.top_p for p in params], torch.float32, dev)
                 scaled = filter_top_k_top_p(scaled, top_k, top_p)
-            probs = scaled.softmax(dim=-1)  # (B, V)
-            noise = torch.empty_like(probs)
+            cdf = scaled.softmax(dim=-1).cumsum(dim=-1)  # (B, V)
+            # One uniform in (0, 1] per row: unseeded rows share one draw call, seeded rows draw
+            # from their own stream, so a seed gives the same tokens alone or in any batch.
+            u = 1.0 - torch.rand(b, 1, device=dev)
             for i in sampled_rows:
                 gen = generators[i] if generators is not None else None
-                noise[i].exponential_(generator=gen)
-            # tiny floor: a zero draw must not turn 0/0 into NaN (argmax would pick it)
-            race = probs / noise.clamp_(min=1e-20)
-            drawn = race.argmax(dim=-1)
+                if gen is not None:
+                    u[i] = 1.0 - torch.rand(1, device=dev, generator=gen)
+            # inverse CDF: the first token whose cumulative mass reaches u (a zero-probability
+            # token never does, as u > 0 and its mass equals its predecessor's)
+            drawn = torch.searchsorted(cdf, u * cdf[:, -1:]).squeeze(-1).clamp_(max=cdf.size(-1) - 1)
             is_sampled = to_device([not p.greedy for p in params], torch.bool, dev)
             out.tokens = torch.where(is_sampled, drawn, out.tokens)
 
