@@ -25,6 +25,8 @@ class Settings(BaseSettings):
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     torch_threads: int = Field(0, ge=0, description="intra-op threads; 0 = torch's default")
+    quantize: Literal["none", "int8"] = Field("none", description="int8: dynamic int8 projections (CPU; "
+                                              "faster, ~2% logit error: check quality per model)")
 
     # --- engine limits (per model) -----------------------------------------------------
     max_batch: int = Field(32, ge=1, le=1024, description="KV-cache slots = sequences decoded together")

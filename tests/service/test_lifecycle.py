@@ -109,3 +109,15 @@ async def test_invalid_requests_never_reach_the_engine(weights_dir):
         assert [r.status_code for r in results] == [200, 400, 400, 400, 400, 404]
         assert results[0].json()["text"] == expected  # the valid request is undisturbed
         assert len(submitted) == 1  # only the valid one reached the scheduler
+
+
+async def test_int8_quantized_serving(weights_dir):
+    app = create_app(settings_for(weights_dir, quantize="int8"))
+    async with app.router.lifespan_context(app), asgi_client(app) as c:
+        await wait_ready(c)
+        engine = app.state.registry.engines["generate-tiny"]
+        assert type(engine.model.lm_head.proj).__module__.startswith("torch.ao.nn.quantized")
+        r = await c.post("/v1/generate", json={"prompt": "To be", "max_tokens": 5, "ignore_eos": True})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
+        assert (await c.post("/v1/fill-mask", json={"text": "the [MASK] menu"})).status_code == 200
+        assert (await c.post("/v1/translate", json={"text": "Open", "max_tokens": 4})).status_code == 200
