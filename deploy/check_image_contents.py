@@ -1,6 +1,7 @@
 """Runs INSIDE the serving image (piped to `python -`): what serving needs is there, nothing else.
 
-    docker run --rm -i --network none transformer-serve python - [--require-service] [checkpoint names] < deploy/check_image_contents.py
+    docker run --rm -i --network none transformer-serve \
+        python - [--require-service] [checkpoint names] < deploy/check_image_contents.py
 
 Checks: the serving dependencies import; the process is not root; the train/test/bench
 extras are absent; /app/weights is read-only for the service user and holds the named

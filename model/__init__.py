@@ -18,7 +18,7 @@ from model.transformer import DecoderLM, EncoderDecoder, MaskedLM, TransformerMo
 
 __all__ = [
     "BeamSearch", "Checkpoint", "CheckpointError", "ConfigError", "DecoderLM", "EncoderDecoder",
-    "GenerationResult", "HFImportError", "HFModel", "IncrementalDetokenizer", "MaskedLM", "ModelConfig", "Sampler", "SamplingParams",
-    "SequenceTracker", "SlotKVCache", "TokenEvent", "Tokenizer", "TransformerModel", "beam_search",
+    "GenerationResult", "HFImportError", "HFModel", "IncrementalDetokenizer", "MaskedLM", "ModelConfig", "Sampler",
+    "SamplingParams", "SequenceTracker", "SlotKVCache", "TokenEvent", "Tokenizer", "TransformerModel", "beam_search",
     "build_model", "generate", "is_checkpoint", "is_hf_model_dir", "load", "load_hf", "save",
 ]

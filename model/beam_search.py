@@ -8,8 +8,8 @@ rows to copy where. Finished hypotheses are scored ``sum logprob / length ** len
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -76,7 +76,7 @@ class BeamSearch:
                 continue
             still_live.append(src)
             base = src * k
-            for j, (_, parent, tok) in enumerate(chosen):
+            for j, (_, parent, _tok) in enumerate(chosen):
                 if parent != j:
                     copy_src.append(base + parent)
                     copy_dst.append(base + j)

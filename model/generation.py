@@ -10,14 +10,13 @@ The pieces a serving scheduler needs are public and step-shaped:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
-from torch import Tensor
 
 from model.host_transfer import to_device
-from model.sampling import Sampler, SampleOutput, SamplingParams, make_generator
+from model.sampling import SampleOutput, Sampler, SamplingParams, make_generator
 from model.tokenizer import Tokenizer
 from model.transformer import DecoderLM, EncoderDecoder
 

@@ -106,7 +106,8 @@ class HFWeights:
             if pickled:
                 raise HFImportError(
                     f"{directory}: only {pickled[0]} found; pickle-based weights are never loaded. Re-save the model "
-                    f"as safetensors first (in transformers: model.save_pretrained(dir), which writes {HF_WEIGHTS_FILE})")
+                    f"as safetensors first (in transformers: model.save_pretrained(dir), which writes "
+                    f"{HF_WEIGHTS_FILE})")
             raise HFImportError(f"{single}: file not found (and no {HF_WEIGHTS_INDEX})")
         self.used: set[str] = set()
 

@@ -8,7 +8,7 @@ queues the copy behind the running kernels instead.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -12,8 +12,8 @@ source, computed once at admission, and the source length used to mask it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 from torch import Tensor, nn

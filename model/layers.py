@@ -9,7 +9,7 @@ Masks are boolean with True = "may attend", broadcastable to (B, n_heads, T_q, T
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

@@ -7,8 +7,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -25,7 +25,7 @@ class Tokenizer:
         self.tk = tk
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "Tokenizer":
+    def from_file(cls, path: str | Path) -> Tokenizer:
         return cls(HFTokenizer.from_file(str(path)))
 
     def save(self, path: str | Path) -> None:
@@ -54,7 +54,7 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.tk.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def detokenizer(self, context: Sequence[int] = ()) -> "IncrementalDetokenizer":
+    def detokenizer(self, context: Sequence[int] = ()) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self, context)
 
 

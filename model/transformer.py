@@ -8,7 +8,7 @@ Two ways to run a decoder:
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -74,14 +74,14 @@ class TransformerModel(nn.Module):
         self.eval()
         return sum(m.pack() for m in self.modules() if isinstance(m, Linear))
 
-    def train(self, mode: bool = True) -> "TransformerModel":
+    def train(self, mode: bool = True) -> TransformerModel:
         if mode:
             for m in self.modules():
                 if isinstance(m, Linear):
                     m.packed = None  # weights are about to change
         return super().train(mode)
 
-    def init_weights(self, seed: int | None = None) -> "TransformerModel":
+    def init_weights(self, seed: int | None = None) -> TransformerModel:
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
         emb_std = self.cfg.d_model ** -0.5 if self.cfg.scale_embedding else 0.02
         for module in self.modules():

@@ -36,12 +36,12 @@ TASKS = {"encoder-decoder": "translation", "decoder": "text-generation", "encode
 class RequestStream:
     """Events of one request, in order; the last one is ``finished``."""
 
-    def __init__(self, engine: "GenerativeEngine", request_id: str):
+    def __init__(self, engine: GenerativeEngine, request_id: str):
         self.engine, self.request_id = engine, request_id
         self.queue: asyncio.Queue[EngineEvent] = asyncio.Queue()
         self.done = False
 
-    def __aiter__(self) -> "RequestStream":
+    def __aiter__(self) -> RequestStream:
         return self
 
     async def __anext__(self) -> EngineEvent:

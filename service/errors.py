@@ -63,7 +63,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(exc.status_code, str(exc.detail), HTTP_TYPES.get(exc.status_code, "invalid_request_error"),
+        kind = HTTP_TYPES.get(exc.status_code, "invalid_request_error")
+        return error_response(exc.status_code, str(exc.detail), kind,
                               headers=getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)

@@ -54,7 +54,7 @@ class CompletionRequest(BaseModel):
         return normalise_stop(value)
 
     @model_validator(mode="after")
-    def _unsupported(self) -> "CompletionRequest":
+    def _unsupported(self) -> CompletionRequest:
         if self.presence_penalty or self.frequency_penalty:
             raise ValueError("presence_penalty and frequency_penalty are not supported; "
                              "use repetition_penalty (> 1 discourages repeats)")

@@ -64,7 +64,8 @@ def test_gpt2_greedy_generation_matches_with_kv_cache(gpt2):
     ours = generate(gpt2.ours.model, prompts, SamplingParams(max_new_tokens=24, temperature=0.0, ignore_eos=True))
     for prompt, result in zip(prompts, ours):
         # eos_token_id=None: transformers must not stop early either (we ignore eos above).
-        out = gpt2.reference.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        mask = torch.ones(1, len(prompt), dtype=torch.long)
+        out = gpt2.reference.generate(torch.tensor([prompt]), attention_mask=mask,
                                       max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
         assert result.token_ids == out[0, len(prompt):].tolist()
         assert len(result.token_ids) == 24

@@ -11,7 +11,6 @@ import pytest
 
 from model import ModelConfig, build_model, save
 from model.tokenizer import train_bpe, train_wordpiece
-from service.app import create_app
 from service.settings import Settings
 
 CORPUS = [
