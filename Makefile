@@ -22,13 +22,14 @@ run: setup
 	$(BIN)/python -m service
 
 test: setup
+	$(BIN)/ruff check model service tests benchmarks deploy
 	$(BIN)/python -m pytest -q
 
 bench: setup
 	$(BIN)/python -m benchmarks
 
 lint: setup
-	$(BIN)/ruff check model service tests benchmarks
+	$(BIN)/ruff check model service tests benchmarks deploy
 
 clean:
 	rm -rf $(VENV) .pytest_cache
