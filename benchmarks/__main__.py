@@ -8,9 +8,18 @@ or a correctness check (token-for-token equality with the peer) did not hold.
 
 from __future__ import annotations
 
+import os
+
+# OpenMP threads spin while they wait for each other; when other processes compete for the
+# cores, a spinning thread burns the time slice its partner needs, and 2-thread decode steps
+# got 2-3x slower than 1-thread ones on the shared 2-core machine. Passive waiting keeps
+# multi-threaded timings usable there. It must be set before torch (libgomp) loads; an
+# OMP_WAIT_POLICY already in the environment wins. Subprocesses (service, probes) inherit it,
+# so every side of every comparison runs with the same policy; the report records it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import argparse
 import datetime
-import os
 import sys
 import time
 import traceback
@@ -89,7 +98,7 @@ def summary(report: RunReport) -> str:
     lines = [
         "## Benchmark results", "",
         f"{m['date']} · {m['cpu_model']} · {m['cpu_cores']} cores · {m['memory_gib']} GiB · torch {m['torch']} "
-        f"({m['torch_threads']} threads) · transformers {m['transformers']} · ctranslate2 {m['ctranslate2']}"
+        f"({m['torch_threads']} threads, OMP_WAIT_POLICY={m['omp_wait_policy']}) · transformers {m['transformers']} · ctranslate2 {m['ctranslate2']}"
         + (f" · {m['cuda_device']}" if m.get("cuda") else "") + f" · load average at start {m['load_average_at_start']}",
         "", markdown_table(report.rows), "",
     ]
@@ -112,8 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     cores = os.cpu_count() or 1
     if busy and cfg.threads > 1 and busy[0] + cfg.threads > cores + 0.5:
         say(f"WARNING: load average {busy[0]} on {cores} cores: other processes compete for the CPUs, and "
-            f"{cfg.threads} threads per op wait on each other (OpenMP barriers); timings will be slow and noisy. "
-            "--threads 1 gives steadier numbers on a shared machine.")
+            f"{cfg.threads} threads per op wait on each other (OpenMP barriers; OMP_WAIT_POLICY="
+            f"{os.environ.get('OMP_WAIT_POLICY')}); timings will be noisy. --threads 1 gives steadier numbers.")
     names = args.only or list(SECTIONS)
     report = RunReport(machine_info(), cfg.to_dict())
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")

@@ -60,6 +60,7 @@ def machine_info() -> dict:
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "torch_interop_threads": torch.get_num_interop_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "transformers": _version("transformers"),
         "ctranslate2": _version("ctranslate2"),
         "cuda": torch.cuda.is_available(),
