@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 
 from benchmarks.config import BenchConfig
-from benchmarks.decode import compare_tokens
+from benchmarks.decode import compare_tokens, exact_dtype
 from benchmarks.report import Row, RunReport, say
 from benchmarks.timing import time_interleaved
 from benchmarks.workspace import Workspace
@@ -48,7 +48,8 @@ def measure_compiled_decode(ws: Workspace, cfg: BenchConfig, report: RunReport, 
         # The default warm-up runs the full loop once, so every shape is compiled before timing.
         stats, outs = time_interleaved({"compiled": lambda: loop(compiled), "eager": lambda: loop(model.decode_step)},
                                        cfg.repetitions, device)
-        check = compare_tokens(outs["compiled"], outs["eager"], None, f"compiled decode batch {b}")
+        check = compare_tokens(outs["compiled"], outs["eager"], None, f"compiled decode batch {b}",
+                               exact=exact_dtype(dtype))
         report.rows.append(Row(
             section, f"GPT-2 {cfg.gpt2_layers}L d{cfg.gpt2_d_model} {device} {str(dtype).removeprefix('torch.')}, "
                      f"batch {b}, prompt {p}, {n} new, greedy loop",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from benchmarks.config import BenchConfig
-from benchmarks.decode import compare_tokens, ours_generate, step_time
+from benchmarks.decode import compare_tokens, exact_dtype, ours_generate, step_time
 from benchmarks.report import Row, RunReport, Target, say
 from benchmarks.timing import time_interleaved
 from benchmarks.workspace import Workspace
@@ -61,7 +61,7 @@ def measure_kv_cache(ws: Workspace, cfg: BenchConfig, report: RunReport, section
             {"cached": lambda: cached(n), "cached_1": lambda: cached(1), "recompute": lambda: recompute(k)},
             cfg.repetitions, device, warmups={"recompute": lambda: recompute(1)})
         check = compare_tokens([outs["cached"][0][n - k:]], outs["recompute"], model.cfg.eos_token_id,
-                               f"KV cache vs recomputation at {total}")
+                               f"KV cache vs recomputation at {total}", exact=exact_dtype(dtype))
         cached_step = step_time(stats["cached"], stats["cached_1"], n)
         target = Target(">=", 10.0, text="≥ 10×") if total == KV_TARGET_LENGTH else None
         report.rows.append(Row(

@@ -14,7 +14,7 @@ import json
 import torch
 
 from benchmarks.config import BenchConfig
-from benchmarks.decode import compare_tokens
+from benchmarks.decode import compare_tokens, exact_dtype
 from benchmarks.report import Row, RunReport, Target, say
 from benchmarks.synthetic import sentences
 from benchmarks.timing import time_interleaved
@@ -116,7 +116,7 @@ def measure_translation(ws: Workspace, cfg: BenchConfig, report: RunReport, sect
                     continue
                 tokens = sum(len(t) for t in outs[name])
                 check = compare_tokens(outs["ours"], outs[name], ours.cfg.eos_token_id, f"{workload} vs {name}",
-                                       exact="int8" not in name)
+                                       exact="int8" not in name and exact_dtype(dtype))
                 if tokens != ours_tokens:
                     check += f"; {tokens} tokens vs ours {ours_tokens}"
                 report.rows.append(Row(
