@@ -7,6 +7,8 @@ BIN := $(VENV)/bin
 #   make setup CONSTRAINTS=my-cuda-constraints.txt
 CONSTRAINTS ?= constraints.txt
 EXTRAS ?= dev
+# Extra arguments for the benchmark, e.g. make bench BENCH_ARGS="--quick" or "--threads 1 --only decode"
+BENCH_ARGS ?=
 
 .PHONY: setup run test bench lint clean
 
@@ -26,7 +28,7 @@ test: setup
 	$(BIN)/python -m pytest -q
 
 bench: setup
-	$(BIN)/python -m benchmarks
+	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
 lint: setup
 	$(BIN)/ruff check model service tests benchmarks deploy
