@@ -98,8 +98,9 @@ def summary(report: RunReport) -> str:
     lines = [
         "## Benchmark results", "",
         f"{m['date']} · {m['cpu_model']} · {m['cpu_cores']} cores · {m['memory_gib']} GiB · torch {m['torch']} "
-        f"({m['torch_threads']} threads, OMP_WAIT_POLICY={m['omp_wait_policy']}) · transformers {m['transformers']} · ctranslate2 {m['ctranslate2']}"
-        + (f" · {m['cuda_device']}" if m.get("cuda") else "") + f" · load average at start {m['load_average_at_start']}",
+        f"({m['torch_threads']} threads, OMP_WAIT_POLICY={m['omp_wait_policy']}) · transformers {m['transformers']}"
+        f" · ctranslate2 {m['ctranslate2']}" + (f" · {m['cuda_device']}" if m.get("cuda") else "")
+        + f" · load average at start {m['load_average_at_start']}",
         "", markdown_table(report.rows), "",
     ]
     for label, info in report.sections.items():

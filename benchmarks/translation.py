@@ -22,6 +22,7 @@ from benchmarks.workspace import Workspace
 from model import SamplingParams, beam_search, generate
 
 HF_PEER = "transformers generate()"
+OURS_INT8 = "ours int8"
 CT2_COMPUTE_TYPES = {"cpu": ("float32", "int8"), "cuda": ("bfloat16", "int8_bfloat16")}
 
 
@@ -70,6 +71,12 @@ def measure_translation(ws: Workspace, cfg: BenchConfig, report: RunReport, sect
 
     imported = ws.marian_ours(device, dtype)
     ours, tokenizer = imported.model, imported.tokenizer
+    ours_int8 = None
+    if device == "cpu":  # our optional int8 projections, measured against CTranslate2 int8
+        from model.int8 import quantize_int8
+
+        ours_int8 = ws.marian_ours(device, dtype).model
+        quantize_int8(ours_int8)
     peer = ws.marian_peer(device, dtype)
     vocab = json.loads((ws.marian_dir / "vocab.json").read_text(encoding="utf-8"))
     pieces = {i: p for p, i in vocab.items()}
@@ -98,6 +105,8 @@ def measure_translation(ws: Workspace, cfg: BenchConfig, report: RunReport, sect
             def calls(m: int, groups=groups, piece_groups=piece_groups, hf_groups=hf_groups, beam=beam) -> dict:
                 """Every system on these groups, m tokens per sentence."""
                 fns = {"ours": lambda: ours_translate(ours, groups, beam, m)}
+                if ours_int8 is not None:
+                    fns[OURS_INT8] = lambda: ours_translate(ours_int8, groups, beam, m)
                 for name, tr in translators.items():
                     fns[name] = lambda tr=tr: ct2_translate(tr, piece_groups, beam, m, vocab)
                 fns[HF_PEER] = lambda: hf_translate(peer, hf_groups, beam, m)
@@ -112,7 +121,7 @@ def measure_translation(ws: Workspace, cfg: BenchConfig, report: RunReport, sect
             ours_tokens = sum(len(t) for t in outs["ours"])
             ours_tps = stats["ours"].map(lambda t, k=ours_tokens: k / t)
             for name in fns:
-                if name == "ours":
+                if name in ("ours", OURS_INT8):
                     continue
                 tokens = sum(len(t) for t in outs[name])
                 check = compare_tokens(outs["ours"], outs[name], ours.cfg.eos_token_id, f"{workload} vs {name}",
@@ -124,6 +133,15 @@ def measure_translation(ws: Workspace, cfg: BenchConfig, report: RunReport, sect
                     peer_value=stats[name].map(lambda t, k=tokens: k / t), check=check,
                     target=translation_target(name, beam, b, device),
                     note="EOS and pad banned in the output bias: every system decodes to the limit"))
+            if OURS_INT8 in outs and "CTranslate2 int8" in outs:
+                tokens = sum(len(t) for t in outs[OURS_INT8])
+                ct2 = sum(len(t) for t in outs["CTranslate2 int8"])
+                report.rows.append(Row(
+                    section, workload + " (ours int8)", "tokens/s", stats[OURS_INT8].map(lambda t, k=tokens: k / t),
+                    peer="CTranslate2 int8", peer_value=stats["CTranslate2 int8"].map(lambda t, k=ct2: k / t),
+                    check=compare_tokens(outs["ours"], outs[OURS_INT8], ours.cfg.eos_token_id,
+                                         f"{workload}: ours int8 vs ours float32", exact=False),
+                    note="both sides int8 weights (ours: TSERVE_QUANTIZE=int8)"))
             summary = ", ".join(f"{k} {(sum(len(t) for t in outs[k])) / s.median:.0f}" for k, s in stats.items())
             say(f"{section}: {mode} {batching}: tokens/s {summary}")
 

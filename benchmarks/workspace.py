@@ -51,7 +51,9 @@ class Workspace:
     def gpt2_ours(self, device: str = "cpu", dtype: torch.dtype | None = None):
         from model import load_hf
 
-        return load_hf(self.gpt2_dir, device=device, dtype=dtype).model
+        model = load_hf(self.gpt2_dir, device=device, dtype=dtype).model
+        model.optimize_for_inference()  # as the engine serves it (prepacked CPU weights; no-op elsewhere)
+        return model
 
     def gpt2_peer(self, device: str = "cpu", dtype: torch.dtype = torch.float32):
         transformers = quiet_transformers()
@@ -68,7 +70,9 @@ class Workspace:
     def marian_ours(self, device: str = "cpu", dtype: torch.dtype | None = None):
         from model import load_hf
 
-        return load_hf(self.marian_dir, device=device, dtype=dtype)
+        imported = load_hf(self.marian_dir, device=device, dtype=dtype)
+        imported.model.optimize_for_inference()  # as the engine serves it
+        return imported
 
     def marian_peer(self, device: str = "cpu", dtype: torch.dtype = torch.float32):
         transformers = quiet_transformers()
