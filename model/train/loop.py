@@ -161,7 +161,7 @@ def train(cfg: TrainConfig, resume: bool = True, stop_after: int | None = None,
     valid_batches = objective.valid_batches() if dist.is_main else []
 
     bar = tqdm(total=s.max_steps, initial=start, disable=not (progress and dist.is_main), dynamic_ncols=True,
-               mininterval=2.0, file=sys.stderr)
+               mininterval=2.0 if sys.stderr.isatty() else 60.0, file=sys.stderr)
     window_loss, window_n, window_tokens, window_t0 = 0.0, 0, 0, time.perf_counter()
     stopped_early = False
     model.train()

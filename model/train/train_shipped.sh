@@ -7,6 +7,6 @@ PY=${PYTHON:-python}
 mkdir -p runs
 for spec in translate-en-de:38 generate-en:28 fill-mask-en:20; do
   name=${spec%%:*}; minutes=${spec##*:}
-  "$PY" -m model.train --config "model/train/configs/$name.json" --time-limit-min "$minutes" --no-progress \
+  "$PY" -m model.train --config "model/train/configs/$name.json" --time-limit-min "$minutes" \
     > "runs/$name.log" 2>&1
 done
