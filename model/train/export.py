@@ -89,6 +89,7 @@ def export(cfg: TrainConfig, model: TransformerModel, tok: Tokenizer, objective:
         "hardware": f"{platform.machine()} CPU x{torch.get_num_threads()} threads" if model.device.type == "cpu"
         else torch.cuda.get_device_name(model.device),
         "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+        "first_train_loss": round(history["train"][0][1], 4) if history["train"] else None,
         "final_train_loss": round(history["train"][-1][1], 4) if history["train"] else None,
         "final_valid_loss": round(history["valid"][-1][1], 4) if history["valid"] else None,
         "mean_tokens_per_s": round(sum(r for _, r in history["tokens_per_s"]) / max(1, len(history["tokens_per_s"]))),

@@ -12,6 +12,7 @@ import contextlib
 import math
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -31,6 +32,14 @@ STATE_FILE = "train_state.pt"
 TOKENIZER_FILE = "tokenizer.json"
 # Changing any of these makes an old training state meaningless for the new run.
 RESUME_KEYS = ("task", "model", "tokenizer", "data")
+
+
+@dataclass
+class TrainResult:
+    model: TransformerModel  # this rank's model, in training mode
+    tokenizer: Tokenizer
+    steps: int  # steps completed
+    metrics: dict[str, Any] | None  # None when stopped before the end (stop_after) or on ranks > 0
 
 
 class ResumeError(RuntimeError):
@@ -125,10 +134,11 @@ def load_state(path: Path, cfg: TrainConfig) -> dict[str, Any] | None:
 
 def train(cfg: TrainConfig, resume: bool = True, stop_after: int | None = None,
           time_limit_s: float | None = None, progress: bool = True, device: str | None = None,
-          command: str = "", log: Callable[[str], None] | None = None) -> dict[str, Any] | None:
-    """Train ``cfg`` to ``schedule.max_steps`` and export to ``out_dir``; returns the metrics.
+          command: str = "", log: Callable[[str], None] | None = None) -> TrainResult:
+    """Train ``cfg`` to ``schedule.max_steps`` and export to ``out_dir`` (with metrics).
 
-    ``stop_after`` saves the state after that many steps and returns None (as if killed);
+    ``stop_after`` saves the state after that many steps and returns without exporting
+    (as if killed there);
     ``time_limit_s`` stops early at a wall-clock limit and exports what it has.
     """
     dist = Distributed.from_env(device)
@@ -203,7 +213,7 @@ def train(cfg: TrainConfig, resume: bool = True, stop_after: int | None = None,
         if done == stop_after:
             bar.close()
             dist.close()
-            return None
+            return TrainResult(model, tok, done, None)
         if stop_now:
             stopped_early = True
             say(f"[{cfg.name}] time limit reached after step {done}; exporting what we have")
@@ -218,4 +228,4 @@ def train(cfg: TrainConfig, resume: bool = True, stop_after: int | None = None,
                          train_seconds=time.monotonic() - started, stopped_early=stopped_early, log=say)
     dist.barrier()
     dist.close()
-    return metrics
+    return TrainResult(model, tok, done if start < s.max_steps else start, metrics)

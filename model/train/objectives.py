@@ -21,7 +21,7 @@ from model.train.batches import (
 )
 from model.train.config import TrainConfig
 
-VALID_BATCHES = 40  # validation-loss batches per periodic evaluation
+VALID_BATCHES = 12  # validation-loss batches per periodic evaluation
 
 
 def cross_entropy(logits: Tensor, labels: Tensor, smoothing: float = 0.0) -> Tensor:

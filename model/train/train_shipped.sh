@@ -5,7 +5,7 @@
 set -euo pipefail
 PY=${PYTHON:-python}
 mkdir -p runs
-for spec in translate-en-de:38 generate-en:28 fill-mask-en:20; do
+for spec in translate-en-de:45 generate-en:27 fill-mask-en:15; do
   name=${spec%%:*}; minutes=${spec##*:}
   "$PY" -m model.train --config "model/train/configs/$name.json" --time-limit-min "$minutes" \
     > "runs/$name.log" 2>&1

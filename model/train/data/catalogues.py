@@ -85,7 +85,7 @@ def _strip_marker(text: str, other: str, marker: str) -> str:
     start = max(text.rfind(" ", 0, i), text.rfind("\n", 0, i)) + 1
     end_match = re.search(r"\s", text[i:])
     word = text[start: i + end_match.start() if end_match else len(text)]
-    if word in other:  # an identifier both sides spell the same way
+    if word in other.split():  # an identifier both sides spell the same way
         return text
     return text[:i] + text[i + 1:]
 
