@@ -7,8 +7,8 @@ epoch ``e`` shuffles with a generator seeded by ``seed + e``, and global batch n
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 from torch import Tensor

@@ -115,7 +115,7 @@ class TrainConfig:
         return d
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], source_file: str = "") -> "TrainConfig":
+    def from_dict(cls, data: dict[str, Any], source_file: str = "") -> TrainConfig:
         where = source_file or "config"
         sections = {"tokenizer": TokenizerConfig, "data": DataConfig, "schedule": ScheduleConfig, "eval": EvalConfig}
         kwargs: dict[str, Any] = {}
@@ -144,7 +144,7 @@ class TrainConfig:
         return cfg
 
     @classmethod
-    def load(cls, path: str | Path) -> "TrainConfig":
+    def load(cls, path: str | Path) -> TrainConfig:
         path = Path(path)
         try:
             data = json.loads(path.read_text())

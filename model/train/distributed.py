@@ -7,7 +7,7 @@ collective below is a no-op, so the training loop has one code path.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -18,7 +18,7 @@ class Distributed:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
-    device: torch.device = torch.device("cpu")
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     @property
     def is_main(self) -> bool:
@@ -29,7 +29,7 @@ class Distributed:
         return self.world > 1
 
     @classmethod
-    def from_env(cls, device: str | None = None) -> "Distributed":
+    def from_env(cls, device: str | None = None) -> Distributed:
         world = int(os.environ.get("WORLD_SIZE", "1"))
         rank = int(os.environ.get("RANK", "0"))
         local = int(os.environ.get("LOCAL_RANK", "0"))

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import os
 import platform
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 

@@ -39,69 +39,89 @@ def _metric_rows(task: str, ev: dict[str, Any]) -> list[str]:
                 f"\n{ev['test_tokens']} held-out test tokens."]
     return ["| system | top-1 | top-5 |", "|---|---:|---:|",
             f"| **this model** | **{ev['model_top1']:.1%}** | **{ev['model_top5']:.1%}** |",
-            f"| baseline: most frequent tokens ({', '.join(b['most_frequent_tokens'])}) | "
-            f"{b['most_frequent_top1']:.1%} | {b['most_frequent_top5']:.1%} |",
+            (f"| baseline: most frequent tokens ({', '.join(b['most_frequent_tokens'])}) | "
+             f"{b['most_frequent_top1']:.1%} | {b['most_frequent_top5']:.1%} |"),
             f"\n{ev['masked_tokens']} masked tokens (15% of the held-out test tokens, all replaced by [MASK])."]
 
 
-def model_card(cfg: TrainConfig, metrics: dict[str, Any], weights_mb: float) -> str:
-    m, tk, s = cfg.model, cfg.tokenizer, cfg.schedule
-    layers = {"translation": f"{m.get('n_encoder_layers')} encoder + {m.get('n_decoder_layers')} decoder layers",
-              "causal-lm": f"{m.get('n_decoder_layers')} decoder layers",
-              "masked-lm": f"{m.get('n_encoder_layers')} encoder layers"}[cfg.task]
-    lines = [f"# {cfg.name}", "", f"{PURPOSE[cfg.task]}, trained from scratch with this repository's "
-             "`model.train` on a 2-core CPU. A small demonstration model: it shows the serving stack "
-             "end to end; it is not a general-purpose system.", "", "## Data", ""]
+def _data_lines(cfg: TrainConfig, metrics: dict[str, Any]) -> list[str]:
+    unit = "source sentence" if cfg.task == "translation" else "paragraph"
+    lines = []
     for corpus, info in metrics["data"].items():
         splits = info.get("splits", {})
         counts = ", ".join(f"{k} {v['records']}" for k, v in splits.items())
-        lines.append(f"- `{corpus}` ({counts}); records de-duplicated and split by sha256 of the "
-                     f"{'source sentence' if cfg.task == 'translation' else 'paragraph'}:")
-        for src in info.get("sources", []):
-            if "licence" in src:
-                lines.append(f"  - {src['name']} {src.get('version', '')} — licence: {src['licence']}")
+        lines.append(f"- `{corpus}` ({counts}); de-duplicated, split by sha256 of the {unit}:")
+        lines += [f"  - {src['name']} {src.get('version', '')} — licence: {src['licence']}"
+                  for src in info.get("sources", []) if "licence" in src]
         if splits:
-            lines.append("  - sha256 of the splits: " + ", ".join(f"{k} `{v['sha256'][:16]}…`"
-                                                                     for k, v in splits.items()))
-    lines += ["", "## Model", "",
-              f"- {metrics['parameters'] / 1e6:.2f}M parameters; d_model {m.get('d_model')}, {layers}, "
-              f"{m.get('n_heads')} heads, FFN {m.get('d_ff')}, {m.get('norm_placement', 'post')}-norm, "
-              f"{m.get('positional', 'sinusoidal')} positions, max {m.get('max_positions')} positions",
-              f"- tokenizer: {'byte-level BPE' if tk.type == 'bpe' else 'WordPiece'}, "
-              f"{metrics['train_config']['tokenizer']['vocab_size']} requested vocabulary, trained on the training split",
-              f"- `model.safetensors`: {weights_mb:.1f} MB (float32)", "",
-              "## Evaluation (held-out test split)", ""]
-    lines += _metric_rows(cfg.task, metrics["eval"])
+            hashes = ", ".join(f"{k} `{v['sha256'][:16]}…`" for k, v in splits.items())
+            lines.append(f"  - sha256 of the split files: {hashes}")
+    return lines
+
+
+def _model_lines(cfg: TrainConfig, metrics: dict[str, Any], weights_mb: float) -> list[str]:
+    m, tk = cfg.model, cfg.tokenizer
+    layers = {"translation": f"{m.get('n_encoder_layers')} encoder + {m.get('n_decoder_layers')} decoder layers",
+              "causal-lm": f"{m.get('n_decoder_layers')} decoder layers",
+              "masked-lm": f"{m.get('n_encoder_layers')} encoder layers"}[cfg.task]
+    arch = (f"{metrics['parameters'] / 1e6:.2f}M parameters; d_model {m.get('d_model')}, {layers}, "
+            f"{m.get('n_heads')} heads, FFN {m.get('d_ff')}, {m.get('norm_placement', 'post')}-norm, "
+            f"{m.get('positional', 'sinusoidal')} positions up to {m.get('max_positions')}")
+    kind = "byte-level BPE" if tk.type == "bpe" else "WordPiece"
+    return [f"- {arch}",
+            f"- tokenizer: {kind}, {tk.vocab_size} tokens requested, trained on the training split",
+            f"- `model.safetensors`: {weights_mb:.1f} MB (float32)"]
+
+
+def _training_lines(cfg: TrainConfig, metrics: dict[str, Any]) -> list[str]:
+    s = cfg.schedule
+    extras = {"translation": f", label smoothing {s.label_smoothing}",
+              "masked-lm": f", masking {s.mask_prob:.0%} (80/10/10)"}.get(cfg.task, "")
+    early = " — stopped by its time limit" if metrics["stopped_early"] else ""
+    return [(f"- {metrics['train_steps']} steps of AdamW (peak lr {s.lr}, {s.warmup_steps} warmup steps, "
+             f"{s.decay.replace('_', '-')} decay, weight decay {s.weight_decay}, gradient clip {s.grad_clip}"
+             f"{extras})"),
+            (f"- {metrics['train_minutes']} minutes on {metrics['hardware']} (about {metrics['mean_tokens_per_s']} "
+             f"tokens/s), world size {metrics['world_size']}{early}"),
+            (f"- train loss {metrics['first_train_loss']} -> {metrics['final_train_loss']}, validation loss "
+             f"{metrics['final_valid_loss']}"),
+            "", "![loss curve](loss_curve.png)"]
+
+
+def _reproduce_lines(cfg: TrainConfig, metrics: dict[str, Any]) -> list[str]:
+    note = ""
+    if metrics["stopped_early"]:
+        note = (f" It stopped at its time limit after {metrics['train_steps']} steps; the inverse-sqrt schedule "
+                "does not depend on max_steps, so the `--max-steps` command above replays the same batches "
+                "and learning rates.")
+    config = cfg.source_file or "the config"
+    return ["```bash",
+            "python -m model.train.data prepare   # corpora -> data/corpora (+ manifest.json)",
+            metrics["reproduce_command"],
+            "```", "",
+            f"The run that produced these weights: `{metrics['command']}`.{note}", "",
+            (f"To train on your own data, copy `{config}`, point `data.corpora` at directories holding "
+             "`train.jsonl.gz`, `valid.jsonl.gz` and `test.jsonl.gz` in the same format, and set `out_dir`.")]
+
+
+def model_card(cfg: TrainConfig, metrics: dict[str, Any], weights_mb: float) -> str:
+    intro = (f"{PURPOSE[cfg.task]}, trained from scratch with this repository's `model.train` on a shared "
+             "2-core CPU. A small demonstration model: it exercises the serving stack end to end; it is not "
+             "a general-purpose system.")
+    lines = [f"# {cfg.name}", "", intro, "", "## Data", "", *_data_lines(cfg, metrics),
+             "", "## Model", "", *_model_lines(cfg, metrics, weights_mb),
+             "", "## Evaluation (held-out test split)", "", *_metric_rows(cfg.task, metrics["eval"])]
     if cfg.task == "translation":
         lines += ["", "Examples (greedy):", ""]
         lines += [f"- `{e['source']}` → `{e['model']}` (reference: `{e['reference']}`)"
-                  for e in metrics["eval"]["examples"][:5]]
+                  for e in metrics["eval"]["examples"][:6]]
     if cfg.task == "causal-lm":
-        lines += ["", "Samples (temperature 0.8, top-k 40, seed 7):", ""]
-        lines += ["```", *[t.strip() + "\n---" for t in metrics["eval"]["samples"]], "```"]
-    lines += ["", "## Training", "",
-              f"- {metrics['train_steps']} steps of AdamW (peak lr {s.lr}, {s.warmup_steps} warmup steps, "
-              f"{s.decay.replace('_', '-')} decay, weight decay {s.weight_decay}, gradient clip {s.grad_clip})"
-              + (f", label smoothing {s.label_smoothing}" if cfg.task == "translation" else "")
-              + (f", masking {s.mask_prob:.0%} (80/10/10)" if cfg.task == "masked-lm" else ""),
-              f"- {metrics['train_minutes']} minutes on {metrics['hardware']} "
-              f"(about {metrics['mean_tokens_per_s']} tokens/s), world size {metrics['world_size']}"
-              + (" — stopped early at the time limit" if metrics["stopped_early"] else ""),
-              f"- final train loss {metrics['final_train_loss']}, validation loss {metrics['final_valid_loss']}; "
-              "curve: `loss_curve.png`", "",
-              "![loss curve](loss_curve.png)", "",
-              "## Reproduce / retrain", "",
-              "```bash",
-              "python -m model.train.data prepare            # corpora -> data/corpora (+ manifest.json)",
-              metrics["reproduce_command"],
-              "```", "",
-              f"The run that produced these weights: `{metrics['command']}`"
-              + (f" (stopped by its time limit after {metrics['train_steps']} steps; the inverse-sqrt schedule "
-                 "does not depend on max_steps, so the command above gives the same weights)"
-                 if metrics["stopped_early"] else "") + ".", "",
-              f"To train on your own data, copy `{cfg.source_file or 'the config'}`, point `data.corpora` at "
-              "directories holding `train/valid/test.jsonl.gz` in the same format, and set `out_dir`.", "",
-              "## Licence", "",
-              "The weights are derived from the data listed above; use them under the terms of those "
-              "licences (the strictest applies). The code that produced them is this repository's.", ""]
+        lines += ["", "Samples (temperature 0.8, top-k 40, seed 7):", "", "```"]
+        lines += [t.strip() + "\n---" for t in metrics["eval"]["samples"]]
+        lines += ["```"]
+    licence = ("The weights are derived from the data listed above; use them under the terms of those "
+               "licences. The code that produced them is this repository's.")
+    lines += ["", "## Training", "", *_training_lines(cfg, metrics),
+              "", "## Reproduce / retrain", "", *_reproduce_lines(cfg, metrics),
+              "", "## Licence", "", licence, ""]
     return "\n".join(lines)

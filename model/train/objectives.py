@@ -8,7 +8,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -16,8 +17,17 @@ from torch import Tensor, nn
 
 from model.tokenizer import BPE_SPECIALS, WORDPIECE_SPECIALS, Tokenizer, train_bpe, train_wordpiece
 from model.train.batches import (
-    IGNORE, BatchOrder, encode_documents, encode_pairs, encode_sentences, fixed_batches, lm_batch, lm_blocks,
-    mlm_batch, token_batches, translation_batch,
+    IGNORE,
+    BatchOrder,
+    encode_documents,
+    encode_pairs,
+    encode_sentences,
+    fixed_batches,
+    lm_batch,
+    lm_blocks,
+    mlm_batch,
+    token_batches,
+    translation_batch,
 )
 from model.train.config import TrainConfig
 

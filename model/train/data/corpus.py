@@ -13,8 +13,9 @@ import gzip
 import hashlib
 import io
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 SPLITS = ("train", "valid", "test")
 TEST_PER_MILLE = 20  # 2% of the records

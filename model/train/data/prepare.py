@@ -12,14 +12,19 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from model.train.data.catalogues import CatalogueStats, read_catalogue
 from model.train.data.corpus import write_corpus
 from model.train.data.prose import read_book, read_html
 from model.train.data.sources import (
-    SYSTEM_LOCALE_DIR, debian_licence, debian_owner, debian_package, pypi_distribution,
+    SYSTEM_LOCALE_DIR,
+    debian_licence,
+    debian_owner,
+    debian_package,
+    pypi_distribution,
 )
 
 DJANGO = "Django==5.2.19"

@@ -115,8 +115,8 @@ def debian_licence(package: str, doc_root: Path = Path("/usr/share/doc")) -> str
     if not copyright_file.is_file():
         return None
     text = copyright_file.read_text(errors="replace")
-    stanza = re.search(r"^Files:\s*\*\s*$.*?^License:\s*(\S[^\n]*)", text, re.M | re.S)
+    stanza = re.search(r"^Files:\s*\*\s*$.*?^License:\s*(\S[^\n]*)", text, re.MULTILINE | re.DOTALL)
     if stanza:
         return stanza.group(1).strip()
-    first = re.search(r"^License:\s*(\S[^\n]*)", text, re.M)
+    first = re.search(r"^License:\s*(\S[^\n]*)", text, re.MULTILINE)
     return first.group(1).strip() if first else None

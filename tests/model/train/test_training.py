@@ -12,7 +12,7 @@ from model.checkpoint import load
 from model.train.loop import TOKENIZER_FILE, ResumeError, train
 from tests.model.train.tiny_configs import tiny_config
 
-QUIET = dict(progress=False, log=lambda msg: None)
+QUIET = {"progress": False, "log": lambda msg: None}
 
 
 @pytest.mark.parametrize("task", ["translation", "causal-lm", "masked-lm"])
