@@ -195,7 +195,7 @@ def train(cfg: TrainConfig, resume: bool = True, stop_after: int | None = None,
             rate = window_tokens * dist.world / max(1e-9, time.perf_counter() - window_t0)
             history["train"].append([done, window_loss / window_n])
             history["tokens_per_s"].append([done, rate])
-            bar.set_postfix(loss=f"{window_loss / window_n:.3f}", tok_s=f"{rate:.0f}", lr=f"{lr_at(step, s):.2e}")
+            bar.set_postfix(loss=f"{window_loss / window_n:.3f}", tok_s=f"{rate:.0f}", lr=f"{lr_at(step, s):.2e}", refresh=False)
             window_loss, window_n, window_tokens, window_t0 = 0.0, 0, 0, time.perf_counter()
         bar.update(1)
         if done % s.eval_every == 0 or done == s.max_steps:
