@@ -43,7 +43,7 @@ def plot_loss_curve(history: dict[str, list], path: Path, title: str) -> None:
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
     if history["train"]:
         steps, losses = zip(*history["train"])
-        ax.plot(steps, losses, label="train (mean per log interval)", linewidth=1.2)
+        ax.plot(steps, losses, label="train (mean per log interval; dropout on)", linewidth=1.2)
     if history["valid"]:
         steps, losses = zip(*history["valid"])
         ax.plot(steps, losses, "o-", label="validation", linewidth=1.2, markersize=3)
@@ -73,13 +73,12 @@ def task_metrics(cfg: TrainConfig, model: TransformerModel, tok: Tokenizer, obje
 
 def export(cfg: TrainConfig, model: TransformerModel, tok: Tokenizer, objective: Objective,
            history: dict[str, list], train_records: Sequence[dict], command: str, train_seconds: float,
-           stopped_early: bool, log: Callable[[str], None]) -> dict[str, Any]:
+           stopped_early: bool, log: Callable[[str], None], steps_done: int) -> dict[str, Any]:
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.eval()
     log(f"[{cfg.name}] evaluating on the test split")
     evaluation = task_metrics(cfg, model, tok, objective, train_records)
-    steps_done = history["train"][-1][0] if history["train"] else 0
     metrics = {
         "name": cfg.name,
         "task": cfg.task,

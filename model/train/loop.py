@@ -226,7 +226,8 @@ def train(cfg: TrainConfig, resume: bool = True, stop_after: int | None = None,
         from model.train.export import export  # evaluation + model card: rank 0 only
 
         metrics = export(cfg, model, tok, objective, history, train_records, command=command,
-                         train_seconds=time.monotonic() - started, stopped_early=stopped_early, log=say)
+                         train_seconds=time.monotonic() - started, stopped_early=stopped_early, log=say,
+                         steps_done=done if start < s.max_steps else start)
     dist.barrier()
     dist.close()
     return TrainResult(model, tok, done if start < s.max_steps else start, metrics)

@@ -83,7 +83,8 @@ def _training_lines(cfg: TrainConfig, metrics: dict[str, Any]) -> list[str]:
              f"{extras})"),
             (f"- {metrics['train_minutes']} minutes on {metrics['hardware']} (about {metrics['mean_tokens_per_s']} "
              f"tokens/s), world size {metrics['world_size']}{early}"),
-            (f"- train loss {metrics['first_train_loss']} -> {metrics['final_train_loss']}, validation loss "
+            (f"- train loss {metrics['first_train_loss']} -> {metrics['final_train_loss']} (with dropout"
+             f"{' and label smoothing' if cfg.task == 'translation' else ''}), validation loss "
              f"{metrics['final_valid_loss']}"),
             "", "![loss curve](loss_curve.png)"]
 

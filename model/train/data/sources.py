@@ -108,15 +108,37 @@ def debian_owner(path: Path) -> tuple[str, str] | None:
     return package, version
 
 
+def _free_text_licence(text: str) -> str | None:
+    """Best guess from a copyright file that is not machine-readable: the GNU licence it cites."""
+    if "Lesser General Public" in text or "Library General Public" in text:
+        name = "LGPL"
+    elif "General Public License" in text:
+        name = "GPL"
+    else:
+        return None
+    version = re.search(r"General Public License,?\s+(?:as published by[^,.]*,?\s+)?(?:either\s+)?"
+                        r"[Vv]ersion (\d(?:\.\d)?)", text)
+    plus = "+" if re.search(r"any\s+later\s+version", text) else ""
+    return f"{name}-{version.group(1) if version else '?'}{plus} (from a free-text copyright file)"
+
+
 def debian_licence(package: str, doc_root: Path = Path("/usr/share/doc")) -> str | None:
-    """The main licence of an installed Debian package from its (DEP-5) copyright file:
-    the ``License:`` of the ``Files: *`` stanza, else the first ``License:`` line."""
+    """The main licence of an installed Debian package from its copyright file, or None when
+    the file declares no ``License:`` field (such packages are not used). For the
+    machine-readable (DEP-5) format: the ``License:`` of the ``Files: *`` stanza; for a
+    free-text file: the GNU licence its text cites, else its first ``License:`` line."""
     copyright_file = doc_root / package / "copyright"
     if not copyright_file.is_file():
         return None
     text = copyright_file.read_text(errors="replace")
-    stanza = re.search(r"^Files:\s*\*\s*$.*?^License:\s*(\S[^\n]*)", text, re.MULTILINE | re.DOTALL)
-    if stanza:
-        return stanza.group(1).strip()
     first = re.search(r"^License:\s*(\S[^\n]*)", text, re.MULTILINE)
-    return first.group(1).strip() if first else None
+    if first is None:
+        return None
+    if not text.startswith("Format:"):
+        return _free_text_licence(text) or first.group(1).strip()
+    for stanza in re.split(r"\n\s*\n", text):
+        if re.search(r"^Files:\s*\*\s*$", stanza, re.MULTILINE):
+            found = re.search(r"^License:\s*(\S[^\n]*)", stanza, re.MULTILINE)
+            if found:
+                return found.group(1).strip()
+    return first.group(1).strip()

@@ -9,6 +9,7 @@ import polib
 from model.train.data.catalogues import read_catalogues
 from model.train.data.corpus import SPLITS, load_split, split_of, write_corpus
 from model.train.data.prose import html_paragraphs, text_paragraphs
+from model.train.data.sources import debian_licence
 
 
 def _pairs(n: int, offset: int = 0) -> list[dict[str, str]]:
@@ -75,3 +76,22 @@ def test_prose_paragraphs():
             "<pre>print('code is skipped')</pre><p>It has efficient data structures.</p>")
     assert html_paragraphs(html) == ["Python is an easy to learn, powerful language.",
                                      "It has efficient data structures."]
+
+
+def test_debian_licence_from_copyright_files(tmp_path):
+    files = {
+        "dep5": "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n\n"
+                "Files: debian/*\nCopyright: 2020 Someone\nLicense: MIT\n\n"
+                "Files: *\nCopyright: 2020 Upstream\nLicense: GPL-3+\n",
+        "freetext": "Copyright (C) 2002 Someone.\n\nLicense:\n\n   This package is free software; you can "
+                    "redistribute it under the terms of the GNU General Public License as published by the Free "
+                    "Software Foundation; either version 2 of the License, or (at your option) any later version.\n",
+        "nolicence": "Copyright (C) 2002 Someone. All rights reserved.\n",
+    }
+    for package, text in files.items():
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "copyright").write_text(text)
+    assert debian_licence("dep5", tmp_path) == "GPL-3+"  # the Files: * stanza, not the first one
+    assert debian_licence("freetext", tmp_path) == "GPL-2+ (from a free-text copyright file)"
+    assert debian_licence("nolicence", tmp_path) is None  # not used
+    assert debian_licence("missing", tmp_path) is None
