@@ -73,9 +73,11 @@ def task_metrics(cfg: TrainConfig, model: TransformerModel, tok: Tokenizer, obje
 
 def export(cfg: TrainConfig, model: TransformerModel, tok: Tokenizer, objective: Objective,
            history: dict[str, list], train_records: Sequence[dict], command: str, train_seconds: float,
-           stopped_early: bool, log: Callable[[str], None], steps_done: int) -> dict[str, Any]:
+           stopped_early: bool, log: Callable[[str], None], steps_done: int | None = None) -> dict[str, Any]:
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if steps_done is None:  # the last logged step (may lag the true count by < log_every)
+        steps_done = history["train"][-1][0] if history["train"] else 0
     model.eval()
     log(f"[{cfg.name}] evaluating on the test split")
     evaluation = task_metrics(cfg, model, tok, objective, train_records)
