@@ -1,0 +1,158 @@
+"""English -> German sentence pairs from gettext catalogues (.mo / .po).
+
+A catalogue entry maps an English ``msgid`` to its German ``msgstr``. Turning entries
+into training pairs needs care:
+- plural entries give two pairs: (msgid, msgstr[0]) and (msgid_plural, msgstr[1]);
+- fuzzy, obsolete, empty and untranslated (target == source) entries are dropped;
+- mnemonic markers (``~File``, ``_File``, ``&File``) are stripped from both sides,
+  since the model should learn words, not keyboard accelerators;
+- format placeholders (``%s``, ``%(name)s``, ``{0}``, ``$1``, ``%PRODUCTNAME``) must
+  match as multisets between source and target, else the pair is a mistranslation or
+  an alignment we cannot trust, and is dropped;
+- whitespace is collapsed and overly long or badly length-mismatched pairs are dropped.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polib
+
+MAX_SOURCE_CHARS = 200
+MAX_TARGET_CHARS = 260
+MAX_LENGTH_RATIO = 3.0  # target/source (or inverse) character ratio beyond which a pair is dropped
+
+# Alternatives are tried in order: LibreOffice's %NAME before printf's %A, positional %1$s before %1.
+PLACEHOLDER = re.compile(
+    r"%[A-Z][A-Z0-9_]{2,}"  # LibreOffice: %PRODUCTNAME, %EXTENSION_NAME
+    r"|%\(\w+\)[-+ #0]*\d*(?:\.\d+)?[a-zA-Z]"  # Python/Django: %(name)s, %(count)d
+    r"|%\d+\$[-+ #0]*\d*(?:\.\d+)?(?:hh|h|ll|l|L|j|z|t)?[a-zA-Z]"  # positional printf: %1$s
+    r"|%[-+ #0]*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|h|ll|l|L|q|j|z|t)?[diouxXeEfFgGcsSpaAn]"  # printf
+    r"|%\d+"  # Qt / LibreOffice: %1
+    r"|\$\(\w+\)|\$\{\w+\}|\$\d+"  # $(ARG1), ${name}, $1
+    r"|\{\w*(?:![rsa])?(?::[^{}\s]*)?\}"  # str.format: {0}, {name}, {}, {0:>3}
+)
+MNEMONIC_MARKERS = "~_&"
+
+
+@dataclass(frozen=True)
+class Pair:
+    source: str
+    target: str
+
+
+@dataclass
+class CatalogueStats:
+    """Why entries were kept or dropped, per catalogue (goes into the manifest)."""
+
+    entries: int = 0
+    pairs: int = 0
+    dropped: Counter = field(default_factory=Counter)
+
+    def drop(self, reason: str) -> None:
+        self.dropped[reason] += 1
+
+    def to_dict(self) -> dict:
+        return {"entries": self.entries, "pairs": self.pairs, "dropped": dict(sorted(self.dropped.items()))}
+
+
+def placeholders(text: str) -> list[str]:
+    """The format placeholders in ``text``, sorted (order may legitimately change in German)."""
+    return sorted(PLACEHOLDER.findall(text.replace("%%", "")))
+
+
+def _mask_placeholders(text: str) -> str:
+    return PLACEHOLDER.sub(lambda m: "\0" * len(m.group()), text)
+
+
+def _strip_marker(text: str, other: str, marker: str) -> str:
+    """Remove ``marker`` where it is a mnemonic: the only such marker in the text, directly
+    before a letter or digit, and not part of an identifier shared verbatim with the other
+    side (``debug_dump``) or an HTML entity (``&amp;``)."""
+    masked = _mask_placeholders(text)
+    spots = [i for i, ch in enumerate(masked) if ch == marker]
+    if len(spots) != 1:
+        return text
+    i = spots[0]
+    if i + 1 >= len(text) or not text[i + 1].isalnum():
+        return text
+    if marker == "&" and re.match(r"&#?\w+;", text[i:]):
+        return text
+    start = max(text.rfind(" ", 0, i), text.rfind("\n", 0, i)) + 1
+    end_match = re.search(r"\s", text[i:])
+    word = text[start: i + end_match.start() if end_match else len(text)]
+    if word in other.split():  # an identifier both sides spell the same way
+        return text
+    return text[:i] + text[i + 1:]
+
+
+def strip_mnemonics(source: str, target: str) -> tuple[str, str]:
+    """Strip accelerator markers from both sides of a pair, judging each side against the other."""
+    for marker in MNEMONIC_MARKERS:
+        source, target = _strip_marker(source, target, marker), _strip_marker(target, source, marker)
+    return source, target
+
+
+def clean_pair(source: str, target: str, stats: CatalogueStats) -> Pair | None:
+    """Apply every filter to one (msgid, msgstr); None (with the reason counted) if dropped."""
+    if not source.strip() or not target.strip():
+        stats.drop("empty")
+        return None
+    source, target = strip_mnemonics(source, target)
+    source, target = " ".join(source.split()), " ".join(target.split())
+    if not re.search(r"[A-Za-z]{2}", source):
+        stats.drop("no_words")
+        return None
+    if source == target:
+        stats.drop("identical")
+        return None
+    if len(source) > MAX_SOURCE_CHARS or len(target) > MAX_TARGET_CHARS:
+        stats.drop("too_long")
+        return None
+    ratio = (len(target) + 5) / (len(source) + 5)
+    if ratio > MAX_LENGTH_RATIO or ratio < 1 / MAX_LENGTH_RATIO:
+        stats.drop("length_ratio")
+        return None
+    if placeholders(source) != placeholders(target):
+        stats.drop("placeholder_mismatch")
+        return None
+    return Pair(source, target)
+
+
+def entry_pairs(entry: polib._BaseEntry, stats: CatalogueStats) -> Iterator[Pair]:
+    """The pairs of one catalogue entry (two for a plural entry)."""
+    stats.entries += 1
+    if entry.obsolete or "fuzzy" in entry.flags:
+        stats.drop("fuzzy_or_obsolete")
+        return
+    if entry.msgid_plural:
+        forms = entry.msgstr_plural
+        raw = [(entry.msgid, forms.get(0, "")), (entry.msgid_plural, forms.get(1, ""))]
+    else:
+        raw = [(entry.msgid, entry.msgstr)]
+    for source, target in raw:
+        pair = clean_pair(source, target, stats)
+        if pair is not None:
+            stats.pairs += 1
+            yield pair
+
+
+def read_catalogue(path: str | Path, stats: CatalogueStats | None = None) -> list[Pair]:
+    """All usable pairs of a .mo or .po file (header entry skipped)."""
+    path = Path(path)
+    stats = stats if stats is not None else CatalogueStats()
+    try:
+        cat = polib.mofile(str(path)) if path.suffix == ".mo" else polib.pofile(str(path))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: not a readable gettext catalogue ({exc})") from None
+    return [p for e in cat if e.msgid for p in entry_pairs(e, stats)]
+
+
+def read_catalogues(paths: Iterable[Path]) -> tuple[list[Pair], CatalogueStats]:
+    stats = CatalogueStats()
+    pairs = [p for path in sorted(paths) for p in read_catalogue(path, stats)]
+    return pairs, stats

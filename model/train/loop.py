@@ -1,0 +1,233 @@
+"""The training loop shared by the three families: AdamW, warmup + decay, clipping,
+periodic validation, resumable state, DDP, then evaluation and export to ``out_dir``.
+
+Determinism: the batch of each step is a function of the step (model.train.batches),
+and dropout / masking randomness is re-seeded from (seed, step, rank) at every step, so
+a run stopped at any checkpoint and resumed produces the same weights bit for bit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from model.tokenizer import Tokenizer
+from model.train.config import ScheduleConfig, TrainConfig
+from model.train.data.corpus import load_split
+from model.train.distributed import Distributed
+from model.train.objectives import OBJECTIVES, Objective, batch_to, step_generator
+from model.transformer import TransformerModel, build_model
+
+STATE_FILE = "train_state.pt"
+TOKENIZER_FILE = "tokenizer.json"
+# Changing any of these makes an old training state meaningless for the new run.
+RESUME_KEYS = ("task", "model", "tokenizer", "data")
+
+
+@dataclass
+class TrainResult:
+    model: TransformerModel  # this rank's model, in training mode
+    tokenizer: Tokenizer
+    steps: int  # steps completed
+    metrics: dict[str, Any] | None  # None when stopped before the end (stop_after) or on ranks > 0
+
+
+class ResumeError(RuntimeError):
+    """The saved training state belongs to a different configuration."""
+
+
+def lr_at(step: int, s: ScheduleConfig) -> float:
+    """Linear warmup to ``lr``, then inverse-sqrt (the 2017 paper) or cosine decay."""
+    warm = max(1, s.warmup_steps)
+    if step < warm:
+        return s.lr * (step + 1) / warm
+    if s.decay == "inverse_sqrt":
+        return s.lr * math.sqrt(warm / (step + 1))
+    progress = min(1.0, (step - warm) / max(1, s.max_steps - warm))
+    return s.lr * (s.min_lr_ratio + (1 - s.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def make_optimizer(model: nn.Module, s: ScheduleConfig) -> torch.optim.AdamW:
+    """AdamW; no weight decay on biases and LayerNorm gains (1-d tensors)."""
+    params = list(model.parameters())  # tied tensors appear once
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": s.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=s.lr, betas=s.betas, eps=1e-8)
+
+
+def load_records(cfg: TrainConfig, split: str) -> list[dict]:
+    records: list[dict] = []
+    for corpus in cfg.data.corpora:
+        recs = load_split(corpus, split)
+        cap = cfg.data.max_train_records if split == "train" else None
+        records += recs[:cap] if cap else recs
+    return records
+
+
+def prepare_tokenizer(cfg: TrainConfig, objective_cls: type[Objective], train: Sequence[dict],
+                      dist: Distributed) -> Tokenizer:
+    """Rank 0 trains the tokenizer once (kept in work_dir for resumes); the others load it."""
+    path = Path(cfg.work_dir) / TOKENIZER_FILE
+    if dist.is_main and not path.is_file():
+        tok = objective_cls.train_tokenizer(cfg, objective_cls.tokenizer_texts(train))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tok.save(tmp)
+        tmp.replace(path)
+    dist.barrier()
+    return Tokenizer.from_file(path)
+
+
+def _autocast(device: torch.device):
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+@torch.no_grad()
+def validation_loss(model: nn.Module, objective: Objective, batches: list[dict], device: torch.device) -> float:
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for batch in batches:
+        with _autocast(device):
+            loss, n = objective.loss(model, batch_to(batch, device), training=False)
+        total += float(loss) * n
+        count += n
+    model.train(was_training)
+    return total / max(1, count)
+
+
+def save_state(path: Path, model: TransformerModel, optimizer: torch.optim.Optimizer, step: int,
+               history: dict[str, list], cfg: TrainConfig) -> None:
+    """Our own resumable state (trusted; torch.save). Served weights never use this format."""
+    state = {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+             "history": history, "config": cfg.to_dict()}
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)  # a kill mid-write leaves the previous state intact
+
+
+def load_state(path: Path, cfg: TrainConfig) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    saved, now = state["config"], cfg.to_dict()
+    changed = [k for k in RESUME_KEYS if saved.get(k) != now.get(k)]
+    if changed or saved["schedule"].get("seed") != now["schedule"]["seed"]:
+        raise ResumeError(f"{path} was written by a run with different {changed or ['schedule.seed']}; "
+                          f"use a new work_dir or pass --fresh")
+    return state
+
+
+def train(cfg: TrainConfig, resume: bool = True, stop_after: int | None = None,
+          time_limit_s: float | None = None, progress: bool = True, device: str | None = None,
+          command: str = "", log: Callable[[str], None] | None = None) -> TrainResult:
+    """Train ``cfg`` to ``schedule.max_steps`` and export to ``out_dir`` (with metrics).
+
+    ``stop_after`` saves the state after that many steps and returns without exporting
+    (as if killed there);
+    ``time_limit_s`` stops early at a wall-clock limit and exports what it has.
+    """
+    dist = Distributed.from_env(device)
+    say = log or (lambda msg: print(msg, file=sys.stderr, flush=True) if dist.is_main else None)
+    s = cfg.schedule
+    if s.threads:
+        torch.set_num_threads(s.threads)
+    work = Path(cfg.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+
+    train_records, valid_records = load_records(cfg, "train"), load_records(cfg, "valid")
+    objective_cls = OBJECTIVES[cfg.task]
+    tok = prepare_tokenizer(cfg, objective_cls, train_records, dist)
+    objective = objective_cls(cfg, tok, train_records, valid_records)
+    mcfg = cfg.model_config(tok.vocab_size, objective.special)
+    model = build_model(mcfg).init_weights(s.seed).to(dist.device)
+    optimizer = make_optimizer(model, s)
+    history: dict[str, list] = {"train": [], "valid": [], "tokens_per_s": []}
+    start = 0
+    state = load_state(work / STATE_FILE, cfg) if resume else None
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start, history = state["step"], state["history"]
+        say(f"[{cfg.name}] resuming at step {start}")
+    say(f"[{cfg.name}] {model.num_parameters() / 1e6:.2f}M parameters, vocab {tok.vocab_size}, "
+        f"{len(train_records)} training records, world size {dist.world}")
+    net: nn.Module = DistributedDataParallel(model) if dist.enabled else model
+    valid_batches = objective.valid_batches() if dist.is_main else []
+
+    bar = tqdm(total=s.max_steps, initial=start, disable=not (progress and dist.is_main), dynamic_ncols=True,
+               mininterval=2.0 if sys.stderr.isatty() else 60.0, file=sys.stderr)
+    window_loss, window_n, window_tokens, window_t0 = 0.0, 0, 0, time.perf_counter()
+    stopped_early = False
+    model.train()
+    for step in range(start, s.max_steps):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, s)
+        torch.manual_seed((s.seed * 7_919 + step * 31 + dist.rank) % (2**63))  # dropout noise of this step
+        batch = batch_to(objective.batch(step * dist.world + dist.rank, step_generator(s.seed, step, dist.rank)),
+                         dist.device)
+        with _autocast(dist.device):
+            loss, n_tokens = objective.loss(net, batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
+        optimizer.step()
+
+        done = step + 1
+        window_loss, window_n, window_tokens = window_loss + loss.detach().item(), window_n + 1, window_tokens + n_tokens
+        if done % s.log_every == 0 or done == s.max_steps:
+            rate = window_tokens * dist.world / max(1e-9, time.perf_counter() - window_t0)
+            history["train"].append([done, window_loss / window_n])
+            history["tokens_per_s"].append([done, rate])
+            bar.set_postfix(loss=f"{window_loss / window_n:.3f}", tok_s=f"{rate:.0f}", lr=f"{lr_at(step, s):.2e}", refresh=False)
+            window_loss, window_n, window_tokens, window_t0 = 0.0, 0, 0, time.perf_counter()
+        bar.update(1)
+        if done % s.eval_every == 0 or done == s.max_steps:
+            if dist.is_main:
+                val = validation_loss(model, objective, valid_batches, dist.device)
+                history["valid"].append([done, val])
+                say(f"[{cfg.name}] step {done}: train {history['train'][-1][1] if history['train'] else 0:.3f} "
+                    f"valid {val:.3f}")
+            dist.barrier()
+        over_time = time_limit_s is not None and time.monotonic() - started > time_limit_s
+        stop_now = dist.any_true(over_time) if time_limit_s is not None else False
+        if done % s.checkpoint_every == 0 or done == stop_after or stop_now:
+            if dist.is_main:
+                save_state(work / STATE_FILE, model, optimizer, done, history, cfg)
+            dist.barrier()
+        if done == stop_after:
+            bar.close()
+            dist.close()
+            return TrainResult(model, tok, done, None)
+        if stop_now:
+            stopped_early = True
+            say(f"[{cfg.name}] time limit reached after step {done}; exporting what we have")
+            break
+    bar.close()
+
+    metrics = None
+    if dist.is_main:
+        from model.train.export import export  # evaluation + model card: rank 0 only
+
+        metrics = export(cfg, model, tok, objective, history, train_records, command=command,
+                         train_seconds=time.monotonic() - started, stopped_early=stopped_early, log=say,
+                         steps_done=done if start < s.max_steps else start)
+    dist.barrier()
+    dist.close()
+    return TrainResult(model, tok, done if start < s.max_steps else start, metrics)

@@ -1,0 +1,128 @@
+"""The README.md model card written beside each exported checkpoint."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from model.train.config import TrainConfig
+
+PURPOSE = {
+    "translation": "English -> German translation of short software/UI-style sentences (encoder-decoder, "
+                   "the 2017 paper's architecture)",
+    "causal-lm": "English text generation in the style of Shakespeare's and Milton's works (decoder-only, "
+                 "GPT style)",
+    "masked-lm": "English masked-token fill and sentence embeddings (encoder-only, BERT style)",
+}
+
+
+def _metric_rows(task: str, ev: dict[str, Any]) -> list[str]:
+    b = ev["baselines"]
+    if task == "translation":
+        rows = ["| system | BLEU | chrF |", "|---|---:|---:|",
+                f"| **this model, greedy** | **{ev['model_greedy']['bleu']}** | **{ev['model_greedy']['chrf']}** |"]
+        for key, label in (("copy_source", "baseline: copy the source"),
+                           ("most_frequent_translation", "baseline: most frequent training translation"),
+                           ("word_for_word_glossary", "baseline: word-for-word glossary")):
+            rows.append(f"| {label} | {b[key]['bleu']} | {b[key]['chrf']} |")
+        beam = [k for k in ev if k.startswith("model_beam")]
+        for k in beam:
+            n = k.rsplit("first", 1)[1]
+            g = ev[f"model_greedy_first{n}"]
+            rows.append(f"| this model, beam {k[10:].split('_')[0]} (first {n} sentences; greedy there: "
+                        f"{g['bleu']} / {g['chrf']}) | {ev[k]['bleu']} | {ev[k]['chrf']} |")
+        rows.append(f"\n{ev['test_sentences']} held-out test sentences, sacreBLEU defaults (13a tokenisation).")
+        return rows
+    if task == "causal-lm":
+        return ["| system | test perplexity (per BPE token) |", "|---|---:|",
+                f"| **this model** | **{ev['model_perplexity']}** |",
+                f"| baseline: unigram token frequencies | {b['unigram_perplexity']} |",
+                f"\n{ev['test_tokens']} held-out test tokens."]
+    return ["| system | top-1 | top-5 |", "|---|---:|---:|",
+            f"| **this model** | **{ev['model_top1']:.1%}** | **{ev['model_top5']:.1%}** |",
+            (f"| baseline: most frequent tokens ({', '.join(b['most_frequent_tokens'])}) | "
+             f"{b['most_frequent_top1']:.1%} | {b['most_frequent_top5']:.1%} |"),
+            f"\n{ev['masked_tokens']} masked tokens (15% of the held-out test tokens, all replaced by [MASK])."]
+
+
+def _data_lines(cfg: TrainConfig, metrics: dict[str, Any]) -> list[str]:
+    unit = "source sentence" if cfg.task == "translation" else "paragraph"
+    lines = []
+    for corpus, info in metrics["data"].items():
+        splits = info.get("splits", {})
+        counts = ", ".join(f"{k} {v['records']}" for k, v in splits.items())
+        lines.append(f"- `{corpus}` ({counts}); de-duplicated, split by sha256 of the {unit}:")
+        lines += [f"  - {src['name']} {src.get('version', '')} — licence: {src['licence']}"
+                  for src in info.get("sources", []) if "licence" in src]
+        if splits:
+            hashes = ", ".join(f"{k} `{v['sha256'][:16]}…`" for k, v in splits.items())
+            lines.append(f"  - sha256 of the split files: {hashes}")
+    return lines
+
+
+def _model_lines(cfg: TrainConfig, metrics: dict[str, Any], weights_mb: float) -> list[str]:
+    m, tk = cfg.model, cfg.tokenizer
+    layers = {"translation": f"{m.get('n_encoder_layers')} encoder + {m.get('n_decoder_layers')} decoder layers",
+              "causal-lm": f"{m.get('n_decoder_layers')} decoder layers",
+              "masked-lm": f"{m.get('n_encoder_layers')} encoder layers"}[cfg.task]
+    arch = (f"{metrics['parameters'] / 1e6:.2f}M parameters; d_model {m.get('d_model')}, {layers}, "
+            f"{m.get('n_heads')} heads, FFN {m.get('d_ff')}, {m.get('norm_placement', 'post')}-norm, "
+            f"{m.get('positional', 'sinusoidal')} positions up to {m.get('max_positions')}")
+    kind = "byte-level BPE" if tk.type == "bpe" else "WordPiece"
+    return [f"- {arch}",
+            f"- tokenizer: {kind}, {tk.vocab_size} tokens requested, trained on the training split",
+            f"- `model.safetensors`: {weights_mb:.1f} MB (float32)"]
+
+
+def _training_lines(cfg: TrainConfig, metrics: dict[str, Any]) -> list[str]:
+    s = cfg.schedule
+    extras = {"translation": f", label smoothing {s.label_smoothing}",
+              "masked-lm": f", masking {s.mask_prob:.0%} (80/10/10)"}.get(cfg.task, "")
+    early = " — stopped by its time limit" if metrics["stopped_early"] else ""
+    return [(f"- {metrics['train_steps']} steps of AdamW (peak lr {s.lr}, {s.warmup_steps} warmup steps, "
+             f"{s.decay.replace('_', '-')} decay, weight decay {s.weight_decay}, gradient clip {s.grad_clip}"
+             f"{extras})"),
+            (f"- {metrics['train_minutes']} minutes on {metrics['hardware']} (about {metrics['mean_tokens_per_s']} "
+             f"tokens/s), world size {metrics['world_size']}{early}"),
+            (f"- train loss {metrics['first_train_loss']} -> {metrics['final_train_loss']} (with dropout"
+             f"{' and label smoothing' if cfg.task == 'translation' else ''}), validation loss "
+             f"{metrics['final_valid_loss']}"),
+            "", "![loss curve](loss_curve.png)"]
+
+
+def _reproduce_lines(cfg: TrainConfig, metrics: dict[str, Any]) -> list[str]:
+    note = ""
+    if metrics["stopped_early"]:
+        note = (f" It stopped at its time limit after {metrics['train_steps']} steps; the inverse-sqrt schedule "
+                "does not depend on max_steps, so the `--max-steps` command above replays the same batches "
+                "and learning rates.")
+    config = cfg.source_file or "the config"
+    return ["```bash",
+            "python -m model.train.data prepare   # corpora -> data/corpora (+ manifest.json)",
+            metrics["reproduce_command"],
+            "```", "",
+            f"The run that produced these weights: `{metrics['command']}`.{note}", "",
+            (f"To train on your own data, copy `{config}`, point `data.corpora` at directories holding "
+             "`train.jsonl.gz`, `valid.jsonl.gz` and `test.jsonl.gz` in the same format, and set `out_dir`.")]
+
+
+def model_card(cfg: TrainConfig, metrics: dict[str, Any], weights_mb: float) -> str:
+    intro = (f"{PURPOSE[cfg.task]}, trained from scratch with this repository's `model.train` on a shared "
+             "2-core CPU. A small demonstration model: it exercises the serving stack end to end; it is not "
+             "a general-purpose system.")
+    lines = [f"# {cfg.name}", "", intro, "", "## Data", "", *_data_lines(cfg, metrics),
+             "", "## Model", "", *_model_lines(cfg, metrics, weights_mb),
+             "", "## Evaluation (held-out test split)", "", *_metric_rows(cfg.task, metrics["eval"])]
+    if cfg.task == "translation":
+        lines += ["", "Examples (greedy):", ""]
+        lines += [f"- `{e['source']}` → `{e['model']}` (reference: `{e['reference']}`)"
+                  for e in metrics["eval"]["examples"][:6]]
+    if cfg.task == "causal-lm":
+        lines += ["", "Samples (temperature 0.8, top-k 40, seed 7):", "", "```"]
+        lines += [t.strip() + "\n---" for t in metrics["eval"]["samples"]]
+        lines += ["```"]
+    licence = ("The weights are derived from the data listed above; use them under the terms of those "
+               "licences. The code that produced them is this repository's.")
+    lines += ["", "## Training", "", *_training_lines(cfg, metrics),
+              "", "## Reproduce / retrain", "", *_reproduce_lines(cfg, metrics),
+              "", "## Licence", "", licence, ""]
+    return "\n".join(lines)
