@@ -190,12 +190,14 @@ def train(cfg: TrainConfig, resume: bool = True, stop_after: int | None = None,
         optimizer.step()
 
         done = step + 1
-        window_loss, window_n, window_tokens = window_loss + loss.detach().item(), window_n + 1, window_tokens + n_tokens
+        window_loss += loss.detach().item()
+        window_n, window_tokens = window_n + 1, window_tokens + n_tokens
         if done % s.log_every == 0 or done == s.max_steps:
             rate = window_tokens * dist.world / max(1e-9, time.perf_counter() - window_t0)
             history["train"].append([done, window_loss / window_n])
             history["tokens_per_s"].append([done, rate])
-            bar.set_postfix(loss=f"{window_loss / window_n:.3f}", tok_s=f"{rate:.0f}", lr=f"{lr_at(step, s):.2e}", refresh=False)
+            bar.set_postfix(loss=f"{window_loss / window_n:.3f}", tok_s=f"{rate:.0f}", lr=f"{lr_at(step, s):.2e}",
+                            refresh=False)
             window_loss, window_n, window_tokens, window_t0 = 0.0, 0, 0, time.perf_counter()
         bar.update(1)
         if done % s.eval_every == 0 or done == s.max_steps:
