@@ -165,7 +165,8 @@ def train(cfg: TrainConfig, resume: bool = True, stop_after: int | None = None,
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start, history = state["step"], state["history"]
-        say(f"[{cfg.name}] resuming at step {start}")
+        say(f"[{cfg.name}] resuming at step {start} after {history.get('train_seconds', 0) / 60:.1f} min")
+    earlier_s = history.get("train_seconds", 0.0)  # wall time of earlier, resumed-from runs
     say(f"[{cfg.name}] {model.num_parameters() / 1e6:.2f}M parameters, vocab {tok.vocab_size}, "
         f"{len(train_records)} training records, world size {dist.world}")
     net: nn.Module = DistributedDataParallel(model) if dist.enabled else model
@@ -210,6 +211,7 @@ def train(cfg: TrainConfig, resume: bool = True, stop_after: int | None = None,
         over_time = time_limit_s is not None and time.monotonic() - started > time_limit_s
         stop_now = dist.any_true(over_time) if time_limit_s is not None else False
         if done % s.checkpoint_every == 0 or done == stop_after or stop_now:
+            history["train_seconds"] = earlier_s + time.monotonic() - started
             if dist.is_main:
                 save_state(work / STATE_FILE, model, optimizer, done, history, cfg)
             dist.barrier()
@@ -228,7 +230,7 @@ def train(cfg: TrainConfig, resume: bool = True, stop_after: int | None = None,
         from model.train.export import export  # evaluation + model card: rank 0 only
 
         metrics = export(cfg, model, tok, objective, history, train_records, command=command,
-                         train_seconds=time.monotonic() - started, stopped_early=stopped_early, log=say,
+                         train_seconds=earlier_s + time.monotonic() - started, stopped_early=stopped_early, log=say,
                          steps_done=done if start < s.max_steps else start)
     dist.barrier()
     dist.close()
