@@ -8,6 +8,7 @@ together: both need the same hidden states) and answers every job from it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -18,9 +19,11 @@ import torch.nn.functional as F
 
 from model import Checkpoint
 from service.engine import BaseEngine
-from service.engine_errors import InvalidRequestError, QueueFullError
+from service.engine_errors import EngineStoppedError, InvalidRequestError, QueueFullError, RequestFailedError
 from service.metrics import Metrics
 from service.settings import Settings
+
+log = logging.getLogger("tserve.engine")
 
 
 @dataclass(eq=False)
@@ -85,7 +88,11 @@ class EncoderEngine(BaseEngine):
             self._jobs.append(job)
             self._cv.notify()
         self.metrics.waiting.labels(self.name).set(len(self._jobs))
-        return await future  # cancelled with the client: the worker skips cancelled jobs
+        # Cancelled with the client (or by the timeout): the worker skips cancelled jobs.
+        try:
+            return await asyncio.wait_for(future, self.settings.request_timeout_s)
+        except asyncio.TimeoutError:
+            raise RequestFailedError("timeout", "request failed: request timed out") from None
 
     # --- the worker thread --------------------------------------------------------------
     def _busy(self) -> bool:
@@ -121,8 +128,9 @@ class EncoderEngine(BaseEngine):
             self._observe_start(batch)
             try:
                 results = self._forward(batch)
-            except Exception as exc:  # fail this batch, keep serving
-                results = [exc] * len(batch)
+            except Exception:  # a bug must not hang every client: fail this batch, keep serving
+                log.exception("encoder forward pass failed", extra={"model": self.name})
+                results = [RequestFailedError("internal", "request failed: internal engine error")] * len(batch)
             for job, result in zip(batch, results):
                 setter = job.future.set_exception if isinstance(result, Exception) else job.future.set_result
                 self._deliver(_resolve, job.future, setter, result)
@@ -131,7 +139,7 @@ class EncoderEngine(BaseEngine):
             self.metrics.running.labels(self.name).set(0)
         for job in self._jobs:
             self._deliver(_resolve, job.future, job.future.set_exception,
-                          RuntimeError("the server is shutting down"))
+                          EngineStoppedError(f"model '{self.name}' is shutting down"))
 
     def _observe_start(self, batch: list[_Job]) -> None:
         m, name, now = self.metrics, self.name, time.monotonic()

@@ -158,23 +158,41 @@ class GenerativeEngine(BaseEngine):
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
                prompt_field: str = "prompt") -> RequestStream:
+        return self.submit_all([(prompt_ids, params, prompt_field)], request_ids=[request_id])[0]
+
+    def submit_all(self, items: list[tuple[list[int], SamplingParams, str]], group_field: str = "prompt",
+                   request_ids: list[str | None] | None = None) -> list[RequestStream]:
+        """Queue several requests (a list input, ``n`` completions) all or nothing.
+
+        A group larger than the engine could ever hold is a client error (400 naming
+        ``group_field``), not a 429 that no retry can cure; a group that does not fit now is
+        rejected whole, so no part of it runs for a client that got an error.
+        """
         self._check_accepting()
-        self.validate(prompt_ids, params, prompt_field)
-        request_id = request_id or uuid.uuid4().hex
+        for ids, params, field in items:
+            self.validate(ids, params, field)
+        capacity = self.settings.max_queue + self.settings.max_batch
+        if len(items) > capacity:
+            raise InvalidRequestError(
+                f"{group_field} asks for {len(items)} sequences; this server queues at most {capacity} "
+                f"(TSERVE_MAX_QUEUE + TSERVE_MAX_BATCH)", group_field)
         now = time.monotonic()
-        req = EngineRequest(request_id, list(prompt_ids), params, now, now + self.settings.request_timeout_s)
-        stream = RequestStream(self, request_id)
+        ids_given = request_ids or [None] * len(items)
+        reqs = [EngineRequest(rid or uuid.uuid4().hex, list(ids), params, now, now + self.settings.request_timeout_s)
+                for (ids, params, _), rid in zip(items, ids_given)]
+        streams = [RequestStream(self, r.request_id) for r in reqs]
         with self._cv:
             queued = len(self._inbox) + len(self.scheduler.waiting)
-            if queued >= self.settings.max_queue + len(self.scheduler.free):
+            if queued + len(reqs) > self.settings.max_queue + len(self.scheduler.free):
                 self.metrics.rejected.labels(self.name, "queue_full").inc()
                 raise QueueFullError(f"model '{self.name}' is overloaded: {queued} requests waiting; retry later",
                                      retry_after=1)
-            self._streams[request_id] = stream
-            self._timing[request_id] = [now, 0.0]
-            self._inbox.append(req)
+            for req, stream in zip(reqs, streams):
+                self._streams[req.request_id] = stream
+                self._timing[req.request_id] = [now, 0.0]
+            self._inbox.extend(reqs)
             self._cv.notify()
-        return stream
+        return streams
 
     def abort(self, request_id: str) -> None:
         with self._cv:
@@ -205,11 +223,13 @@ class GenerativeEngine(BaseEngine):
                     break
                 inbox, self._inbox = self._inbox, []
                 aborts, self._aborts = self._aborts, set()
+            # New requests first: a request aborted while still in the inbox (client gone,
+            # or a multi-prompt request rejected part-way) must be removed, not run.
+            for req in inbox:
+                self.scheduler.add(req)
             for request_id in aborts:
                 self.scheduler.abort(request_id)
                 self._timing.pop(request_id, None)
-            for req in inbox:
-                self.scheduler.add(req)
             events = self.scheduler.expire(time.monotonic())
             if self.scheduler.has_work:
                 try:

@@ -33,6 +33,14 @@ class EngineStoppedError(EngineError):
     status, type, code = 503, "unavailable_error", "not_ready"
 
 
+class ClientDisconnectedError(EngineError):
+    """The client closed the connection before the answer was ready; its work is aborted.
+    499 is nginx's "client closed request": nobody reads it, but logs and metrics show it
+    apart from server errors."""
+
+    status, type, code = 499, "client_disconnected", "client_disconnected"
+
+
 class RequestFailedError(EngineError):
     """A request that was admitted but ended without a result (timeout, shutdown, bug)."""
 

@@ -66,20 +66,16 @@ async def completions(body: CompletionRequest, request: Request, registry: Regis
     if body.echo and body.logprobs is not None:
         raise InvalidRequestError("echo together with logprobs is not supported", "echo")
     prompts = _prompts(body, engine, settings)
-    streams: list[RequestStream] = []
-    try:
-        for ids in prompts:
-            max_tokens = body.max_tokens if body.max_tokens is not None else max(1, engine.max_len - len(ids))
-            for j in range(body.n):
-                params = SamplingParams(
-                    max_new_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
-                    repetition_penalty=body.repetition_penalty, stop=body.stop, logprobs=body.logprobs,
-                    seed=None if body.seed is None else body.seed + j, ignore_eos=body.ignore_eos)
-                streams.append(engine.submit(ids, params))
-    except Exception:
-        for s in streams:
-            s.abort()
-        raise
+    items = []
+    for i, ids in enumerate(prompts):
+        max_tokens = body.max_tokens if body.max_tokens is not None else max(1, engine.max_len - len(ids))
+        for j in range(body.n):
+            params = SamplingParams(
+                max_new_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
+                repetition_penalty=body.repetition_penalty, stop=body.stop, logprobs=body.logprobs,
+                seed=None if body.seed is None else body.seed + j, ignore_eos=body.ignore_eos)
+            items.append((ids, params, "prompt" if len(prompts) == 1 else f"prompt[{i}]"))
+    streams = engine.submit_all(items, group_field="n" if body.n > 1 else "prompt")
     rid, created = f"cmpl-{streams[0].request_id}", int(time.time())
     echoes = [engine.tokenizer.decode(ids) if body.echo else "" for ids in prompts for _ in range(body.n)]
     prompt_tokens = sum(len(ids) for ids in prompts)

@@ -13,7 +13,7 @@ from service.engine_errors import InvalidRequestError
 from service.openai_schemas import EmbeddingItem, EmbeddingRequest, EmbeddingResponse
 from service.routes.generate import ERRORS
 from service.routes.inputs import text_list
-from service.routes.streaming import mark
+from service.routes.streaming import mark, unless_disconnected
 from service.schemas import FillMaskRequest, FillMaskResponse, Usage
 
 router = APIRouter(tags=["encoder"])
@@ -26,7 +26,7 @@ async def fill_mask(body: FillMaskRequest, request: Request, registry: RegistryD
     mark(request, engine.name)
     texts = text_list(body.text, "text", settings)
     rows = engine.tokenize(texts, "text")
-    results = await engine.fill_mask(rows, body.top_k)
+    results = await unless_disconnected(request, engine.fill_mask(rows, body.top_k))
     mark(request, usage=(sum(map(len, rows)), 0))
     shaped = [per_text[0] if len(per_text) == 1 else per_text for per_text in results]
     return shaped[0] if isinstance(body.text, str) else shaped
@@ -50,7 +50,7 @@ async def embeddings(body: EmbeddingRequest, request: Request, registry: Registr
         if len(rows) > settings.max_texts:
             raise InvalidRequestError(f"input has {len(rows)} items; at most {settings.max_texts}", "input")
         engine.check_token_ids(rows, "input")
-    vectors = await engine.embed(rows)
+    vectors = await unless_disconnected(request, engine.embed(rows))
     tokens = sum(map(len, rows))
     mark(request, usage=(tokens, 0))
     if body.encoding_format == "base64":

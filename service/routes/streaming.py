@@ -10,22 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from service.engine import RequestStream
-from service.engine_errors import RequestFailedError
+from service.engine_errors import ClientDisconnectedError, RequestFailedError
 from service.middleware import MODEL_KEY, USAGE_KEY
 from service.scheduler import EngineEvent
 
+T = TypeVar("T")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
-
-class ClientDisconnected(Exception):
-    pass
 
 
 def mark(request: Request, model: str | None = None, usage: tuple[int, int] | None = None) -> None:
@@ -52,19 +49,29 @@ async def _drain(stream: RequestStream) -> list[EngineEvent]:
     return events
 
 
-async def collect(request: Request, streams: list[RequestStream]) -> list[list[EngineEvent]]:
-    """All events of every stream; aborts them all if the client disconnects or one fails."""
-    consumer = asyncio.ensure_future(asyncio.gather(*(_drain(s) for s in streams)))
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work`` while watching the connection; a client that leaves cancels it."""
+    consumer = asyncio.ensure_future(work)
+    # Once the client is gone nobody awaits the result: mark its outcome retrieved so a late
+    # failure is not reported as "exception was never retrieved".
+    consumer.add_done_callback(lambda f: f.cancelled() or f.exception())
     watcher = asyncio.ensure_future(_wait_for_disconnect(request))
     try:
         done, _ = await asyncio.wait({consumer, watcher}, return_when=asyncio.FIRST_COMPLETED)
         if consumer in done:
             return consumer.result()
-        raise ClientDisconnected()
+        raise ClientDisconnectedError("the client closed the connection; the request was aborted")
     finally:
         watcher.cancel()
         if not consumer.done():
             consumer.cancel()
+
+
+async def collect(request: Request, streams: list[RequestStream]) -> list[list[EngineEvent]]:
+    """All events of every stream; aborts them all if the client disconnects or one fails."""
+    try:
+        return await unless_disconnected(request, asyncio.gather(*(_drain(s) for s in streams)))
+    finally:
         for s in streams:
             s.abort()
 

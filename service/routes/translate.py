@@ -30,14 +30,8 @@ async def translate(body: TranslateRequest, request: Request, registry: Registry
     params = SamplingParams(max_new_tokens=body.max_tokens, beam_size=body.beam_size,
                             length_penalty=body.length_penalty, temperature=body.temperature, seed=body.seed)
     sources = engine.tokenizer.encode_batch(texts)
-    streams: list[RequestStream] = []
-    try:
-        for i, ids in enumerate(sources):
-            streams.append(engine.submit(ids, params, prompt_field="text" if len(texts) == 1 else f"text[{i}]"))
-    except Exception:
-        for s in streams:
-            s.abort()
-        raise
+    streams = engine.submit_all(
+        [(ids, params, "text" if len(texts) == 1 else f"text[{i}]") for i, ids in enumerate(sources)], "text")
     rid, created = f"tr-{streams[0].request_id}", int(time.time())
     prompt_tokens = sum(map(len, sources))
     if body.stream:

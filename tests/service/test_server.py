@@ -172,6 +172,9 @@ def test_dropped_stream_and_dropped_request_free_their_slots(slow_weights):
             httpx.post(s.url + "/v1/generate", json=body, timeout=0.5)
         _wait_for(lambda: s.metric("tserve_running_requests", model="generate-slow") == 0)
         assert s.metric("tserve_generated_tokens_total", model="generate-slow") - gen_before < 1000
+        # logged and counted as the client's doing (499), never as a server error
+        _wait_for(lambda: s.metric("tserve_requests_total", endpoint="/v1/generate", status="499") == 1)
+        assert s.metric("tserve_requests_total", status="500") == 0
 
 
 def test_request_timeout_is_a_504_and_frees_the_slot(slow_weights):

@@ -1,0 +1,103 @@
+"""Engines without HTTP: aborts that race admission, all-or-nothing groups, and the encoder
+engine's batching, timeout and shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from model import SamplingParams, load
+from service.encoder_engine import EncoderEngine
+from service.engine import GenerativeEngine
+from service.engine_errors import EngineStoppedError, InvalidRequestError, QueueFullError, RequestFailedError
+from service.metrics import Metrics
+from tests.service.conftest import settings_for
+
+pytestmark = pytest.mark.asyncio
+
+
+def sample(metrics: Metrics, name: str, **labels) -> float:
+    return metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+async def started(engine_cls, weights_dir, name: str, **overrides):
+    metrics = Metrics()
+    engine = engine_cls(name, load(weights_dir / name), settings_for(weights_dir, warmup=False, **overrides), metrics)
+    await engine.start()
+    return engine, metrics
+
+
+async def test_abort_right_after_submit_never_runs_the_request(weights_dir):
+    engine, metrics = await started(GenerativeEngine, weights_dir, "generate-tiny")
+    try:
+        long = SamplingParams(max_new_tokens=100, temperature=0, ignore_eos=True)
+        for _ in range(5):  # the abort lands while the request is still in the engine's inbox
+            engine.submit([5, 6, 7], long).abort()
+        short = engine.submit([5, 6, 7], SamplingParams(max_new_tokens=3, temperature=0, ignore_eos=True))
+        events = [e async for e in short]  # this one runs after the aborted ones were handled
+        assert events[-1].completion_tokens == 3
+        assert sample(metrics, "tserve_generated_tokens_total", model="generate-tiny") == 3
+        assert engine.scheduler.slots_used == 0 and not engine.scheduler.has_work
+    finally:
+        await engine.stop(1.0)
+
+
+async def test_a_group_is_admitted_whole_or_not_at_all(weights_dir):
+    engine, metrics = await started(GenerativeEngine, weights_dir, "generate-tiny", max_batch=2, max_queue=2)
+    try:
+        params = SamplingParams(max_new_tokens=2, temperature=0, ignore_eos=True)
+        with pytest.raises(InvalidRequestError) as too_big:  # can never fit: no retry helps
+            engine.submit_all([([5, 6], params, "prompt")] * 5, group_field="n")
+        assert too_big.value.param == "n" and "at most 4" in too_big.value.message
+
+        hold = SamplingParams(max_new_tokens=60, temperature=0, ignore_eos=True)
+        running = engine.submit_all([([5, 6], hold, "prompt")] * 3)
+        with pytest.raises(QueueFullError):  # 3 of 4 places taken: a group of 2 does not fit now
+            engine.submit_all([([7, 8], params, "prompt")] * 2)
+        for stream in running:
+            assert [e async for e in stream][-1].completion_tokens == 60
+        # nothing of the rejected group ran: only the three admitted requests generated tokens
+        assert sample(metrics, "tserve_generated_tokens_total", model="generate-tiny") == 180
+        assert sample(metrics, "tserve_rejected_requests_total", model="generate-tiny", reason="queue_full") == 1
+    finally:
+        await engine.stop(1.0)
+
+
+async def test_concurrent_encoder_jobs_share_one_forward_pass(weights_dir):
+    engine, metrics = await started(EncoderEngine, weights_dir, "fill-mask-tiny")
+    try:
+        rows = engine.tokenize([f"the quick brown {w} jumps" for w in ("fox", "dog", "cat", "owl")], "input")
+        alone = [await engine.embed([r]) for r in rows]
+        steps_before = sample(metrics, "tserve_engine_steps_total", model="fill-mask-tiny")
+        together = await asyncio.gather(*(engine.embed([r]) for r in rows))
+        steps = sample(metrics, "tserve_engine_steps_total", model="fill-mask-tiny") - steps_before
+        assert steps < len(rows)  # jobs that arrive while a pass runs ride the next one together
+        for a, b in zip(alone, together):  # batched (padded) equals alone
+            assert a[0] == pytest.approx(b[0], abs=1e-5)
+    finally:
+        await engine.stop(1.0)
+
+
+async def test_encoder_timeout_and_shutdown_are_clear_errors(weights_dir):
+    engine, _ = await started(EncoderEngine, weights_dir, "fill-mask-tiny", request_timeout_s=0.5)
+    rows = engine.tokenize(["a [MASK] sentence"], "text")
+    gate = asyncio.Event()
+    real_forward = engine._forward
+
+    def slow_forward(batch):  # the worker thread waits until the test lets it go
+        asyncio.run_coroutine_threadsafe(gate.wait(), engine._loop).result(timeout=10)
+        return real_forward(batch)
+
+    engine._forward = slow_forward
+    with pytest.raises(RequestFailedError) as late:
+        await engine.fill_mask(rows, 3)
+    assert late.value.status == 504
+    queued = asyncio.ensure_future(engine.embed(rows))  # waits behind the stuck pass
+    await asyncio.sleep(0.05)
+    stopping = asyncio.ensure_future(engine.stop(0.0))
+    await asyncio.sleep(0.05)
+    gate.set()
+    await stopping
+    with pytest.raises(EngineStoppedError):  # 503, not a bare RuntimeError (a 500)
+        await queued
