@@ -66,8 +66,37 @@ def save(path: str | Path, model: TransformerModel, tokenizer: Tokenizer | None 
     return path
 
 
+def check_safetensors_complete(file: Path) -> str | None:
+    """Why ``file`` is not a whole safetensors file, naming the first tensor it cuts off
+    (None when the header and sizes agree). safetensors itself only says the file is
+    "not fully covered"; a download or copy that stopped early deserves a plain answer."""
+    size = file.stat().st_size
+    with file.open("rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return f"{file}: truncated: {size} bytes, not even a safetensors header length"
+        header_len = int.from_bytes(head, "little")
+        if 8 + header_len > size:
+            return f"{file}: truncated: the header needs {8 + header_len} bytes, the file has {size}"
+        try:
+            header = json.loads(f.read(header_len))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            return f"{file}: corrupt safetensors header ({exc})"
+    data = size - 8 - header_len
+    spans = sorted((info["data_offsets"][1], name) for name, info in header.items()
+                   if name != "__metadata__" and isinstance(info, dict) and "data_offsets" in info)
+    for end, name in spans:
+        if end > data:
+            return (f"{file}: truncated: tensor '{name}' ends at data byte {end} but the file holds {data} "
+                    f"bytes of tensor data (an incomplete download or copy?)")
+    return None
+
+
 def _read_tensors(file: Path, expected: dict[str, torch.Tensor], device: str | torch.device,
                   dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    problem = check_safetensors_complete(file)
+    if problem:
+        raise CheckpointError(problem)
     try:
         with safe_open(str(file), framework="pt", device=str(device)) as f:
             names = set(f.keys())

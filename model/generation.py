@@ -128,6 +128,8 @@ def generate(
     """
     n = len(prompts)
     rows = [params] * n if isinstance(params, SamplingParams) else list(params)
+    if any(r.beam_size > 1 for r in rows):
+        raise ValueError("generate() samples or decodes greedily; use model.beam_search for beam_size > 1")
     cfg = model.cfg
     encdec = isinstance(model, EncoderDecoder)
     start_len = [1] * n if encdec else [len(p) for p in prompts]

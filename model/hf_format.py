@@ -19,7 +19,7 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
-from model.checkpoint import CheckpointError
+from model.checkpoint import CheckpointError, check_safetensors_complete
 from model.config import ModelConfig
 from model.tokenizer import Tokenizer
 
@@ -113,6 +113,9 @@ class HFWeights:
 
     @staticmethod
     def _keys(file: Path) -> list[str]:
+        problem = check_safetensors_complete(file)
+        if problem:
+            raise HFImportError(problem)
         try:
             with safe_open(str(file), framework="pt") as f:
                 return list(f.keys())

@@ -128,3 +128,15 @@ class SlotKVCache(nn.Module):
         for buf in (self.k, self.v):
             history = buf[:, :, :, :n]  # (layers, slots, nh, n, hs) view
             history.index_copy_(1, dst_t, history.index_select(1, src_t))
+
+    def move_slot(self, src: int, dst: int, length: int) -> None:
+        """Move everything slot ``src`` holds (``length`` positions of history, and the
+        cross-attention memory) to slot ``dst``. The scheduler moves sequences into freed
+        slots below them so a batch's slots stay contiguous and reads stay views."""
+        self.copy_slots([src], [dst], length)
+        if self.max_src_len:
+            n = self.src_lengths_host[src]
+            self.cross_k[:, dst, :, :n] = self.cross_k[:, src, :, :n]
+            self.cross_v[:, dst, :, :n] = self.cross_v[:, src, :, :n]
+            self.src_lengths[dst] = self.src_lengths[src]
+            self.src_lengths_host[dst] = n

@@ -23,12 +23,16 @@ from typing import Any
 import torch
 
 from model import Checkpoint, SamplingParams
+from model.sampling import MAX_STOP_STRINGS, MAX_TOP_LOGPROBS
 from service.engine_errors import EngineStoppedError, InvalidRequestError, QueueFullError
 from service.metrics import Metrics
 from service.scheduler import EngineEvent, EngineRequest, GenerationScheduler
 from service.settings import Settings
 
 log = logging.getLogger("tserve.engine")
+
+# Routes and schemas take these from here, not from `model`: the engine is their one door to it.
+__all__ = ["MAX_STOP_STRINGS", "MAX_TOP_LOGPROBS", "BaseEngine", "GenerativeEngine", "RequestStream", "SamplingParams"]
 
 TASKS = {"encoder-decoder": "translation", "decoder": "text-generation", "encoder": "fill-mask"}
 

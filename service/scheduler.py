@@ -174,6 +174,7 @@ class GenerationScheduler:
     # --- one step ------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> StepResult:
+        self._compact()  # holes from last step's retirements, aborts and timeouts
         admitted = self._admit()
         self.prefilling += admitted
         decode_rows = [(seq, j) for seq in sorted(self.running, key=lambda s: s.slots[0])
@@ -275,6 +276,23 @@ class GenerationScheduler:
                                   length=seq.next_pos)
         seq.next_tokens = step.tokens
         return []
+
+    def _compact(self) -> None:
+        """Move the sequences in the highest slots into holes left by finished ones.
+
+        With the occupied slots kept at 0..used-1, a decode batch reads the cache through a
+        slice (a view); slots with holes between them would make every layer of every step
+        gather (copy) each sequence's whole history. A move copies one history, once.
+        """
+        while self.free and self.free[0] < self.slots_used:
+            hole = heapq.heappop(self.free)
+            seq, j = max(((seq, j) for seq in self.prefilling + self.running for j in range(len(seq.slots))),
+                         key=lambda owner: owner[0].slots[owner[1]])
+            src = seq.slots[j]
+            self.cache.move_slot(src, hole, max(seq.next_pos, seq.prefilled))
+            self.seen[hole] = self.seen[src]
+            seq.slots[j] = hole
+            heapq.heappush(self.free, src)
 
     def _retire(self, seq: _Sequence) -> None:
         self._release(seq)

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
-from model.sampling import MAX_STOP_STRINGS, MAX_TOP_LOGPROBS
+from service.engine import MAX_STOP_STRINGS, MAX_TOP_LOGPROBS
 
 
 class Usage(BaseModel):

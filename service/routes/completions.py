@@ -12,9 +12,8 @@ from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 
-from model import SamplingParams
 from service.dependencies import RegistryDep, SettingsDep
-from service.engine import GenerativeEngine, RequestStream
+from service.engine import GenerativeEngine, RequestStream, SamplingParams
 from service.engine_errors import InvalidRequestError
 from service.openai_schemas import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
 from service.routes.generate import ERRORS, token_text

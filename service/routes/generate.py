@@ -7,9 +7,8 @@ from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 
-from model import SamplingParams
 from service.dependencies import RegistryDep, SettingsDep
-from service.engine import GenerativeEngine, RequestStream
+from service.engine import GenerativeEngine, RequestStream, SamplingParams
 from service.routes.inputs import text_list
 from service.routes.streaming import check_event, collect, mark, sse_response
 from service.scheduler import EngineEvent

@@ -7,9 +7,8 @@ from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 
-from model import SamplingParams
 from service.dependencies import RegistryDep, SettingsDep
-from service.engine import GenerativeEngine, RequestStream
+from service.engine import GenerativeEngine, RequestStream, SamplingParams
 from service.engine_errors import InvalidRequestError
 from service.routes.generate import ERRORS
 from service.routes.inputs import text_list

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: never reach a hub
+os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported: never reach a hub
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import sentencepiece

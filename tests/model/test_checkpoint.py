@@ -51,11 +51,14 @@ def test_dtype_cast_on_load(saved):
     assert model.embed.tokens.weight.dtype == torch.bfloat16
 
 
-def test_truncated_weights_name_the_file(saved):
+def test_truncated_weights_name_the_file_and_the_tensor(saved):
     weights = saved / "model.safetensors"
     data = weights.read_bytes()
     weights.write_bytes(data[: len(data) // 2])
-    with pytest.raises(CheckpointError, match="model.safetensors"):
+    with pytest.raises(CheckpointError, match=r"model.safetensors: truncated: tensor '[\w.]+' ends at data byte"):
+        load(saved)
+    weights.write_bytes(data[:20])  # cut inside the header
+    with pytest.raises(CheckpointError, match=r"model.safetensors: truncated: the header needs \d+ bytes"):
         load(saved)
 
 

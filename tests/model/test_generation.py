@@ -100,3 +100,25 @@ def test_beam_step_keeps_best_continuations_and_finishes_on_eos():
     step = search.step(logp)
     assert search.finished[0][0][1] == [1] and search.finished[0][0][2] == "eos"
     assert search.beams[0][0] == [2, 2]
+
+
+@pytest.mark.parametrize("length_penalty", [0.0, 1.0, 2.0])
+def test_length_penalty_normalises_scores_and_decides_the_winner(length_penalty):
+    """An early EOS (log .5, length 1) against a 4-token hypothesis (log .3 + 3 log .98):
+    raw log probability prefers the short one; dividing by length ** penalty the long one."""
+    search = BeamSearch(n_sources=1, beam_size=2, length_penalty=length_penalty, max_new_tokens=4, eos_id=0)
+    search.step(torch.log(torch.tensor([[0.5, 0.3, 0.2]] * 2)))
+    while search.live:
+        search.step(torch.log(torch.tensor([[0.01, 0.98, 0.01]] * 2)))
+    score, tokens, reason = search.best(0)
+    short = (torch.tensor(0.5).log().item(), [], "eos")
+    long_sum = torch.tensor(0.3).log().item() + 3 * torch.tensor(0.98).log().item()
+    long = (long_sum / 4**length_penalty, [1, 1, 1, 1], "length")
+    expected = short if length_penalty == 0.0 else long
+    assert (tokens, reason) == (expected[1], expected[2])
+    assert score == pytest.approx(expected[0], abs=1e-6)
+
+
+def test_generate_refuses_beam_params(encoder_decoder):
+    with pytest.raises(ValueError, match="beam_search"):
+        generate(encoder_decoder, [[5, 6, 2]], SamplingParams(max_new_tokens=4, beam_size=3))

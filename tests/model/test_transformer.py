@@ -210,3 +210,24 @@ def test_training_drops_packed_weights():
     ids = torch.randint(3, 61, (2, 6))
     model(ids).sum().backward()  # gradients flow through the plain weights
     assert model.decoder_layers[0].ffn.up.weight.grad is not None
+
+
+@pytest.mark.parametrize("family", ["decoder", "encoder-decoder"])
+def test_moved_slot_decodes_exactly_as_before(family, decoder_lm, encoder_decoder):
+    """move_slot carries the whole state (self-attention history, cross-attention memory
+    and source length) to another slot: the next step's logits are identical there."""
+    model = decoder_lm if family == "decoder" else encoder_decoder
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(4, 60, (n,), generator=g).tolist() for n in (9, 5)]
+    cache = model.new_cache(4, 32, max_src_len=16 if family == "encoder-decoder" else 0)
+    model.prefill(cache, prompts, [0, 3])  # slot 3 holds the second sequence; 1 and 2 hold nothing yet
+    # next positions of slots 0 and 3 (the encoder-decoder's decoder starts after its start token)
+    pos0, pos = (1, 1) if family == "encoder-decoder" else (len(prompts[0]), len(prompts[1]))
+    for step in range(3):  # some decoded history too
+        model.decode_step(cache, torch.tensor([11 + step, 12 + step]), [0, 3], [pos0, pos])
+        pos0, pos = pos0 + 1, pos + 1
+    expected = model.decode_step(cache, torch.tensor([13]), [3], [pos])
+    model.prefill(cache, [[5, 6, 7]], [1])  # slot 1 holds something else, to be overwritten
+    cache.move_slot(3, 1, pos)
+    moved = model.decode_step(cache, torch.tensor([13]), [1], [pos])
+    torch.testing.assert_close(moved, expected, rtol=0, atol=1e-6)

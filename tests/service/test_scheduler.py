@@ -138,3 +138,42 @@ def test_stop_at_eos_frees_the_slot(lm):
     out = run_until_done(sched)
     assert out["r"] == tokens[: tokens.index(tokens[2]) + 1]
     assert sched.slots_used == 0
+
+
+@pytest.mark.parametrize("family", ["lm", "mt"])
+def test_finished_sequences_leave_no_holes_so_decode_reads_are_views(family, lm, mt, monkeypatch):
+    """Sequences finishing out of order are moved down into the freed slots: every decode
+    batch of plain sequences covers slots 0..B-1 (a slice of the cache, no gather), and
+    the moves change nothing in what each request gets."""
+    model = lm if family == "lm" else mt
+    ps = prompts(6, seed=9)
+    lengths = [12, 2, 7, 1, 15, 4]  # short ones finish first and leave holes below long ones
+    sched = GenerationScheduler(model, None, n_slots=6, max_len=48, max_src_len=24 if family == "mt" else 0)
+    batches = []
+    decode_step = model.decode_step
+
+    def spy(cache, tokens, slots, positions):
+        batches.append(list(slots))
+        return decode_step(cache, tokens, slots, positions)
+
+    monkeypatch.setattr(model, "decode_step", spy)
+    out = run_until_done(sched, {0: [EngineRequest(f"r{i}", p, greedy(n)) for i, (p, n) in
+                                     enumerate(zip(ps, lengths))]})
+    monkeypatch.undo()
+    assert any(len(b) < len(ps) for b in batches)  # sequences did leave in between
+    assert all(b == list(range(len(b))) for b in batches), batches
+    for i, (p, n) in enumerate(zip(ps, lengths)):
+        assert out[f"r{i}"] == generate(model, [p], greedy(n))[0].token_ids
+
+
+def test_a_beam_moved_into_a_freed_slot_keeps_its_history(mt):
+    ps = prompts(3, seed=10)
+    sched = GenerationScheduler(mt, None, n_slots=5, max_len=48, max_src_len=24)
+    beam = SamplingParams(max_new_tokens=12, beam_size=3, length_penalty=1.0)
+    # slots: short 0, long 1, beam 2-4; when short finishes, a beam slot moves down into 0
+    reqs = [EngineRequest("short", ps[0], greedy(2)), EngineRequest("long", ps[2], greedy(14)),
+            EngineRequest("beam", ps[1], beam)]
+    out = run_until_done(sched, {0: reqs})
+    assert out["short"] == generate(mt, [ps[0]], greedy(2))[0].token_ids
+    assert out["long"] == generate(mt, [ps[2]], greedy(14))[0].token_ids
+    assert out["beam"] == beam_search(mt, [ps[1]], beam_size=3, max_new_tokens=12)[0].token_ids
