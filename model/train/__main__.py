@@ -25,6 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-steps", type=int, help="override schedule.max_steps (e.g. a short trial)")
     parser.add_argument("--fresh", action="store_true", help="ignore and delete any saved training state")
     parser.add_argument("--time-limit-min", type=float, help="stop at this wall-clock limit and export")
+    parser.add_argument("--stop-at-step", type=int,
+                        help="stop and export after this many steps, keeping the schedule planned for max_steps "
+                             "(replays a time-limited run exactly)")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
@@ -42,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         launcher = f"torchrun --nproc_per_node {world} -m model.train" if world > 1 else "python -m model.train"
         command = launcher + " " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
         train(cfg, resume=True, time_limit_s=args.time_limit_min * 60 if args.time_limit_min else None,
-              progress=not args.no_progress, device=args.device, command=command)
+              progress=not args.no_progress, device=args.device, command=command, stop_at_step=args.stop_at_step)
     except (TrainConfigError, ResumeError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -98,7 +98,7 @@ def export(cfg: TrainConfig, model: TransformerModel, tok: Tokenizer, objective:
         "eval": evaluation,
         "data": {c: corpus_manifest(c) for c in cfg.data.corpora},
         "command": command,
-        # The schedule does not depend on max_steps (inverse-sqrt), so this reproduces the same weights.
+        # Stopped early: the same command with --stop-at-step (schedule unchanged) gives the same weights.
         "reproduce_command": _reproduce(cfg, command, steps_done, stopped_early),
         "train_config": cfg.to_dict(),
     }
@@ -111,7 +111,7 @@ def export(cfg: TrainConfig, model: TransformerModel, tok: Tokenizer, objective:
 
 
 def _reproduce(cfg: TrainConfig, command: str, steps: int, stopped_early: bool) -> str:
-    """The command with the time limit replaced by the steps actually run."""
+    """The command with the time limit replaced by a stop at the steps actually run."""
     base = command or f"python -m model.train --config {cfg.source_file}"
     if not stopped_early:
         return base
@@ -120,11 +120,11 @@ def _reproduce(cfg: TrainConfig, command: str, steps: int, stopped_early: bool) 
     for word in words:
         if skip:
             skip = False
-        elif word in ("--time-limit-min", "--max-steps"):
+        elif word in ("--time-limit-min", "--stop-at-step"):
             skip = True
         else:
             kept.append(word)
-    return " ".join(kept + ["--max-steps", str(steps)])
+    return " ".join(kept + ["--stop-at-step", str(steps)])
 
 
 def _headline(evaluation: dict[str, Any]) -> dict[str, Any]:

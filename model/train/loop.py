@@ -135,12 +135,15 @@ def load_state(path: Path, cfg: TrainConfig) -> dict[str, Any] | None:
 
 def train(cfg: TrainConfig, resume: bool = True, stop_after: int | None = None,
           time_limit_s: float | None = None, progress: bool = True, device: str | None = None,
-          command: str = "", log: Callable[[str], None] | None = None) -> TrainResult:
+          command: str = "", log: Callable[[str], None] | None = None, stop_at_step: int | None = None
+          ) -> TrainResult:
     """Train ``cfg`` to ``schedule.max_steps`` and export to ``out_dir`` (with metrics).
 
     ``stop_after`` saves the state after that many steps and returns without exporting
     (as if killed there);
-    ``time_limit_s`` stops early at a wall-clock limit and exports what it has.
+    ``time_limit_s`` stops early at a wall-clock limit and exports what it has;
+    ``stop_at_step`` stops and exports after that many steps, the learning-rate schedule
+    still planned for ``max_steps`` (so a time-limited run can be replayed exactly).
     """
     dist = Distributed.from_env(device)
     say = log or (lambda msg: print(msg, file=sys.stderr, flush=True) if dist.is_main else None)
@@ -210,6 +213,7 @@ def train(cfg: TrainConfig, resume: bool = True, stop_after: int | None = None,
             dist.barrier()
         over_time = time_limit_s is not None and time.monotonic() - started > time_limit_s
         stop_now = dist.any_true(over_time) if time_limit_s is not None else False
+        stop_now = stop_now or (stop_at_step is not None and done >= stop_at_step)
         if done % s.checkpoint_every == 0 or done == stop_after or stop_now:
             history["train_seconds"] = earlier_s + time.monotonic() - started
             if dist.is_main:
@@ -221,7 +225,7 @@ def train(cfg: TrainConfig, resume: bool = True, stop_after: int | None = None,
             return TrainResult(model, tok, done, None)
         if stop_now:
             stopped_early = True
-            say(f"[{cfg.name}] time limit reached after step {done}; exporting what we have")
+            say(f"[{cfg.name}] stopping early after step {done} (time limit or --stop-at-step); exporting")
             break
     bar.close()
 

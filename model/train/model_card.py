@@ -92,9 +92,9 @@ def _training_lines(cfg: TrainConfig, metrics: dict[str, Any]) -> list[str]:
 def _reproduce_lines(cfg: TrainConfig, metrics: dict[str, Any]) -> list[str]:
     note = ""
     if metrics["stopped_early"]:
-        note = (f" It stopped at its time limit after {metrics['train_steps']} steps; the inverse-sqrt schedule "
-                "does not depend on max_steps, so the `--max-steps` command above replays the same batches "
-                "and learning rates.")
+        note = (f" It stopped at its time limit after {metrics['train_steps']} steps; `--stop-at-step` stops at "
+                "the same step with the learning-rate schedule unchanged, so the command above replays the same "
+                "batches and learning rates.")
     config = cfg.source_file or "the config"
     return ["```bash",
             "python -m model.train.data prepare   # corpora -> data/corpora (+ manifest.json)",

@@ -85,3 +85,19 @@ def test_resume_refuses_a_different_config(tmp_path):
     changed.model["d_model"] = 64
     with pytest.raises(ResumeError, match="model"):
         train(changed, **QUIET)
+
+
+def test_a_run_stopped_early_is_replayed_by_its_reproduce_command(tmp_path):
+    """With a cosine schedule the learning rate depends on max_steps: a run stopped early
+    (time limit) is replayed with --stop-at-step, not by shrinking max_steps."""
+    cfg = tiny_config("causal-lm", tmp_path / "a", steps=12, decay="cosine")
+    stopped = train(cfg, stop_at_step=7, command="python -m model.train --config c.json --time-limit-min 30",
+                    **QUIET)
+    assert stopped.steps == 7 and stopped.metrics["stopped_early"] is True
+    assert stopped.metrics["reproduce_command"] == "python -m model.train --config c.json --stop-at-step 7"
+    # the first 7 steps of the full 12-step schedule, as a killed run would have them
+    reference = train(tiny_config("causal-lm", tmp_path / "b", steps=12, decay="cosine"), stop_after=7, **QUIET)
+    shrunk = train(tiny_config("causal-lm", tmp_path / "c", steps=7, decay="cosine"), **QUIET)
+    a, b, c = stopped.model.state_dict(), reference.model.state_dict(), shrunk.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)  # --max-steps 7 would be another schedule
