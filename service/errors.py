@@ -45,7 +45,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         return f"request body is not valid JSON: {err.get('ctx', {}).get('error', err['msg'])}", None
     where, param = _location(tuple(err.get("loc", ())))
     if err.get("type") == "missing":
-        return f"{where}: field required", param
+        return (f"{where}: field required" if where else "request body required (a JSON object)"), param
     msg = err["msg"].removeprefix("Value error, ")
     return (f"{where}: {msg}" if where else msg), param
 

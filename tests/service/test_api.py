@@ -218,6 +218,8 @@ async def test_unknown_model_malformed_json_and_oversized_body(client):
     assert (await client.get("/v1/models/nope")).status_code == 404
     r = await client.post("/v1/generate", content=b'{"prompt": "x",', headers={"content-type": "application/json"})
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    r = await client.post("/v1/generate")
+    assert r.status_code == 400 and r.json()["error"]["message"] == "request body required (a JSON object)"
     r = await client.post("/v1/generate", json={"prompt": "x" * 5000})
     assert r.status_code == 413 and "4096 bytes" in r.json()["error"]["message"]
 

@@ -121,3 +121,14 @@ async def test_int8_quantized_serving(weights_dir):
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
         assert (await c.post("/v1/fill-mask", json={"text": "the [MASK] menu"})).status_code == 200
         assert (await c.post("/v1/translate", json={"text": "Open", "max_tokens": 4})).status_code == 200
+
+
+async def test_probes_can_be_put_behind_the_api_key(weights_dir):
+    app = create_app(settings_for(weights_dir, warmup=False, api_key="k3y", protect_health_and_metrics=True))
+    async with app.router.lifespan_context(app), asgi_client(app) as c:
+        await app.state.loading
+        for path in ("/health", "/ready", "/metrics"):
+            denied = await c.get(path)
+            assert denied.status_code == 401 and denied.json()["error"]["type"] == "authentication_error", path
+            assert (await c.get(path, headers={"Authorization": "Bearer k3y"})).status_code == 200, path
+        assert (await c.get("/v1/models", headers={"Authorization": "Bearer wrong"})).status_code == 401

@@ -206,3 +206,27 @@ def test_graceful_shutdown_finishes_in_flight_requests(slow_weights):
     assert results == {"status": 200, "tokens": 300}
     with pytest.raises(httpx.ConnectError):
         httpx.get(s.url + "/health", timeout=2)
+
+
+def test_shutdown_fails_what_cannot_finish_within_the_grace_time(slow_weights):
+    s = ServerThread(settings_for(slow_weights, max_seq_len=1024, shutdown_grace_s=1)).__enter__()
+    results = {}
+
+    def request():
+        try:
+            r = httpx.post(s.url + "/v1/generate", timeout=60,
+                           json={"prompt": "To be", "max_tokens": 1000, "ignore_eos": True})
+            results["status"] = r.status_code
+        except httpx.TransportError as exc:  # the server may close the connection instead
+            results["status"] = type(exc).__name__
+
+    t = threading.Thread(target=request)
+    t.start()
+    _wait_for(lambda: s.metric("tserve_generated_tokens_total", model="generate-slow") > 10)
+    started = time.monotonic()
+    s.stop()  # 1 s of grace for a request that needs many more
+    stopped_in = time.monotonic() - started
+    t.join(timeout=30)
+    assert not t.is_alive()
+    assert results["status"] != 200, results  # it did not run to its 1000 tokens
+    assert stopped_in < 10, stopped_in  # bounded by the grace time (uvicorn's, then the engines')
