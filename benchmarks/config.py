@@ -46,6 +46,7 @@ class BenchConfig:
     kv_lengths: tuple[int, ...] = (128, 512, 1024)
     kv_cached_new_tokens: int = 16  # cached decoding: tokens generated to time a step
     kv_recompute_new_tokens: int = 3  # recomputation: full forwards timed (each is as long as a whole prefill)
+    slot_layout_history: int = 384  # decode step with contiguous slots vs slots with holes
 
     # 4. attention: one (B, nh, T, hs) causal self-attention call.
     attention_lengths: tuple[int, ...] = (128, 256, 512, 1024, 2048, 4096)

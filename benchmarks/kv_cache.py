@@ -74,5 +74,38 @@ def measure_kv_cache(ws: Workspace, cfg: BenchConfig, report: RunReport, section
             f"{k / stats['recompute'].median:.2f} tok/s; {check}")
 
 
+@torch.inference_mode()
+def measure_slot_layout(ws: Workspace, cfg: BenchConfig, report: RunReport, section: str,
+                        device: str = "cpu", dtype: torch.dtype = torch.float32) -> None:
+    """One decode step of 8 sequences in consecutive slots (the scheduler keeps them so: the
+    cache is read through a view) against every other slot (holes left by finished
+    sequences: every layer gathers each history). Same tokens, positions and histories."""
+    model = ws.gpt2_ours(device, dtype)
+    batch, history = 8, min(cfg.slot_layout_history, model.cfg.max_positions - 2)
+    cache = model.new_cache(3 * batch, history + 1)
+    gen = torch.Generator().manual_seed(cfg.seed + 4)
+    prompts = torch.randint(8, model.cfg.vocab_size, (batch, history), generator=gen).tolist()
+    tokens = torch.randint(8, model.cfg.vocab_size, (batch,), generator=gen).to(device)
+    # the same 8 histories in slots 0..7, and again in slots 8, 10, .., 22
+    layouts = {"contiguous": list(range(batch)), "holes": list(range(batch, 3 * batch, 2))}
+    for slots in layouts.values():
+        model.prefill(cache, prompts, slots)
+
+    def step(slots: list[int]) -> torch.Tensor:
+        return model.decode_step(cache, tokens, slots, [history] * batch)
+
+    say(f"{section}: decode step, slot layout ({cfg.repetitions * 10} repetitions)")
+    stats, outs = time_interleaved({name: (lambda s=slots: step(s)) for name, slots in layouts.items()},
+                                   cfg.repetitions * 10, device)
+    same = torch.equal(outs["contiguous"].argmax(-1), outs["holes"].argmax(-1))
+    report.rows.append(Row(
+        section, f"decode step, batch {batch} at {history} tokens of history: slots 0..{batch - 1}",
+        "steps/s", stats["contiguous"].map(lambda t: 1.0 / t), peer="slots with holes (gathered reads)",
+        peer_value=stats["holes"].map(lambda t: 1.0 / t),
+        check="next tokens identical" if same else "MISMATCH: next tokens differ",
+        note="why the scheduler moves sequences down into freed slots"))
+
+
 def run(ws: Workspace, cfg: BenchConfig, report: RunReport) -> None:
     measure_kv_cache(ws, cfg, report, "3. KV cache")
+    measure_slot_layout(ws, cfg, report, "3. KV cache")

@@ -49,7 +49,8 @@ def test_quick_run_rows_have_positive_ratios_and_stats(quick_run):
     rows = report["rows"]
     by_section = {r["section"] for r in rows}
     assert by_section == {"3. KV cache", "4. attention"}
-    assert len([r for r in rows if r["section"] == "3. KV cache"]) == 2  # one row per requested length
+    # one row per requested length, plus the slot-layout row
+    assert len([r for r in rows if r["section"] == "3. KV cache"]) == 3
     assert len([r for r in rows if r["section"] == "4. attention"]) == 2  # time and memory at T=256
     for r in rows:
         assert r["peer"] and r["workload"] and r["metric"]
@@ -59,7 +60,7 @@ def test_quick_run_rows_have_positive_ratios_and_stats(quick_run):
             assert math.isfinite(s["median"]) and s["median"] > 0, (r["metric"], side, s)
         assert r["ratio"] > 0 and math.isclose(r["ratio"], r["ours"]["median"] / r["peer_value"]["median"])
     kv_check = [r["check"] for r in rows if r["section"] == "3. KV cache"]
-    assert kv_check == ["tokens identical"] * 2  # cached and recomputed decoding agree
+    assert kv_check == ["tokens identical"] * 2 + ["next tokens identical"]  # the layouts compute the same
 
 
 def test_quick_run_reports_sections_and_prints_the_table(quick_run):
@@ -70,7 +71,7 @@ def test_quick_run_reports_sections_and_prints_the_table(quick_run):
         assert sections["6. GPU"]["status"].startswith("skipped: no CUDA device")
     assert all("seconds" in s and "load_average_before" in s for s in sections.values())
     table_rows = [line for line in stdout.splitlines() if line.startswith("| 3. KV cache")]
-    assert len(table_rows) == 2
+    assert len(table_rows) == 3
 
 
 def test_overrides_parse_types_and_reject_unknown_names():
