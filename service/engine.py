@@ -160,12 +160,11 @@ class GenerativeEngine(BaseEngine):
                     f"prompt ({n} tokens) + max_tokens ({params.max_new_tokens}) exceeds this model's limit of "
                     f"{self.max_len} tokens", "max_tokens")
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
-               prompt_field: str = "prompt") -> RequestStream:
-        return self.submit_all([(prompt_ids, params, prompt_field)], request_ids=[request_id])[0]
+    def submit(self, prompt_ids: list[int], params: SamplingParams, prompt_field: str = "prompt") -> RequestStream:
+        return self.submit_all([(prompt_ids, params, prompt_field)])[0]
 
-    def submit_all(self, items: list[tuple[list[int], SamplingParams, str]], group_field: str = "prompt",
-                   request_ids: list[str | None] | None = None) -> list[RequestStream]:
+    def submit_all(self, items: list[tuple[list[int], SamplingParams, str]],
+                   group_field: str = "prompt") -> list[RequestStream]:
         """Queue several requests (a list input, ``n`` completions) all or nothing.
 
         A group larger than the engine could ever hold is a client error (400 naming
@@ -181,9 +180,8 @@ class GenerativeEngine(BaseEngine):
                 f"{group_field} asks for {len(items)} sequences; this server queues at most {capacity} "
                 f"(TSERVE_MAX_QUEUE + TSERVE_MAX_BATCH)", group_field)
         now = time.monotonic()
-        ids_given = request_ids or [None] * len(items)
-        reqs = [EngineRequest(rid or uuid.uuid4().hex, list(ids), params, now, now + self.settings.request_timeout_s)
-                for (ids, params, _), rid in zip(items, ids_given)]
+        reqs = [EngineRequest(uuid.uuid4().hex, list(ids), params, now, now + self.settings.request_timeout_s)
+                for ids, params, _ in items]
         streams = [RequestStream(self, r.request_id) for r in reqs]
         with self._cv:
             queued = len(self._inbox) + len(self.scheduler.waiting)

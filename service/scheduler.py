@@ -284,14 +284,16 @@ class GenerationScheduler:
         slice (a view); slots with holes between them would make every layer of every step
         gather (copy) each sequence's whole history. A move copies one history, once.
         """
-        while self.free and self.free[0] < self.slots_used:
-            hole = heapq.heappop(self.free)
-            seq, j = max(((seq, j) for seq in self.prefilling + self.running for j in range(len(seq.slots))),
-                         key=lambda owner: owner[0].slots[owner[1]])
-            src = seq.slots[j]
+        if not self.free or self.free[0] >= self.slots_used:
+            return  # no holes (the common case)
+        owners = {slot: (seq, j) for seq in self.prefilling + self.running for j, slot in enumerate(seq.slots)}
+        while self.free[0] < self.slots_used:
+            hole, src = heapq.heappop(self.free), max(owners)
+            seq, j = owners.pop(src)
             self.cache.move_slot(src, hole, max(seq.next_pos, seq.prefilled))
             self.seen[hole] = self.seen[src]
             seq.slots[j] = hole
+            owners[hole] = (seq, j)
             heapq.heappush(self.free, src)
 
     def _retire(self, seq: _Sequence) -> None:
