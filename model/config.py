@@ -17,7 +17,10 @@ from typing import Any
 
 FAMILIES = ("encoder-decoder", "decoder", "encoder")
 ACTIVATIONS = ("relu", "gelu", "gelu_new", "silu", "swish")
-POSITIONAL = ("sinusoidal", "learned")
+POSITIONAL = ("sinusoidal", "learned", "rope")
+NORMS = ("layernorm", "rmsnorm")
+MLPS = ("standard", "gated")
+ROPE_SCALINGS = ("linear", "llama3")
 SINUSOIDAL_LAYOUTS = ("interleaved", "split")
 NORM_PLACEMENTS = ("post", "pre")
 POOLINGS = ("mean", "cls")
@@ -33,6 +36,7 @@ class ModelConfig:
     vocab_size: int  # shared source/target vocabulary for the encoder-decoder
     d_model: int = 512
     n_heads: int = 8
+    n_kv_heads: int | None = None  # grouped-query attention: K/V heads shared by n_heads // n_kv_heads queries
     n_encoder_layers: int = 6  # ignored by the decoder family
     n_decoder_layers: int = 6  # ignored by the encoder family
     d_ff: int = 2048  # width of the position-wise feed-forward hidden layer
@@ -41,13 +45,19 @@ class ModelConfig:
     attention_dropout: float = 0.0  # on attention probabilities (BERT: 0.1)
     activation_dropout: float = 0.0  # inside the FFN, after the activation (Marian)
     max_positions: int = 512  # longest sequence the position table covers
-    positional: str = "sinusoidal"  # paper/Marian: sinusoidal; GPT-2/BERT: learned
+    positional: str = "sinusoidal"  # paper/Marian: sinusoidal; GPT-2/BERT: learned; Llama: rope
+    rope_theta: float = 10000.0  # base of the rotary frequencies (Llama 2: 1e4, SmolLM2: 1e5, Llama 3: 5e5)
+    # None, {"type": "linear", "factor": f} (positions / f) or {"type": "llama3", "factor",
+    # "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"} (per-frequency blend)
+    rope_scaling: dict[str, Any] | None = None
     # Paper: sin on even, cos on odd dims. Marian/HF: sin in the first half, cos in the second.
     sinusoidal_layout: str = "interleaved"
+    norm: str = "layernorm"  # Llama: rmsnorm (scale only, no mean subtraction, no bias)
+    mlp: str = "standard"  # standard: down(act(up x)); gated (SwiGLU): down(act(gate x) * up x)
     norm_placement: str = "post"  # paper/BERT/Marian: LayerNorm(x + f(x)); GPT-2: x + f(LN(x))
     final_norm: bool = False  # a LayerNorm after the last layer of each stack (pre-norm needs it)
     embedding_norm: bool = False  # LayerNorm right after summing embeddings (BERT)
-    layer_norm_eps: float = 1e-5  # BERT uses 1e-12
+    layer_norm_eps: float = 1e-5  # BERT uses 1e-12; also the RMSNorm epsilon
     bias: bool = True  # biases on attention and FFN projections
     fused_qkv: bool = True  # one (d, 3d) projection instead of three (same maths, one matmul)
     attention_scale: float | None = None  # None: 1/sqrt(head_dim) as in the paper
@@ -70,6 +80,10 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads if self.n_kv_heads is not None else self.n_heads
 
     @property
     def scale(self) -> float:
@@ -96,6 +110,8 @@ class ModelConfig:
             "sinusoidal_layout": SINUSOIDAL_LAYOUTS,
             "norm_placement": NORM_PLACEMENTS,
             "pooling": POOLINGS,
+            "norm": NORMS,
+            "mlp": MLPS,
         }
         for name, allowed in choices.items():
             value = getattr(self, name)
@@ -107,6 +123,18 @@ class ModelConfig:
              f"config field 'd_model' ({self.d_model}) must be divisible by 'n_heads' ({self.n_heads})")
         if self.positional == "sinusoidal":
             need(self.d_model % 2 == 0, "sinusoidal positions need an even 'd_model'")
+        if self.n_kv_heads is not None:
+            need(isinstance(self.n_kv_heads, int) and self.n_kv_heads >= 1 and self.n_heads % self.n_kv_heads == 0,
+                 f"config field 'n_kv_heads' ({self.n_kv_heads}) must be a positive divisor of 'n_heads' "
+                 f"({self.n_heads})")
+        if self.positional == "rope":
+            need(self.head_dim % 2 == 0, "rotary positions need an even head dimension (d_model / n_heads)")
+            need(self.rope_theta > 0, "config field 'rope_theta' must be > 0")
+        if self.rope_scaling is not None:
+            kind = self.rope_scaling.get("type") if isinstance(self.rope_scaling, dict) else None
+            need(kind in ROPE_SCALINGS,
+                 f"config field 'rope_scaling' needs a 'type' in {list(ROPE_SCALINGS)}, got {self.rope_scaling!r}")
+            need(float(self.rope_scaling.get("factor", 0)) > 0, "config field 'rope_scaling.factor' must be > 0")
         if self.has_encoder:
             need(self.n_encoder_layers >= 1, "config field 'n_encoder_layers' must be >= 1")
         if self.has_decoder:
