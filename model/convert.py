@@ -14,12 +14,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
-
 from model.checkpoint import save
+from model.config import DTYPES
 from model.hf_import import HFImportError, HFModel, load_hf
-
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def model_card(hf: HFModel, dtype: str) -> str:

@@ -10,9 +10,8 @@ import asyncio
 import logging
 from pathlib import Path
 
-import torch
-
 from model import CheckpointError, is_checkpoint, load
+from model.config import DTYPES
 from model.int8 import quantize_int8
 from service.encoder_engine import EncoderEngine
 from service.engine import BaseEngine, GenerativeEngine
@@ -22,7 +21,6 @@ from service.settings import Settings
 
 log = logging.getLogger("tserve.registry")
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 FAMILY_NAMES = {"encoder-decoder": "translation (encoder-decoder)", "decoder": "text generation (decoder)",
                 "encoder": "fill-mask/embedding (encoder)"}
 
