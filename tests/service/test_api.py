@@ -185,7 +185,7 @@ INVALID = [
     ("/v1/generate", {"prompt": "x", "seed": 2**63}, "seed", "less than or equal to"),
     ("/v1/embeddings", {"input": ["a"] * 5}, "input", "at most 4"),
     ("/v1/embeddings", {"input": [[1]] * 5}, "input", "at most 4"),
-    ("/v1/embeddings", {"input": []}, "input", "must not be empty"),
+    ("/v1/embeddings", {"input": []}, "input", "must not be an empty list"),
     ("/v1/embeddings", {"input": [[]]}, "input", "empty token list"),
     ("/v1/embeddings", {"input": "x", "model": "generate-tiny"}, "model", "needs a fill-mask"),
     ("/v1/completions", {"model": "generate-tiny", "prompt": ["a"] * 5}, "prompt", "at most 4"),
