@@ -59,14 +59,17 @@ def _validation_error(exc: RequestValidationError, content_type: str | None) -> 
     where, param = _location(tuple(err.get("loc", ())))
     if err.get("type") == "json_invalid":
         return "invalid_json", f"request body is not valid JSON: {err.get('ctx', {}).get('error', err['msg'])}", None
-    if not where and content_type and not _is_json(content_type):
-        # FastAPI parses a body as JSON only when it is declared so; anything else reaches
-        # validation as raw bytes and would be reported as "not a valid dictionary".
-        return "invalid_json", (f"the request body must be JSON, sent with the header Content-Type: "
-                                f"application/json (this request sent Content-Type: {content_type})"), "Content-Type"
     if err.get("type") == "missing":
         return "invalid_value", (f"{where}: field required" if where else "request body required (a JSON object)"), \
             param
+    if not where and not _is_json(content_type or ""):
+        # FastAPI parses a body as JSON only when it is declared so (no header: not at all);
+        # anything else reaches validation as raw bytes, "not a valid dictionary".
+        sent = f"sent Content-Type: {content_type}" if content_type else "sent no Content-Type"
+        return "invalid_json", (f"the request body must be JSON, sent with the header Content-Type: "
+                                f"application/json (this request {sent})"), "Content-Type"
+    if not where and err.get("type") in ("model_attributes_type", "model_type", "dict_type"):
+        return "invalid_value", "the request body must be a JSON object", None
     msg = err["msg"].removeprefix("Value error, ")
     return "invalid_value", (f"{where}: {msg}" if where else msg), param
 
