@@ -12,7 +12,7 @@ from pathlib import Path
 
 from model import CheckpointError, is_checkpoint, load
 from model.config import DTYPES
-from model.int8 import quantize_int8
+from model.int8 import quantize_int8_
 from service.encoder_engine import EncoderEngine
 from service.engine import BaseEngine, GenerativeEngine
 from service.engine_errors import EngineStoppedError, InvalidRequestError, ModelNotFoundError
@@ -49,7 +49,7 @@ class EngineRegistry:
             for path in self.discover():
                 ckpt = await asyncio.to_thread(load, path, self.settings.device, DTYPES[self.settings.dtype])
                 if self.settings.quantize == "int8":
-                    await asyncio.to_thread(quantize_int8, ckpt.model)
+                    await asyncio.to_thread(quantize_int8_, ckpt.model)
                 else:
                     ckpt.model.optimize_for_inference()  # prepacked CPU weights: faster small-batch decoding
                 cls = EncoderEngine if ckpt.config.family == "encoder" else GenerativeEngine
