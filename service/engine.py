@@ -146,9 +146,13 @@ class BaseEngine:
     def family(self) -> str:
         return self.cfg.family
 
+    @property
+    def task(self) -> str:
+        return TASKS[self.family]
+
     def info(self) -> dict[str, Any]:
         return {"id": self.name, "object": "model", "created": self.created, "owned_by": "transformer-serve",
-                "family": self.family, "task": TASKS[self.family], "max_seq_len": self.max_len,
+                "family": self.family, "task": self.task, "max_seq_len": self.max_len,
                 "parameters": self.model.num_parameters(), "metrics": self.ckpt.metrics}
 
     async def start(self) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from model import CheckpointError, is_checkpoint, load
 from model.config import DTYPES
 from model.int8 import quantize_int8_
+from model.sentence_import import is_sentence_manifest_dir, load_sentence_manifest
 from service.encoder_engine import EncoderEngine
 from service.engine import BaseEngine, GenerativeEngine
 from service.engine_errors import EngineStoppedError, InvalidRequestError, ModelNotFoundError
@@ -35,19 +36,21 @@ class EngineRegistry:
     def discover(self) -> list[Path]:
         root = self.settings.weights_dir
         found = {p.name: p for p in sorted(root.iterdir())} if root.is_dir() else {}
-        found = {name: p for name, p in found.items() if is_checkpoint(p)}
+        found = {name: p for name, p in found.items() if is_checkpoint(p) or is_sentence_manifest_dir(p)}
         wanted = self.settings.model_names()
         missing = [m for m in wanted if m not in found]
         if missing:
             raise CheckpointError(f"TSERVE_MODELS names {missing}, not found in {root} (found: {sorted(found)})")
         if not found:
-            raise CheckpointError(f"no checkpoints (config.json + model.safetensors) in {root.resolve()}")
+            raise CheckpointError(f"no checkpoints (config.json + model.safetensors, or manifest.json) in "
+                                  f"{root.resolve()}")
         return [found[m] for m in wanted] if wanted else list(found.values())
 
     async def start(self) -> None:
         try:
             for path in self.discover():
-                ckpt = await asyncio.to_thread(load, path, self.settings.device, DTYPES[self.settings.dtype])
+                loader = load_sentence_manifest if is_sentence_manifest_dir(path) else load
+                ckpt = await asyncio.to_thread(loader, path, self.settings.device, DTYPES[self.settings.dtype])
                 if self.settings.quantize == "int8":
                     await asyncio.to_thread(quantize_int8_, ckpt.model)
                 else:
@@ -74,14 +77,21 @@ class EngineRegistry:
         return {"ready": self.ready, "error": self.error,
                 "models": {name: ("ready" if e.ready else "starting") for name, e in self.engines.items()}}
 
-    def get(self, name: str | None, family: str, endpoint: str) -> BaseEngine:
-        """The engine for ``name`` (or the first of ``family``), checked against the endpoint."""
+    def get(self, name: str | None, family: str, endpoint: str, task: str | None = None) -> BaseEngine:
+        """The engine for ``name``; without a name, the one loaded model of ``family`` (of ``task``
+        where more than one could answer), else a 400 listing the candidates."""
         if name is None:
-            engine = next((e for e in self.engines.values() if e.family == family), None)
-            if engine is None:
+            candidates = [e for e in self.engines.values() if e.family == family]
+            if task is not None and any(e.task == task for e in candidates):
+                candidates = [e for e in candidates if e.task == task]
+            if not candidates:
                 if not self.started:
                     raise EngineStoppedError("models are still loading")
                 raise ModelNotFoundError(f"no {FAMILY_NAMES[family]} model is loaded", "model")
+            if len(candidates) > 1:
+                raise InvalidRequestError(f"{endpoint}: several models could answer "
+                                          f"{sorted(e.name for e in candidates)}; name one in the request", "model")
+            engine = candidates[0]
         else:
             engine = self.engines.get(name)
             if engine is None:
