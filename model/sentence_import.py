@@ -23,9 +23,11 @@ import dataclasses
 import hashlib
 import importlib.metadata
 import json
+import weakref
 from pathlib import Path, PurePosixPath
 
 import torch
+from tokenizers import Tokenizer as HFTokenizer
 
 from model.checkpoint import Checkpoint, CheckpointError
 from model.hf_format import HFImportError, read_json
@@ -104,12 +106,16 @@ def load_sentence_transformer(path: str | Path, device: str | torch.device = "cp
 
 def truncating(tokenizer: Tokenizer, max_tokens: int) -> Tokenizer:
     """A copy of ``tokenizer`` that cuts inputs to ``max_tokens`` (special tokens included),
-    as sentence-transformers does at ``max_seq_length``."""
-    from tokenizers import Tokenizer as HFTokenizer
+    as sentence-transformers does at ``max_seq_length``. Made once per tokenizer and limit."""
+    cached = _TRUNCATING.setdefault(tokenizer, {})
+    if max_tokens not in cached:
+        tk = HFTokenizer.from_str(tokenizer.tk.to_str())
+        tk.enable_truncation(max_tokens)
+        cached[max_tokens] = Tokenizer(tk)
+    return cached[max_tokens]
 
-    tk = HFTokenizer.from_str(tokenizer.tk.to_str())
-    tk.enable_truncation(max_tokens)
-    return Tokenizer(tk)
+
+_TRUNCATING: weakref.WeakKeyDictionary[Tokenizer, dict[int, Tokenizer]] = weakref.WeakKeyDictionary()
 
 
 @torch.inference_mode()
@@ -118,14 +124,9 @@ def embed_texts(ckpt: Checkpoint, texts: list[str], normalize: bool | None = Non
     inputs truncated at ``max_input_tokens``."""
     limit = ckpt.config.max_input_tokens or ckpt.config.max_positions
     rows = truncating(ckpt.tokenizer, limit).encode_batch(texts)
-    width = max(map(len, rows))
-    ids = torch.full((len(rows), width), ckpt.config.pad_token_id, dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r)
-    lengths = torch.tensor([len(r) for r in rows])
-    real = torch.arange(width)[None, :] < lengths[:, None]  # (B, T)
-    device = ckpt.model.device
-    return ckpt.model.embed_sentences(ids.to(device), real.to(device), normalize).cpu()
+    _, pooled = ckpt.model.encode_rows(rows)  # (B, d)
+    normalize = ckpt.config.normalize_embeddings if normalize is None else normalize
+    return (torch.nn.functional.normalize(pooled, dim=-1) if normalize else pooled).cpu()
 
 
 # --- manifests: a pinned package that holds the directory --------------------------------------

@@ -29,6 +29,22 @@ def _padded(seqs: Sequence[Sequence[int]], pad: int, device: torch.device) -> tu
     return ids.to(device), lengths
 
 
+def length_groups(lengths: Sequence[int], max_padding: float = 0.25) -> list[list[int]]:
+    """Indices of ``lengths`` in groups, longest first, each padded to its first (longest) row
+    with at most ``max_padding`` x its real tokens added as padding."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    total = 0
+    for i in order:
+        if groups and lengths[groups[-1][0]] * (len(groups[-1]) + 1) <= (1 + max_padding) * (total + lengths[i]):
+            groups[-1].append(i)
+            total += lengths[i]
+        else:
+            groups.append([i])
+            total = lengths[i]
+    return groups
+
+
 class LMHead(nn.Module):
     """Hidden states -> vocabulary logits (optionally through BERT's dense/act/LayerNorm)."""
 
@@ -312,6 +328,22 @@ class MaskedLM(TransformerModel):
             return hidden.masked_fill(~real, -1e9).amax(dim=1)
         w = real.to(hidden.dtype)
         return (hidden * w).sum(1) / w.sum(1).clamp(min=1e-9)
+
+    def encode_rows(self, rows: Sequence[Sequence[int]], max_padding: float = 0.25) -> tuple[list[Tensor], Tensor]:
+        """Token-id rows of mixed lengths -> (each row's hidden states (T_i, d), pooled (B, d) float32,
+        not normalised). Rows run longest first in groups whose padding stays under ``max_padding``
+        of their real tokens: one padded batch of mixed lengths spends most of its time on padding."""
+        hidden: list[Tensor] = [None] * len(rows)  # type: ignore[list-item]
+        pooled = torch.empty(len(rows), self.cfg.d_model, dtype=torch.float32, device=self.device)
+        for group in length_groups([len(r) for r in rows], max_padding):
+            ids, lengths = _padded([rows[i] for i in group], self.cfg.pad_token_id, self.device)
+            real = torch.arange(ids.size(1), device=self.device)[None, :] < to_device(lengths, torch.long,
+                                                                                     self.device)[:, None]
+            h = self.hidden_states(ids, real if min(lengths) < ids.size(1) else None)  # (b, T, d)
+            pooled[group] = self.pool(h, real).float()
+            for j, i in enumerate(group):
+                hidden[i] = h[j, : lengths[j]]
+        return hidden, pooled
 
     def embed_sentences(self, ids: Tensor, attention_mask: Tensor | None = None,
                         normalize: bool | None = None) -> Tensor:
