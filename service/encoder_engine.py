@@ -61,6 +61,10 @@ class EncoderEngine(BaseEngine):
         return super().tokenize(texts, field_name)
 
     @property
+    def pooling(self) -> str:
+        return self.cfg.pooling
+
+    @property
     def task(self) -> str:
         return "fill-mask" if self.mask_id is not None else "feature-extraction"
 
@@ -165,28 +169,21 @@ class EncoderEngine(BaseEngine):
     @torch.inference_mode()
     def _forward(self, batch: list[_Job]) -> list[Any]:
         rows = [r for job in batch for r in job.rows]
-        width = max(map(len, rows))
-        ids = torch.full((len(rows), width), self.cfg.pad_token_id, dtype=torch.long)
-        for i, r in enumerate(rows):
-            ids[i, : len(r)] = torch.tensor(r)
-        lengths = torch.tensor([len(r) for r in rows])
-        real = torch.arange(width)[None, :] < lengths[:, None]  # (B, T)
-        ids, real = ids.to(self.model.device), real.to(self.model.device)
-        hidden = self.model.hidden_states(ids, real)  # (B, T, d)
+        hidden, pooled = self.model.encode_rows(rows)  # per row (T_i, d); (B, d)
         results, start = [], 0
         for job in batch:
             part = slice(start, start + len(job.rows))
             start += len(job.rows)
             if job.kind in ("embed", "embed_raw"):
-                pooled = self.model.pool(hidden[part], real[part]).float()
-                results.append((F.normalize(pooled, dim=-1) if job.kind == "embed" else pooled).tolist())
+                results.append((F.normalize(pooled[part], dim=-1) if job.kind == "embed" else pooled[part]).tolist())
             else:
-                results.append(self._fill(job, ids[part], hidden[part]))
+                results.append(self._fill(job, hidden[part]))
         return results
 
-    def _fill(self, job: _Job, ids: torch.Tensor, hidden: torch.Tensor) -> list[list[list[dict[str, Any]]]]:
-        where = (ids == self.mask_id).nonzero().tolist()  # [[row, pos], ...]
-        logits = self.model.lm_head(hidden[ids == self.mask_id]).float()  # (n_masks, V)
+    def _fill(self, job: _Job, hidden: list[torch.Tensor]) -> list[list[list[dict[str, Any]]]]:
+        where = [(row, pos) for row, ids in enumerate(job.rows) for pos, t in enumerate(ids) if t == self.mask_id]
+        at_masks = torch.stack([hidden[row][pos] for row, pos in where])  # (n_masks, d)
+        logits = self.model.lm_head(at_masks).float()  # (n_masks, V)
         logits[:, self._special] = float("-inf")
         scores, tokens = logits.softmax(-1).topk(job.top_k, dim=-1)
         out: list[list[list[dict[str, Any]]]] = [[] for _ in job.rows]

@@ -113,6 +113,14 @@ class BaseEngine:
                 raise InvalidRequestError(f"{field_name} token ids must be in [0, {vocab})", field_name)
         self._check_lengths(rows, field_name, len(rows) > 1)
 
+    def is_special(self, token_id: int) -> bool:
+        """A special token ([CLS], </s>, ...): APIs such as TGI flag them in their token lists."""
+        return token_id in self.tokenizer.special_ids
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.cfg.eos_token_id
+
     def detokenize(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids))
 
