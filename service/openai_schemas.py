@@ -55,9 +55,6 @@ class CompletionRequest(BaseModel):
 
     @model_validator(mode="after")
     def _unsupported(self) -> CompletionRequest:
-        if self.presence_penalty or self.frequency_penalty:
-            raise ValueError("presence_penalty and frequency_penalty are not supported; "
-                             "use repetition_penalty (> 1 discourages repeats)")
         if self.best_of not in (None, self.n):
             raise ValueError("best_of must equal n (server-side best-of is not supported)")
         if self.logit_bias:

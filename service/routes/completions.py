@@ -44,7 +44,8 @@ def _finish(reason: str | None) -> str | None:
 def _params(body: CompletionRequest, max_tokens: int, j: int) -> SamplingParams:
     return SamplingParams(
         max_new_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
-        repetition_penalty=body.repetition_penalty, stop=body.stop, logprobs=body.logprobs,
+        repetition_penalty=body.repetition_penalty, presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty, stop=body.stop, logprobs=body.logprobs,
         seed=None if body.seed is None else body.seed + j, ignore_eos=body.ignore_eos)
 
 
