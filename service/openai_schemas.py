@@ -124,6 +124,7 @@ class ModelCard(BaseModel):
     task: str
     max_seq_len: int
     parameters: int
+    chat: bool = False  # serves /v1/chat/completions (the model has a chat template)
     metrics: dict[str, Any] = Field(default_factory=dict)
 
 
