@@ -62,7 +62,8 @@ class GGUFModel:
     path: Path
     chat_template: str | None = None
     stop_token_ids: list[int] = field(default_factory=list)  # end generation besides config.eos_token_id
-    metadata: dict[str, Any] = field(default_factory=dict)  # general.* strings (name, licence, ...)
+    metadata: dict[str, Any] = field(default_factory=dict)  # general.* strings (name, license, ...)
+    notes: list[str] = field(default_factory=list)  # what the import changed beyond a 1:1 copy
 
 
 class GGUFFile:
@@ -215,7 +216,10 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
     stops = sorted({s for s in stops if isinstance(s, int) and s != cfg.eos_token_id})
     general = {key[len("general."):]: f.get(key) for key in f.reader.fields
                if key.startswith("general.") and isinstance(f.get(key), str)}
-    return GGUFModel(model, cfg, tokenizer, str(f.get("general.architecture")), f.path, template, stops, general)
+    types = sorted({Q(f.tensors[name].tensor_type).name for name in f.used})
+    notes = [f"tensors stored as {', '.join(types)} were dequantized to {str(dtype or torch.float32)[6:]}"]
+    return GGUFModel(model, cfg, tokenizer, str(f.get("general.architecture")), f.path, template, stops, general,
+                     notes)
 
 
 def is_gguf_file(path: str | Path) -> bool:
