@@ -6,11 +6,12 @@
     print(generate(ckpt.model, [ids], SamplingParams(max_new_tokens=20), ckpt.tokenizer)[0].text)
 """
 
-from model.beam_search import BeamSearch, beam_search
+from model.beam_search import BeamSearch
 from model.chat_template import ChatMessageError, ChatTemplate, ChatTemplateError
 from model.checkpoint import Checkpoint, CheckpointError, is_checkpoint, load, save
 from model.config import ConfigError, ModelConfig
-from model.generation import GenerationResult, SequenceTracker, TokenEvent, generate
+from model.engine import EngineCore, EngineEvent, EngineRequest, beam_search, generate
+from model.generation import GenerationResult, SequenceTracker, TokenEvent
 from model.gguf_import import GGUFImportError, GGUFModel, load_gguf
 from model.hf_import import HFImportError, HFModel, is_hf_model_dir, load_hf
 from model.kv_cache import SlotKVCache
@@ -22,9 +23,9 @@ from model.transformer import DecoderLM, EncoderDecoder, MaskedLM, TransformerMo
 
 __all__ = [
     "BeamSearch", "ChatMessageError", "ChatTemplate", "ChatTemplateError", "Checkpoint", "CheckpointError",
-    "ConfigError", "DecoderLM", "EncoderDecoder", "GGUFImportError", "GGUFModel", "GenerationResult", "HFImportError",
-    "HFModel", "IncrementalDetokenizer", "ManifestError", "MaskedLM", "ModelConfig", "Sampler", "SamplingParams",
-    "SequenceTracker", "SlotKVCache", "TokenEvent", "Tokenizer", "TransformerModel", "beam_search", "build_model",
-    "generate", "is_checkpoint", "is_hf_model_dir", "is_model_dir", "load", "load_gguf", "load_hf", "load_model",
-    "save",
+    "ConfigError", "DecoderLM", "EncoderDecoder", "EngineCore", "EngineEvent", "EngineRequest", "GGUFImportError",
+    "GGUFModel", "GenerationResult", "HFImportError", "HFModel", "IncrementalDetokenizer", "ManifestError", "MaskedLM",
+    "ModelConfig", "Sampler", "SamplingParams", "SequenceTracker", "SlotKVCache", "TokenEvent", "Tokenizer",
+    "TransformerModel", "beam_search", "build_model", "generate", "is_checkpoint", "is_hf_model_dir", "is_model_dir",
+    "load", "load_gguf", "load_hf", "load_model", "save",
 ]

@@ -1,22 +1,21 @@
-"""Beam search for the encoder-decoder, over the slot KV cache.
+"""Beam search for the encoder-decoder: the per-step bookkeeping, over any cache.
 
 Each source owns ``beam_size`` consecutive rows (slots). A step scores every
 (beam, token) pair of every live source in one batched top-k, then the host keeps
 the best ``beam_size`` continuations per source and tells the caller which cache
 rows to copy where. Finished hypotheses are scored ``sum logprob / length ** length_penalty``.
+The engine core (model.engine) runs one ``BeamSearch`` per request; ``model.beam_search``
+drives it offline.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from model.generation import FINISH_EOS, FINISH_LENGTH, GenerationResult
-from model.tokenizer import Tokenizer
-from model.transformer import EncoderDecoder
+from model.generation import FINISH_EOS, FINISH_LENGTH
 
 
 @dataclass
@@ -29,7 +28,8 @@ class BeamStep:
 class BeamSearch:
     def __init__(self, n_sources: int, beam_size: int, length_penalty: float, max_new_tokens: int,
                  eos_id: int | None):
-        self.k, self.lp, self.max_new, self.eos = beam_size, length_penalty, max_new_tokens, eos_id
+        self.beam_size, self.length_penalty = beam_size, length_penalty
+        self.max_new_tokens, self.eos_id = max_new_tokens, eos_id
         self.live = list(range(n_sources))
         self.steps = 0
         self.sum_logprobs = [[0.0] + [float("-inf")] * (beam_size - 1) for _ in range(n_sources)]
@@ -37,18 +37,18 @@ class BeamSearch:
         self.finished: list[list[tuple[float, list[int], str]]] = [[] for _ in range(n_sources)]
 
     def _norm(self, score: float, length: int) -> float:
-        return score / (max(length, 1) ** self.lp)
+        return score / (max(length, 1) ** self.length_penalty)
 
     def _add_finished(self, src: int, score: float, tokens: list[int], reason: str) -> None:
         hyps = self.finished[src]
         hyps.append((self._norm(score, len(tokens) + (reason == FINISH_EOS)), tokens, reason))
         hyps.sort(key=lambda h: -h[0])
-        del hyps[self.k:]
+        del hyps[self.beam_size:]
 
     def step(self, logprobs: Tensor) -> BeamStep:
         """logprobs (len(live) * k, V) for the live sources in order -> the cache moves and
         next tokens. Updates ``live``."""
-        k = self.k
+        k = self.beam_size
         vocab = logprobs.size(-1)
         prior = torch.tensor([self.sum_logprobs[s] for s in self.live], device=logprobs.device)  # (L, k)
         scores = (prior[:, :, None] + logprobs.view(len(self.live), k, vocab)).view(len(self.live), k * vocab)
@@ -62,7 +62,7 @@ class BeamSearch:
                 parent, tok = divmod(flat, vocab)
                 if score == float("-inf"):
                     break
-                if tok == self.eos:
+                if tok == self.eos_id:
                     if rank < k:  # an EOS ranked below the beam width would not have been kept
                         self._add_finished(src, score, self.beams[src][parent], FINISH_EOS)
                     continue
@@ -80,52 +80,20 @@ class BeamSearch:
                 if parent != j:
                     copy_src.append(base + parent)
                     copy_dst.append(base + j)
-            tokens += [t for _, _, t in chosen] + [self.eos or 0] * (k - len(chosen))
+            tokens += [t for _, _, t in chosen] + [self.eos_id or 0] * (k - len(chosen))
         self.live = still_live
         return BeamStep(copy_src, copy_dst, tokens)
 
     def _is_done(self, src: int, chosen: list[tuple[float, int, int]]) -> bool:
-        if self.steps >= self.max_new or not chosen:
+        if self.steps >= self.max_new_tokens or not chosen:
             for j, (score, _, _) in enumerate(chosen):
                 self._add_finished(src, score, self.beams[src][j], FINISH_LENGTH)
             return True
         hyps = self.finished[src]
-        if len(hyps) < self.k:
+        if len(hyps) < self.beam_size:
             return False
         best_running = self._norm(chosen[0][0], self.steps)
         return hyps[-1][0] >= best_running
 
     def best(self, src: int) -> tuple[float, list[int], str]:
         return self.finished[src][0]
-
-
-@torch.inference_mode()
-def beam_search(
-    model: EncoderDecoder,
-    sources: Sequence[Sequence[int]],
-    beam_size: int = 4,
-    length_penalty: float = 1.0,
-    max_new_tokens: int = 64,
-    tokenizer: Tokenizer | None = None,
-) -> list[GenerationResult]:
-    n, k = len(sources), beam_size
-    cache = model.new_cache(n * k, 1 + max_new_tokens, max_src_len=max(len(s) for s in sources))
-    logits = model.prefill(cache, sources, list(range(n * k)))
-    search = BeamSearch(n, k, length_penalty, max_new_tokens, model.cfg.eos_token_id)
-    pos = 1  # cache positions 0..pos-1 hold each beam's history (0: the start token)
-    while search.live:
-        step = search.step(logits.float().log_softmax(dim=-1))
-        if not search.live:
-            break
-        slots = [src * k + j for src in search.live for j in range(k)]  # finished sources drop out
-        if step.copy_src:
-            cache.copy_slots(step.copy_src, step.copy_dst, length=pos)
-        tokens = torch.tensor(step.tokens, device=model.device)
-        logits = model.decode_step(cache, tokens, slots, [pos] * len(slots))
-        pos += 1
-    results = []
-    for src in range(n):
-        score, toks, reason = search.best(src)
-        text = tokenizer.decode(toks) if tokenizer is not None else ""
-        results.append(GenerationResult(token_ids=toks, text=text, finish_reason=reason, score=score))
-    return results

@@ -1,11 +1,11 @@
-"""Generation on top of the slot KV cache: greedy / sampled decoding and beam search.
+"""Per-sequence generation state: stop handling, streamed text, results.
 
-The pieces a serving scheduler needs are public and step-shaped:
+The step-shaped pieces the engine core (model.engine) is built from:
 - ``SequenceTracker``: host-side state of one sequence (text deltas, stop ids and
   strings, max tokens, logprobs), fed one token per step;
 - ``Sampler`` (model.sampling): batched next-token choice, no host sync;
-- ``BeamSearch``: one beam-search step over many sources at once.
-``generate`` and ``beam_search`` are the offline loops built from them.
+- ``BeamSearch`` (model.beam_search): one beam-search step over many sources at once.
+``model.generate`` and ``model.beam_search`` drive the engine core to completion.
 """
 
 from __future__ import annotations
@@ -13,12 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import torch
-
-from model.host_transfer import to_device
-from model.sampling import SampleOutput, Sampler, SamplingParams, make_generator
+from model.sampling import SampleOutput, SamplingParams
 from model.tokenizer import Tokenizer
-from model.transformer import DecoderLM, EncoderDecoder
 
 FINISH_STOP, FINISH_LENGTH, FINISH_EOS = "stop", "length", "eos"
 
@@ -113,65 +109,3 @@ def split_sample(out: SampleOutput, params: Sequence[SamplingParams]
             top = dict(zip(top_ids[i][: p.logprobs], top_lp[i][: p.logprobs]))
         rows.append((tokens[i], lp, top))
     return rows
-
-
-@torch.inference_mode()
-def generate(
-    model: DecoderLM | EncoderDecoder,
-    prompts: Sequence[Sequence[int]],
-    params: SamplingParams | Sequence[SamplingParams],
-    tokenizer: Tokenizer | None = None,
-) -> list[GenerationResult]:
-    """Greedy or sampled generation for a batch of prompts (sources, for the encoder-decoder).
-
-    Finished sequences leave the batch; the rest keep stepping at their own positions.
-    """
-    n = len(prompts)
-    rows = [params] * n if isinstance(params, SamplingParams) else list(params)
-    if any(r.beam_size > 1 for r in rows):
-        raise ValueError("generate() samples or decodes greedily; use model.beam_search for beam_size > 1")
-    cfg = model.cfg
-    encdec = isinstance(model, EncoderDecoder)
-    start_len = [1] * n if encdec else [len(p) for p in prompts]
-    max_len = max(s + r.max_new_tokens for s, r in zip(start_len, rows))
-    cache = model.new_cache(n, max_len, max_src_len=max(len(p) for p in prompts) if encdec else 0)
-    trackers = [SequenceTracker(r, tokenizer, cfg.eos_token_id, () if encdec else p) for r, p in zip(rows, prompts)]
-    generators = [make_generator(r.seed, model.device) for r in rows]
-    seen = torch.zeros(n, cfg.vocab_size, dtype=torch.bool, device=model.device)
-    if not encdec:
-        for i, p in enumerate(prompts):
-            seen[i, torch.as_tensor(list(p), dtype=torch.long)] = True
-    sampler = Sampler()
-
-    logits = model.prefill(cache, prompts, list(range(n)))
-    active, next_pos = list(range(n)), list(start_len)  # where each slot's next token goes
-    events: dict[int, list[TokenEvent]] = {i: [] for i in range(n)}
-    while active:
-        act_params = [rows[i] for i in active]
-        out = sampler(logits, act_params, [generators[i] for i in active], seen[active])
-        seen[to_device(active, torch.long, model.device), out.tokens] = True
-        keep_rows = []
-        for j, (i, (tok, lp, top)) in enumerate(zip(active, split_sample(out, act_params))):
-            events[i].append(trackers[i].add(tok, lp, top))
-            if not trackers[i].finished:
-                keep_rows.append(j)
-        if not keep_rows:
-            break
-        tokens = out.tokens
-        if len(keep_rows) < len(active):
-            tokens = tokens[to_device(keep_rows, torch.long, model.device)]
-        active = [active[j] for j in keep_rows]
-        logits = model.decode_step(cache, tokens, active, [next_pos[i] for i in active])
-        for i in active:
-            next_pos[i] += 1
-    return [_result(trackers[i], events[i]) for i in range(n)]
-
-
-def _result(tracker: SequenceTracker, events: list[TokenEvent]) -> GenerationResult:
-    return GenerationResult(
-        token_ids=tracker.token_ids,
-        text="".join(e.text for e in events),
-        finish_reason=tracker.finish_reason or FINISH_LENGTH,
-        logprobs=[e.logprob for e in events if e.logprob is not None],
-        top_logprobs=[e.top_logprobs for e in events if e.top_logprobs is not None],
-    )

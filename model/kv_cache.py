@@ -8,6 +8,13 @@ there, so they can never overwrite a real position of the same slot.
 
 For the encoder-decoder the cache also keeps the cross-attention K/V of each slot's
 source, computed once at admission, and the source length used to mask it.
+
+A forward pass sees the cache through a ``CacheView``: each attention layer calls
+``k, v = view.update(layer, k, v)`` (gpt-fast style), which writes the new tokens in place
+and returns a span of the history whose length comes from a small fixed set of sizes
+(powers of two), with a mask for the positions a row may see. Shapes therefore change only
+when a sequence crosses a size boundary, which is what a compiled or CUDA-graphed decode
+step needs.
 """
 
 from __future__ import annotations
@@ -30,6 +37,17 @@ class SlotBatch:
     index: slice | Tensor  # a slice when the slots are contiguous: reading is then a view, not a copy
 
 
+MIN_SPAN = 16  # the smallest history span a forward pass reads
+
+
+def span_bucket(needed: int, limit: int) -> int:
+    """The smallest power of two >= ``needed`` (at least MIN_SPAN), capped at ``limit``."""
+    span = MIN_SPAN
+    while span < needed:
+        span *= 2
+    return min(span, limit)
+
+
 class SlotKVCache(nn.Module):
     def __init__(
         self,
@@ -44,6 +62,7 @@ class SlotKVCache(nn.Module):
     ):
         super().__init__()
         self.n_layers, self.n_slots, self.max_len, self.max_src_len = n_layers, n_slots, max_len, max_src_len
+        self.n_heads, self.head_dim = n_heads, head_dim  # K/V heads (fewer than query heads under GQA)
         shape = (n_layers, n_slots, n_heads, max_len + 1, head_dim)
         self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
@@ -140,3 +159,29 @@ class SlotKVCache(nn.Module):
             self.cross_v[:, dst, :, :n] = self.cross_v[:, src, :, :n]
             self.src_lengths[dst] = self.src_lengths[src]
             self.src_lengths_host[dst] = n
+
+
+@dataclass
+class CacheView:
+    """The cache as one forward pass over ``batch`` sees it; the attention layers call it.
+
+    ``write_positions`` (B, T) is where each new token goes (padding goes to the scratch
+    column). ``span`` is how much history ``update`` returns (None: nothing cached yet, so
+    the layer attends over the new tokens alone, causally).
+    """
+
+    cache: SlotKVCache
+    batch: SlotBatch
+    write_positions: Tensor
+    span: int | None
+    cross_len: int = 0
+    cross_mask: Tensor | None = None
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        self.cache.write(layer, self.batch, self.write_positions, k, v)
+        if self.span is None:
+            return k, v
+        return self.cache.read(layer, self.batch, self.span)  # 2 x (B, nkv, span, hs)
+
+    def cross(self, layer: int) -> tuple[Tensor, Tensor, Tensor | None]:
+        return (*self.cache.read_cross(layer, self.batch, self.cross_len), self.cross_mask)

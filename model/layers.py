@@ -4,24 +4,23 @@ Built bottom-up. Nothing here stores activations or attention weights on a modul
 so one model can serve many concurrent sequences.
 
 Masks are boolean with True = "may attend", broadcastable to (B, n_heads, T_q, T_k).
+Every layer of one forward pass shares an ``AttentionContext``: the mask, the rotary
+angles of the new tokens' positions, and (when serving) the KV cache view that each
+attention layer updates in place (``k, v = ctx.cache.update(layer, k, v)``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.config import ModelConfig
-
-# A hook that receives a layer's freshly projected keys/values (B, nh, T, hs) and
-# returns the keys/values/mask to attend over. Training returns them unchanged;
-# the KV cache writes them into its slots and returns the cached history.
-KVHook = Callable[[Tensor, Tensor], tuple[Tensor, Tensor, Tensor | None, bool]]
-
 
 # --- linear layers that can be prepacked for CPU inference ----------------------------
 
@@ -84,78 +83,111 @@ def attention(
         t_q, t_k = q.size(-2), k.size(-2)
         tri = torch.ones(t_q, t_k, dtype=torch.bool, device=q.device).tril(diagonal=t_k - t_q)
         mask, causal = mask & tri, False
+    # Grouped-query attention: k/v carry fewer heads; SDPA pairs each with its query group
+    # without materialising repeated copies of the cache.
+    gqa = k.dim() > 2 and k.size(-3) != q.size(-3)
     return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal, scale=scale
+        q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal, scale=scale, enable_gqa=gqa
     )
+
+
+# --- what one forward pass shares across layers ---------------------------------------
+
+class KVCacheView(Protocol):
+    """A KV cache as one forward pass sees it (``model.kv_cache.CacheView``)."""
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store the new tokens' k, v (B, nkv, T, hs); return the keys/values to attend over."""
+        ...
+
+    def cross(self, layer: int) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Cross-attention memory k, v (B, nkv, S, hs) and its mask."""
+        ...
+
+
+@dataclass
+class AttentionContext:
+    """Per-forward-pass inputs of every attention layer."""
+
+    mask: Tensor | None = None  # (B, 1, T, S) bool, True = may attend
+    causal: bool = False  # causal within the new tokens (used when ``mask`` is None)
+    rope: tuple[Tensor, Tensor] | None = None  # cos, sin (B, 1, T, hs) for rotary positions
+    cache: KVCacheView | None = None  # None: attend over the new tokens only
+    memory: Tensor | None = None  # encoder output (B, S, d) for teacher-forced cross-attention
+    memory_mask: Tensor | None = None  # (B, 1, 1, S)
 
 
 # --- attention module ---------------------------------------------------------------
 
 class MultiHeadAttention(nn.Module):
-    """Multi-head attention with fused or separate Q/K/V projections.
+    """Multi-head (or grouped-query) attention with fused or separate Q/K/V projections.
 
     Self-attention projects q, k, v from one input; cross-attention projects q from the
     decoder and k, v from the encoder memory (computed once per request when serving).
+    ``layer`` is this module's index in its stack: the KV cache row it owns.
     """
 
-    def __init__(self, cfg: ModelConfig, cross: bool = False):
+    def __init__(self, cfg: ModelConfig, layer: int = 0, cross: bool = False):
         super().__init__()
         d, self.n_heads, self.head_dim = cfg.d_model, cfg.n_heads, cfg.head_dim
-        self.scale, self.dropout_p, self.cross = cfg.scale, cfg.attention_dropout, cross
+        self.n_kv_heads = cfg.kv_heads
+        self.layer, self.scale, self.dropout_p, self.cross = layer, cfg.scale, cfg.attention_dropout, cross
         self.fused = cfg.fused_qkv
+        q_out, kv_out = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        self.splits = (q_out, kv_out, kv_out)
         if self.fused and not cross:
-            self.qkv_proj = Linear(d, 3 * d, bias=cfg.bias)
+            self.qkv_proj = Linear(d, q_out + 2 * kv_out, bias=cfg.bias)
         elif self.fused:
-            self.q_proj = Linear(d, d, bias=cfg.bias)
-            self.kv_proj = Linear(d, 2 * d, bias=cfg.bias)
+            self.q_proj = Linear(d, q_out, bias=cfg.bias)
+            self.kv_proj = Linear(d, 2 * kv_out, bias=cfg.bias)
         else:
-            self.q_proj = Linear(d, d, bias=cfg.bias)
-            self.k_proj = Linear(d, d, bias=cfg.bias)
-            self.v_proj = Linear(d, d, bias=cfg.bias)
-        self.out_proj = Linear(d, d, bias=cfg.bias)
+            self.q_proj = Linear(d, q_out, bias=cfg.bias)
+            self.k_proj = Linear(d, kv_out, bias=cfg.bias)
+            self.v_proj = Linear(d, kv_out, bias=cfg.bias)
+        self.out_proj = Linear(q_out, d, bias=cfg.bias)
 
     def _heads(self, x: Tensor) -> Tensor:
-        b, t, _ = x.shape
-        return x.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
-
-    def project_q(self, x: Tensor) -> Tensor:
-        if self.fused and not self.cross:
-            return self._heads(self.qkv_proj(x)[..., : x.size(-1)])
-        return self._heads(self.q_proj(x))
+        b, t, width = x.shape
+        return x.view(b, t, width // self.head_dim, self.head_dim).transpose(1, 2)  # (B, heads, T, hs)
 
     def project_kv(self, source: Tensor) -> tuple[Tensor, Tensor]:
-        d = source.size(-1)
-        if self.fused and self.cross:
-            k, v = self.kv_proj(source).split(d, dim=-1)  # 2 x (B, T, d)
-        elif self.fused:
-            k, v = self.qkv_proj(source)[..., d:].split(d, dim=-1)
+        """Keys and values of a cross-attention source: 2 x (B, nkv, S, hs)."""
+        if self.fused:
+            k, v = self.kv_proj(source).chunk(2, dim=-1)  # 2 x (B, S, nkv * hs)
         else:
             k, v = self.k_proj(source), self.v_proj(source)
         return self._heads(k), self._heads(v)
 
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        if self.fused and not self.cross:
-            q, k, v = self.qkv_proj(x).split(x.size(-1), dim=-1)  # 3 x (B, T, d)
-            return self._heads(q), self._heads(k), self._heads(v)
-        return (self.project_q(x), *self.project_kv(x))
+        if self.fused:
+            q, k, v = self.qkv_proj(x).split(self.splits, dim=-1)  # (B, T, nh * hs), 2 x (B, T, nkv * hs)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        return self._heads(q), self._heads(k), self._heads(v)
 
     def merge(self, y: Tensor) -> Tensor:
         b, _, t, _ = y.shape
-        y = y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)  # (B, T, d)
+        y = y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)  # (B, T, nh * hs)
         return self.out_proj(y)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
         p = self.dropout_p if self.training else 0.0
         return self.merge(attention(q, k, v, mask, self.scale, causal, p))
 
-    def self_attention(self, x: Tensor, kv_hook: KVHook) -> Tensor:
+    def self_attention(self, x: Tensor, ctx: AttentionContext) -> Tensor:
         q, k, v = self.project_qkv(x)
-        k, v, mask, causal = kv_hook(k, v)
-        return self.attend(q, k, v, mask, causal)
+        if ctx.rope is not None:
+            q, k = apply_rotary(q, *ctx.rope), apply_rotary(k, *ctx.rope)
+        if ctx.cache is not None:
+            k, v = ctx.cache.update(self.layer, k, v)  # written in place; the span to attend over
+        return self.attend(q, k, v, ctx.mask, ctx.causal)
 
-    def cross_attention(self, x: Tensor, kv: tuple[Tensor, Tensor, Tensor | None]) -> Tensor:
-        k, v, mask = kv
-        return self.attend(self.project_q(x), k, v, mask, causal=False)
+    def cross_attention(self, x: Tensor, ctx: AttentionContext) -> Tensor:
+        if ctx.cache is not None:
+            k, v, mask = ctx.cache.cross(self.layer)
+        else:
+            (k, v), mask = self.project_kv(ctx.memory), ctx.memory_mask
+        return self.attend(self._heads(self.q_proj(x)), k, v, mask, causal=False)
 
 
 # --- feed-forward, positions, embeddings --------------------------------------------
@@ -170,17 +202,65 @@ ACTIVATION_FNS: dict[str, Callable[[Tensor], Tensor]] = {
 
 
 class FeedForward(nn.Module):
-    """Position-wise FFN: Linear -> activation -> Linear (the paper's FFN(x))."""
+    """Position-wise FFN: Linear -> activation -> Linear (the paper's FFN(x)); with
+    ``mlp="gated"`` a second input projection gates the first (SwiGLU in Llama)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        self.gate = Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias) if cfg.mlp == "gated" else None
         self.up = Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
         self.down = Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
         self.act = ACTIVATION_FNS[cfg.activation]
         self.drop = nn.Dropout(cfg.activation_dropout)
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.gate is not None:
+            return self.down(self.drop(self.act(self.gate(x)) * self.up(x)))
         return self.down(self.drop(self.act(self.up(x))))
+
+
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    """LayerNorm, or RMSNorm (scale only, no centring, no bias) for the Llama family."""
+    if cfg.norm == "rmsnorm":
+        return nn.RMSNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+    return nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+
+
+# --- rotary position embeddings (RoPE) --------------------------------------------------
+
+def rope_inv_freq(cfg: ModelConfig) -> Tensor:
+    """The rotation frequency of each pair of head dimensions (hs/2,), float64, scaled as
+    the config says: ``linear`` divides every frequency (stretches positions) by ``factor``;
+    ``llama3`` divides only the low frequencies, keeps the high ones, and blends in between."""
+    hs = cfg.head_dim
+    inv_freq = cfg.rope_theta ** (-torch.arange(0, hs, 2, dtype=torch.float64) / hs)
+    scaling = cfg.rope_scaling or {}
+    factor = float(scaling.get("factor", 1.0))
+    if scaling.get("type") == "linear":
+        return inv_freq / factor
+    if scaling.get("type") == "llama3":
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        original = float(scaling["original_max_position_embeddings"])
+        wavelength = 2 * math.pi / inv_freq
+        # 0 where the wavelength exceeds original/low (slow: scaled), 1 below original/high (fast: kept)
+        keep = ((original / wavelength - low) / (high - low)).clamp(0.0, 1.0)
+        return keep * inv_freq + (1 - keep) * inv_freq / factor
+    return inv_freq
+
+
+def rope_table(cfg: ModelConfig) -> Tensor:
+    """cos and sin of every position's angles, stacked: (2, max_positions, hs). The angles of
+    a pair (i, i + hs/2) are equal: the rotate-half layout of Llama in Hugging Face."""
+    angles = torch.arange(cfg.max_positions, dtype=torch.float64)[:, None] * rope_inv_freq(cfg)[None, :]
+    angles = torch.cat([angles, angles], dim=-1)  # (P, hs)
+    return torch.stack([angles.cos(), angles.sin()]).float()
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate each (x_i, x_{i+hs/2}) pair of x (B, heads, T, hs) by its position's angle."""
+    half = x.size(-1) // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
 
 
 def sinusoidal_table(max_positions: int, d_model: int, layout: str) -> Tensor:
@@ -200,7 +280,10 @@ def sinusoidal_table(max_positions: int, d_model: int, layout: str) -> Tensor:
 
 
 class Embeddings(nn.Module):
-    """Token (+ position, + token type) embeddings, optionally scaled and normalised."""
+    """Token (+ position, + token type) embeddings, optionally scaled and normalised.
+
+    With rotary positions the position enters in attention instead: ``rotary(positions)``
+    gives the cos/sin every layer applies to its queries and keys."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -208,8 +291,10 @@ class Embeddings(nn.Module):
         self.tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
         if cfg.positional == "learned":
             self.positions = nn.Embedding(cfg.max_positions, cfg.d_model)
-        else:
+        elif cfg.positional == "sinusoidal":
             self.register_buffer("sinusoid", torch.empty(cfg.max_positions, cfg.d_model), persistent=False)
+        else:
+            self.register_buffer("rope", torch.empty(2, cfg.max_positions, cfg.head_dim), persistent=False)
         self.token_types = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.embedding_norm else None
         self.scale = math.sqrt(cfg.d_model) if cfg.scale_embedding else 1.0
@@ -218,16 +303,26 @@ class Embeddings(nn.Module):
 
     def reset_buffers(self) -> None:
         """(Re)compute non-persistent buffers, e.g. after building on the meta device."""
+        device = self.tokens.weight.device
         if self.cfg.positional == "sinusoidal":
-            table = sinusoidal_table(self.cfg.max_positions, self.cfg.d_model, self.cfg.sinusoidal_layout)
-            self.sinusoid = table.to(self.tokens.weight.device)
+            self.sinusoid = sinusoidal_table(self.cfg.max_positions, self.cfg.d_model,
+                                             self.cfg.sinusoidal_layout).to(device)
+        elif self.cfg.positional == "rope":
+            self.rope = rope_table(self.cfg).to(device)
+
+    def rotary(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor] | None:
+        """cos, sin (B, 1, T, hs) for positions (B, T) or (T,); None without rotary positions."""
+        if self.cfg.positional != "rope":
+            return None
+        cos, sin = self.rope[:, positions.view(-1, positions.size(-1))].to(dtype)  # 2 x (B, T, hs)
+        return cos[:, None], sin[:, None]
 
     def forward(self, ids: Tensor, positions: Tensor, token_types: Tensor | None = None) -> Tensor:
         """ids (B, T), positions (B, T) or (T,) -> (B, T, d)."""
         x = self.tokens(ids) * self.scale if self.scale != 1.0 else self.tokens(ids)
         if self.cfg.positional == "learned":
             x = x + self.positions(positions)
-        else:
+        elif self.cfg.positional == "sinusoidal":
             x = x + self.sinusoid[positions].to(x.dtype)
         if self.token_types is not None:
             types = token_types if token_types is not None else torch.zeros_like(ids)
@@ -240,32 +335,30 @@ class Embeddings(nn.Module):
 # --- one transformer layer ------------------------------------------------------------
 
 class TransformerLayer(nn.Module):
-    """Self-attention (-> cross-attention) -> FFN, each wrapped in residual + LayerNorm.
+    """Self-attention (-> cross-attention) -> FFN, each wrapped in residual + norm.
 
     One class serves the encoder layer (no cross), the encoder-decoder's decoder layer
-    (cross) and the decoder-only block (no cross, causal hook).
+    (cross) and the decoder-only block (no cross, causal). ``index`` is its place in its stack.
     """
 
-    def __init__(self, cfg: ModelConfig, cross: bool = False):
+    def __init__(self, cfg: ModelConfig, index: int = 0, cross: bool = False):
         super().__init__()
         self.pre_norm = cfg.norm_placement == "pre"
-        self.self_attn = MultiHeadAttention(cfg)
-        self.self_attn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.cross_attn = MultiHeadAttention(cfg, cross=True) if cross else None
-        self.cross_attn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cross else None
+        self.self_attn = MultiHeadAttention(cfg, index)
+        self.self_attn_norm = make_norm(cfg)
+        self.cross_attn = MultiHeadAttention(cfg, index, cross=True) if cross else None
+        self.cross_attn_norm = make_norm(cfg) if cross else None
         self.ffn = FeedForward(cfg)
-        self.ffn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.ffn_norm = make_norm(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def _residual(self, x: Tensor, norm: nn.LayerNorm, fn: Callable[[Tensor], Tensor]) -> Tensor:
+    def _residual(self, x: Tensor, norm: nn.Module, fn: Callable[[Tensor], Tensor]) -> Tensor:
         if self.pre_norm:
-            return x + self.drop(fn(norm(x)))  # GPT-2: x + f(LN(x))
-        return norm(x + self.drop(fn(x)))  # paper: LN(x + f(x))
+            return x + self.drop(fn(norm(x)))  # GPT-2 / Llama: x + f(N(x))
+        return norm(x + self.drop(fn(x)))  # paper: N(x + f(x))
 
-    def forward(
-        self, x: Tensor, kv_hook: KVHook, cross_kv: tuple[Tensor, Tensor, Tensor | None] | None = None
-    ) -> Tensor:
-        x = self._residual(x, self.self_attn_norm, lambda h: self.self_attn.self_attention(h, kv_hook))
+    def forward(self, x: Tensor, ctx: AttentionContext) -> Tensor:
+        x = self._residual(x, self.self_attn_norm, lambda h: self.self_attn.self_attention(h, ctx))
         if self.cross_attn is not None:
-            x = self._residual(x, self.cross_attn_norm, lambda h: self.cross_attn.cross_attention(h, cross_kv))
+            x = self._residual(x, self.cross_attn_norm, lambda h: self.cross_attn.cross_attention(h, ctx))
         return self._residual(x, self.ffn_norm, self.ffn)

@@ -15,12 +15,8 @@ from torch import Tensor, nn
 
 from model.config import ModelConfig
 from model.host_transfer import to_device
-from model.kv_cache import SlotKVCache
-from model.layers import ACTIVATION_FNS, Embeddings, KVHook, Linear, TransformerLayer
-
-
-def _plain_hook(mask: Tensor | None, causal: bool) -> KVHook:
-    return lambda k, v: (k, v, mask, causal)
+from model.kv_cache import CacheView, SlotKVCache, span_bucket
+from model.layers import ACTIVATION_FNS, AttentionContext, Embeddings, Linear, TransformerLayer, make_norm
 
 
 def _padded(seqs: Sequence[Sequence[int]], pad: int, device: torch.device) -> tuple[Tensor, list[int]]:
@@ -93,9 +89,10 @@ class TransformerModel(nn.Module):
             elif isinstance(module, nn.Embedding):
                 with torch.no_grad():
                     module.weight.copy_(torch.randn(module.weight.shape, generator=gen) * emb_std)
-            elif isinstance(module, nn.LayerNorm):
+            elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
                 nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
         self.tie_weights()
         return self
 
@@ -111,9 +108,15 @@ class TransformerModel(nn.Module):
         return sum(p.numel() for p in self.parameters())  # tied tensors are counted once
 
     def _final_norm(self) -> nn.Module:
-        if self.cfg.final_norm:
-            return nn.LayerNorm(self.cfg.d_model, eps=self.cfg.layer_norm_eps)
-        return nn.Identity()
+        return make_norm(self.cfg) if self.cfg.final_norm else nn.Identity()
+
+    def _stack(self, n: int, cross: bool = False) -> nn.ModuleList:
+        return nn.ModuleList(TransformerLayer(self.cfg, i, cross) for i in range(n))
+
+    def _run_stack(self, layers: nn.ModuleList, x: Tensor, ctx: AttentionContext) -> Tensor:
+        for layer in layers:
+            x = layer(x, ctx)
+        return x
 
 
 class _CachedDecoder(TransformerModel):
@@ -127,7 +130,7 @@ class _CachedDecoder(TransformerModel):
         if max_len > self.cfg.max_positions:
             raise ValueError(f"max_len {max_len} exceeds the model's max_positions {self.cfg.max_positions}")
         return SlotKVCache(
-            len(self.decoder_layers), n_slots, self.cfg.n_heads, self.cfg.head_dim, max_len,
+            len(self.decoder_layers), n_slots, self.cfg.kv_heads, self.cfg.head_dim, max_len,
             max_src_len, dtype or self.dtype, device or self.device,
         )
 
@@ -142,35 +145,34 @@ class _CachedDecoder(TransformerModel):
         ends = [s + n for s, n in zip(starts, lengths)]
         if max(ends) > cache.max_len:
             raise ValueError(f"sequence length {max(ends)} exceeds the KV cache's max_len {cache.max_len}")
-        batch = cache.batch(slots)
         dev = ids.device
         offsets = torch.arange(t, device=dev)
         pos = to_device(starts, torch.long, dev)[:, None] + offsets[None, :]  # (B, T)
         lengths_t = to_device(lengths, torch.long, dev)
-        write_pos = torch.where(offsets[None, :] < lengths_t[:, None], pos, cache.max_len)  # pads -> scratch
-        x = self.embed(ids, pos.clamp(max=self.cfg.max_positions - 1))  # (B, T, d)
-
-        fresh = all(s == 0 for s in starts)  # nothing cached yet: attend over the new tokens only
-        span = max(ends)
-        # One new token per row, all at the same position: every cached key is visible, no mask
-        # needed (the masked SDPA kernel is much slower, and this is the common offline case).
-        aligned = t == 1 and len(set(starts)) == 1
-        mask = None if fresh or aligned else (cache.key_positions[:span][None, None, :] <= pos[:, :, None])[:, None]
-        src_lens = [cache.src_lengths_host[s] for s in batch.slots] if cache.max_src_len else [0]
-        cross_len = max(src_lens)
-        cross_mask = cache.cross_mask(batch, cross_len) if cross_len and min(src_lens) < cross_len else None
-
-        for i, layer in enumerate(self.decoder_layers):
-            def hook(k: Tensor, v: Tensor, i: int = i):
-                cache.write(i, batch, write_pos, k, v)
-                if fresh:
-                    return k, v, None, True
-                return (*cache.read(i, batch, span), mask, False)  # (B, nh, span, hs) each
-
-            cross = (*cache.read_cross(i, batch, cross_len), cross_mask) if cross_len else None
-            x = layer(x, hook, cross)
+        view = self._cache_view(cache, cache.batch(slots), pos, lengths_t, fresh=all(s == 0 for s in starts),
+                                span=span_bucket(max(ends), cache.max_len + 1))
+        # Nothing cached yet: attend causally over the new tokens alone. Otherwise every row
+        # reads the same fixed span and a mask hides what lies beyond its own position.
+        mask = None if view.span is None else (cache.key_positions[:view.span][None, None, :] <= pos[:, :, None])
+        pos = pos.clamp(max=self.cfg.max_positions - 1)  # pad rows past the table (never read)
+        x = self.embed(ids, pos)  # (B, T, d)
+        ctx = AttentionContext(mask=None if mask is None else mask[:, None], causal=mask is None,
+                               rope=self.embed.rotary(pos, x.dtype), cache=view)
+        x = self._run_stack(self.decoder_layers, x, ctx)
         last = x[torch.arange(b, device=dev), lengths_t - 1]  # (B, d)
         return self.lm_head(self.decoder_norm(last)).float()
+
+    @staticmethod
+    def _cache_view(cache: SlotKVCache, batch, pos: Tensor, lengths: Tensor, fresh: bool, span: int) -> CacheView:
+        real = torch.arange(pos.size(1), device=pos.device)[None, :] < lengths[:, None]
+        write_pos = torch.where(real, pos, cache.max_len)  # padding -> the scratch column
+        view = CacheView(cache, batch, write_pos, None if fresh else span)
+        if cache.max_src_len:
+            src_lens = [cache.src_lengths_host[s] for s in batch.slots]
+            view.cross_len = max(src_lens)
+            if min(src_lens) < view.cross_len:
+                view.cross_mask = cache.cross_mask(batch, view.cross_len)
+        return view
 
     def decode_step(self, cache: SlotKVCache, tokens: Tensor, slots: Sequence[int],
                     positions: Sequence[int]) -> Tensor:
@@ -186,25 +188,23 @@ class DecoderLM(_CachedDecoder):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
-        self.decoder_layers = nn.ModuleList(TransformerLayer(cfg) for _ in range(cfg.n_decoder_layers))
+        self.decoder_layers = self._stack(cfg.n_decoder_layers)
         self.decoder_norm = self._final_norm()
 
     def hidden_states(self, ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         """Full causal recomputation: ids (B, T), optional (B, T) real-token mask -> (B, T, d)."""
         t = ids.size(1)
         if attention_mask is None:
-            hook = _plain_hook(None, True)
-            positions = torch.arange(t, device=ids.device)
+            positions, mask = torch.arange(t, device=ids.device), None
         else:
             real = attention_mask.bool()
             # Left padding shifts positions; each row also sees itself so a pad row is never empty.
             positions = (real.long().cumsum(-1) - 1).clamp(min=0)
-            eye = torch.eye(t, dtype=torch.bool, device=ids.device)
-            hook = _plain_hook(real[:, None, None, :] | eye, True)
+            causal = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril()
+            mask = (real[:, None, None, :] | torch.eye(t, dtype=torch.bool, device=ids.device)) & causal
         x = self.embed(ids, positions)
-        for layer in self.decoder_layers:
-            x = layer(x, hook)
-        return self.decoder_norm(x)
+        ctx = AttentionContext(mask=mask, causal=mask is None, rope=self.embed.rotary(positions, x.dtype))
+        return self.decoder_norm(self._run_stack(self.decoder_layers, x, ctx))
 
     def forward(self, ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         return self.lm_head(self.hidden_states(ids, attention_mask))  # (B, T, V)
@@ -222,29 +222,28 @@ class EncoderDecoder(_CachedDecoder):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
-        self.encoder_layers = nn.ModuleList(TransformerLayer(cfg) for _ in range(cfg.n_encoder_layers))
+        self.encoder_layers = self._stack(cfg.n_encoder_layers)
         self.encoder_norm = self._final_norm()
-        self.decoder_layers = nn.ModuleList(TransformerLayer(cfg, cross=True) for _ in range(cfg.n_decoder_layers))
+        self.decoder_layers = self._stack(cfg.n_decoder_layers, cross=True)
         self.decoder_norm = self._final_norm()
 
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
         """src (B, S), optional (B, S) real-token mask -> memory (B, S, d)."""
         mask = None if src_mask is None else src_mask.bool()[:, None, None, :]
-        hook = _plain_hook(mask, False)
-        x = self.embed(src, torch.arange(src.size(1), device=src.device))
-        for layer in self.encoder_layers:
-            x = layer(x, hook)
-        return self.encoder_norm(x)
+        positions = torch.arange(src.size(1), device=src.device)
+        x = self.embed(src, positions)
+        ctx = AttentionContext(mask=mask, rope=self.embed.rotary(positions, x.dtype))
+        return self.encoder_norm(self._run_stack(self.encoder_layers, x, ctx))
 
     def decode(self, memory: Tensor, src_mask: Tensor | None, tgt: Tensor) -> Tensor:
         """Teacher-forced decoder pass: tgt (B, T) -> hidden (B, T, d). Causal; pads in the
         target only affect their own (ignored) rows."""
         cross_mask = None if src_mask is None else src_mask.bool()[:, None, None, :]
-        hook = _plain_hook(None, True)
-        x = self.embed(tgt, torch.arange(tgt.size(1), device=tgt.device))
-        for layer in self.decoder_layers:
-            x = layer(x, hook, (*layer.cross_attn.project_kv(memory), cross_mask))
-        return self.decoder_norm(x)
+        positions = torch.arange(tgt.size(1), device=tgt.device)
+        x = self.embed(tgt, positions)
+        ctx = AttentionContext(causal=True, rope=self.embed.rotary(positions, x.dtype), memory=memory,
+                               memory_mask=cross_mask)
+        return self.decoder_norm(self._run_stack(self.decoder_layers, x, ctx))
 
     def forward(self, src: Tensor, tgt: Tensor, src_mask: Tensor | None = None) -> Tensor:
         return self.lm_head(self.decode(self.encode(src, src_mask), src_mask, tgt))  # (B, T, V)
@@ -282,18 +281,17 @@ class MaskedLM(TransformerModel):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
-        self.encoder_layers = nn.ModuleList(TransformerLayer(cfg) for _ in range(cfg.n_encoder_layers))
+        self.encoder_layers = self._stack(cfg.n_encoder_layers)
         self.encoder_norm = self._final_norm()
 
     def hidden_states(self, ids: Tensor, attention_mask: Tensor | None = None,
                       token_type_ids: Tensor | None = None) -> Tensor:
         """ids (B, T) -> contextual token embeddings (B, T, d)."""
         mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
-        hook = _plain_hook(mask, False)
-        x = self.embed(ids, torch.arange(ids.size(1), device=ids.device), token_type_ids)
-        for layer in self.encoder_layers:
-            x = layer(x, hook)
-        return self.encoder_norm(x)
+        positions = torch.arange(ids.size(1), device=ids.device)
+        x = self.embed(ids, positions, token_type_ids)
+        ctx = AttentionContext(mask=mask, rope=self.embed.rotary(positions, x.dtype))
+        return self.encoder_norm(self._run_stack(self.encoder_layers, x, ctx))
 
     def forward(self, ids: Tensor, attention_mask: Tensor | None = None,
                 token_type_ids: Tensor | None = None) -> Tensor:

@@ -7,8 +7,8 @@ The HTTP layer sees only this interface:
 - ``EncoderEngine.fill_mask(...)`` / ``embed(...)``, batched across concurrent requests;
 - ``EngineRegistry``: loads every checkpoint, warms the engines up, and is the async
   context that starts and stops them.
-The worker thread runs the scheduler step by step; results cross to the event loop with
-one ``call_soon_threadsafe`` per step.
+The worker thread steps the model's engine core (``model.engine.EngineCore``); results cross
+to the event loop with one ``call_soon_threadsafe`` per step.
 """
 
 from __future__ import annotations
@@ -22,17 +22,17 @@ from typing import Any
 
 import torch
 
-from model import Checkpoint, SamplingParams
+from model import Checkpoint, EngineCore, EngineEvent, EngineRequest, SamplingParams
 from model.sampling import MAX_STOP_STRINGS, MAX_TOP_LOGPROBS
 from service.engine_errors import EngineStoppedError, InvalidRequestError, QueueFullError
 from service.metrics import Metrics
-from service.scheduler import EngineEvent, EngineRequest, GenerationScheduler
 from service.settings import Settings
 
 log = logging.getLogger("tserve.engine")
 
 # Routes and schemas take these from here, not from `model`: the engine is their one door to it.
-__all__ = ["MAX_STOP_STRINGS", "MAX_TOP_LOGPROBS", "BaseEngine", "GenerativeEngine", "RequestStream", "SamplingParams"]
+__all__ = ["MAX_STOP_STRINGS", "MAX_TOP_LOGPROBS", "BaseEngine", "EngineEvent", "GenerativeEngine", "RequestStream",
+           "SamplingParams"]
 
 TASKS = {"encoder-decoder": "translation", "decoder": "text-generation", "encoder": "fill-mask"}
 
@@ -129,8 +129,8 @@ class GenerativeEngine(BaseEngine):
         super().__init__(name, ckpt, settings, metrics)
         self.encdec = self.family == "encoder-decoder"
         self.max_src_len = self.max_len if self.encdec else 0
-        self.scheduler = GenerationScheduler(self.model, self.tokenizer, settings.max_batch, self.max_len,
-                                             self.max_src_len, settings.max_prefill_tokens)
+        self.core = EngineCore(self.model, self.tokenizer, settings.max_batch, self.max_len, self.max_src_len,
+                               settings.max_prefill_tokens)
         self._inbox: list[EngineRequest] = []
         self._aborts: set[str] = set()
         self._streams: dict[str, RequestStream] = {}
@@ -184,8 +184,8 @@ class GenerativeEngine(BaseEngine):
                 for ids, params, _ in items]
         streams = [RequestStream(self, r.request_id) for r in reqs]
         with self._cv:
-            queued = len(self._inbox) + len(self.scheduler.waiting)
-            if queued + len(reqs) > self.settings.max_queue + len(self.scheduler.free):
+            queued = len(self._inbox) + self.core.num_waiting
+            if queued + len(reqs) > self.settings.max_queue + self.core.free_slots:
                 self.metrics.rejected.labels(self.name, "queue_full").inc()
                 raise QueueFullError(f"model '{self.name}' is overloaded: {queued} requests waiting; retry later",
                                      retry_after=1)
@@ -204,22 +204,22 @@ class GenerativeEngine(BaseEngine):
 
     # --- the worker thread -----------------------------------------------------------------
     def _busy(self) -> bool:
-        return bool(self._inbox) or self.scheduler.has_work
+        return bool(self._inbox) or self.core.has_work
 
     def _warmup(self) -> None:
         """Run one request through prefill, decode and sampling before reporting ready."""
         ids = self.tokenizer.encode("warm up the engine")[: max(1, self.max_len // 4)] or [self.cfg.pad_token_id]
         params = SamplingParams(max_new_tokens=min(4, self.max_len - len(ids) - 1), temperature=0.8, seed=0,
                                 ignore_eos=True)
-        self.scheduler.add(EngineRequest("warmup", ids, params))
-        while self.scheduler.has_work:
-            self.scheduler.step()
+        self.core.add(EngineRequest("warmup", ids, params))
+        while self.core.has_work:
+            self.core.step()
 
     def _run(self) -> None:
         torch.set_grad_enabled(False)
         while True:
             with self._cv:
-                while not (self._stopping or self._inbox or self._aborts or self.scheduler.has_work):
+                while not (self._stopping or self._inbox or self._aborts or self.core.has_work):
                     self._cv.wait()
                 if self._stopping:
                     break
@@ -228,17 +228,17 @@ class GenerativeEngine(BaseEngine):
             # New requests first: a request aborted while still in the inbox (client gone,
             # or a multi-prompt request rejected part-way) must be removed, not run.
             for req in inbox:
-                self.scheduler.add(req)
+                self.core.add(req)
             for request_id in aborts:
-                self.scheduler.abort(request_id)
+                self.core.abort(request_id)
                 self._timing.pop(request_id, None)
-            events = self.scheduler.expire(time.monotonic())
-            if self.scheduler.has_work:
+            events = self.core.expire(time.monotonic())
+            if self.core.has_work:
                 try:
-                    result = self.scheduler.step()
+                    result = self.core.step()
                 except Exception:  # a bug must not hang every client: fail the batch, keep serving
                     log.exception("engine step failed", extra={"model": self.name})
-                    events += self.scheduler.fail_all("internal", "internal engine error")
+                    events += self.core.fail_all("internal", "internal engine error")
                 else:
                     events += result.events
                     self._observe_step(result)
@@ -246,7 +246,7 @@ class GenerativeEngine(BaseEngine):
             self._update_gauges()
             if events:
                 self._deliver(self._dispatch, events)
-        events = self.scheduler.fail_all("shutdown", "the server is shutting down")
+        events = self.core.fail_all("shutdown", "the server is shutting down")
         self._update_gauges()
         if events:
             self._deliver(self._dispatch, events)
@@ -286,8 +286,8 @@ class GenerativeEngine(BaseEngine):
                 self._timing.pop(event.request_id, None)
 
     def _update_gauges(self) -> None:
-        m, name, s = self.metrics, self.name, self.scheduler
-        m.running.labels(name).set(len(s.running) + len(s.prefilling))
-        m.waiting.labels(name).set(len(s.waiting) + len(self._inbox))
+        m, name, s = self.metrics, self.name, self.core
+        m.running.labels(name).set(s.num_running)
+        m.waiting.labels(name).set(s.num_waiting + len(self._inbox))
         m.slots_used.labels(name).set(s.slots_used)
         m.kv_usage.labels(name).set(s.slots_used / s.n_slots)

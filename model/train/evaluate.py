@@ -20,8 +20,7 @@ import sacrebleu
 import torch
 import torch.nn.functional as F
 
-from model.beam_search import beam_search
-from model.generation import generate
+from model import beam_search, generate
 from model.sampling import SamplingParams
 from model.tokenizer import Tokenizer
 from model.train.batches import IGNORE, encode_documents, encode_sentences, lm_blocks, pad

@@ -13,13 +13,12 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 
 from service.dependencies import RegistryDep, SettingsDep
-from service.engine import GenerativeEngine, RequestStream, SamplingParams
+from service.engine import EngineEvent, GenerativeEngine, RequestStream, SamplingParams
 from service.engine_errors import InvalidRequestError
 from service.openai_schemas import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
 from service.routes.generate import ERRORS, token_text
 from service.routes.inputs import text_list
 from service.routes.streaming import check_event, collect, mark, sse_response
-from service.scheduler import EngineEvent
 from service.schemas import Usage
 
 router = APIRouter(tags=["openai"])

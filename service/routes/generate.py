@@ -8,10 +8,9 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 
 from service.dependencies import RegistryDep, SettingsDep
-from service.engine import GenerativeEngine, RequestStream, SamplingParams
+from service.engine import EngineEvent, GenerativeEngine, RequestStream, SamplingParams
 from service.routes.inputs import text_list
 from service.routes.streaming import check_event, collect, mark, sse_response
-from service.scheduler import EngineEvent
 from service.schemas import ErrorResponse, GenerateRequest, GenerateResponse, TokenLogprob, TopLogprob, Usage
 
 router = APIRouter(tags=["generation"])

@@ -16,10 +16,9 @@ from typing import Any, TypeVar
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from service.engine import RequestStream
+from service.engine import EngineEvent, RequestStream
 from service.engine_errors import ClientDisconnectedError, RequestFailedError
 from service.middleware import MODEL_KEY, USAGE_KEY
-from service.scheduler import EngineEvent
 
 T = TypeVar("T")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

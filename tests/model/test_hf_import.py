@@ -11,9 +11,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from model import generate
 from model.checkpoint import load
 from model.convert import main as convert_main
-from model.generation import generate
 from model.hf_import import HFImportError, is_hf_model_dir, load_hf
 from model.sampling import SamplingParams
 from model.transformer import DecoderLM, MaskedLM

@@ -11,9 +11,9 @@ import sentencepiece
 import torch
 from safetensors.torch import load_file, save_file
 
+from model import generate
 from model.checkpoint import load
 from model.convert import main as convert_main
-from model.generation import generate
 from model.hf_import import HFImportError, load_hf
 from model.layers import sinusoidal_table
 from model.sampling import SamplingParams

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from model import SamplingParams, build_model, generate
-from model.layers import MultiHeadAttention
+from model.layers import AttentionContext, MultiHeadAttention
 from tests.conftest import tiny_config, tiny_model
 
 TOL = 1e-5
@@ -154,8 +154,8 @@ def test_fused_and_separate_qkv_compute_the_same(fresh_seed):
         fused.qkv_proj.bias.copy_(torch.cat([sep.q_proj.bias, sep.k_proj.bias, sep.v_proj.bias]))
         fused.out_proj.load_state_dict(sep.out_proj.state_dict())
     x = torch.randn(2, 5, 32)
-    hook = lambda k, v: (k, v, None, True)  # noqa: E731
-    assert (sep.self_attention(x, hook) - fused.self_attention(x, hook)).abs().max() < 1e-6
+    ctx = AttentionContext(causal=True)
+    assert (sep.self_attention(x, ctx) - fused.self_attention(x, ctx)).abs().max() < 1e-6
 
 
 def test_tied_embeddings_share_storage():

@@ -38,7 +38,7 @@ async def test_abort_right_after_submit_never_runs_the_request(weights_dir):
         events = [e async for e in short]  # this one runs after the aborted ones were handled
         assert events[-1].completion_tokens == 3
         assert sample(metrics, "tserve_generated_tokens_total", model="generate-tiny") == 3
-        assert engine.scheduler.slots_used == 0 and not engine.scheduler.has_work
+        assert engine.core.slots_used == 0 and not engine.core.has_work
     finally:
         await engine.stop(1.0)
 

@@ -95,8 +95,8 @@ async def test_invalid_requests_never_reach_the_engine(weights_dir):
         await wait_ready(c)
         engine = app.state.registry.engines["generate-tiny"]
         submitted = []
-        original = engine.scheduler.add
-        engine.scheduler.add = lambda req: (submitted.append(req.request_id), original(req))[1]
+        original = engine.core.add
+        engine.core.add = lambda req: (submitted.append(req.request_id), original(req))[1]
         good = {"prompt": "To be", "max_tokens": 20, "temperature": 0, "ignore_eos": True}
         expected = (await c.post("/v1/generate", json=good)).json()["text"]
         submitted.clear()

@@ -1,4 +1,4 @@
-"""The continuous-batching scheduler, stepped by hand: joins and leaves between steps give
+"""The engine core (plan -> run -> update), stepped by hand: joins and leaves between steps give
 exactly what each request would get alone."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from model import SamplingParams, beam_search, generate
-from service.scheduler import EngineRequest, GenerationScheduler
+from model.engine import EngineCore, EngineRequest
 from tests.conftest import tiny_model
 
 
@@ -15,7 +15,7 @@ def greedy(n: int, **kw) -> SamplingParams:
     return SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True, **kw)
 
 
-def run_until_done(sched: GenerationScheduler, arrivals: dict[int, list[EngineRequest]] | None = None,
+def run_until_done(sched: EngineCore, arrivals: dict[int, list[EngineRequest]] | None = None,
                    max_steps: int = 500) -> dict[str, list[int]]:
     """Step the scheduler, adding ``arrivals[step]`` before that step; collect token ids."""
     arrivals = arrivals or {}
@@ -49,38 +49,38 @@ def prompts(n: int, seed: int = 0) -> list[list[int]]:
 def test_requests_joining_and_leaving_match_solo_generation(lm):
     ps = prompts(7)
     lengths = [3, 9, 1, 14, 6, 11, 2]
-    sched = GenerationScheduler(lm, None, n_slots=3, max_len=48)  # fewer slots than requests: some wait
+    sched = EngineCore(lm, None, n_slots=3, max_len=48)  # fewer slots than requests: some wait
     arrivals = {0: [], 2: [], 5: []}
     for i, (p, n) in enumerate(zip(ps, lengths)):
         arrivals[[0, 2, 5][i % 3]].append(EngineRequest(f"r{i}", p, greedy(n)))
     out = run_until_done(sched, arrivals)
     for i, (p, n) in enumerate(zip(ps, lengths)):
         assert out[f"r{i}"] == generate(lm, [p], greedy(n))[0].token_ids
-    assert sched.slots_used == 0 and sorted(sched.free) == [0, 1, 2]
+    assert sched.slots_used == 0 and sorted(sched.scheduler.free) == [0, 1, 2]
 
 
 def test_chunked_prefill_gives_the_same_tokens(lm):
     ps = prompts(4, seed=1)
     ps[0] = ps[0] * 3  # a long prompt that needs several chunks
-    whole = GenerationScheduler(lm, None, n_slots=4, max_len=64)
-    chunked = GenerationScheduler(lm, None, n_slots=4, max_len=64, max_prefill_tokens=5)
+    whole = EngineCore(lm, None, n_slots=4, max_len=64)
+    chunked = EngineCore(lm, None, n_slots=4, max_len=64, max_prefill_tokens=5)
     reqs = lambda: {0: [EngineRequest(f"r{i}", p, greedy(6)) for i, p in enumerate(ps)]}  # noqa: E731
     assert run_until_done(whole, reqs()) == run_until_done(chunked, reqs())
 
 
 def test_prefill_budget_spreads_admission_over_steps(lm):
-    sched = GenerationScheduler(lm, None, n_slots=4, max_len=64, max_prefill_tokens=8)
+    sched = EngineCore(lm, None, n_slots=4, max_len=64, max_prefill_tokens=8)
     for i in range(3):
         sched.add(EngineRequest(f"r{i}", list(range(3, 13)), greedy(2)))  # 10 tokens each
     first = sched.step()
     assert first.prompt_tokens == 8 and len(first.events) == 0  # one chunk, nobody finished prefill
-    assert len(sched.prefilling) == 1 and len(sched.waiting) == 2
+    assert len(sched.scheduler.prefilling) == 1 and sched.num_waiting == 2
 
 
 def test_seeded_sampling_matches_offline_generate(lm):
     ps = prompts(3, seed=2)
     params = [SamplingParams(max_new_tokens=8, temperature=0.9, top_k=20, seed=s, ignore_eos=True) for s in (1, 2, 3)]
-    sched = GenerationScheduler(lm, None, n_slots=2, max_len=48)
+    sched = EngineCore(lm, None, n_slots=2, max_len=48)
     out = run_until_done(sched, {0: [EngineRequest(f"r{i}", p, q) for i, (p, q) in enumerate(zip(ps, params))]})
     for i, (p, q) in enumerate(zip(ps, params)):
         assert out[f"r{i}"] == generate(lm, [p], q)[0].token_ids
@@ -88,7 +88,7 @@ def test_seeded_sampling_matches_offline_generate(lm):
 
 def test_beam_and_greedy_requests_share_steps(mt):
     srcs = prompts(4, seed=3)
-    sched = GenerationScheduler(mt, None, n_slots=9, max_len=16, max_src_len=32)
+    sched = EngineCore(mt, None, n_slots=9, max_len=16, max_src_len=32)
     beam = SamplingParams(max_new_tokens=8, beam_size=3, length_penalty=1.0)
     reqs = [EngineRequest("b0", srcs[0], beam), EngineRequest("g1", srcs[1], greedy(8)),
             EngineRequest("b2", srcs[2], beam), EngineRequest("g3", srcs[3], greedy(5))]
@@ -102,7 +102,7 @@ def test_beam_and_greedy_requests_share_steps(mt):
 
 def test_abort_frees_slots_at_once_and_others_are_unaffected(lm):
     ps = prompts(2, seed=4)
-    sched = GenerationScheduler(lm, None, n_slots=2, max_len=48)
+    sched = EngineCore(lm, None, n_slots=2, max_len=48)
     sched.add(EngineRequest("keep", ps[0], greedy(10)))
     sched.add(EngineRequest("drop", ps[1], greedy(30)))
     got = []
@@ -118,7 +118,7 @@ def test_abort_frees_slots_at_once_and_others_are_unaffected(lm):
 
 
 def test_deadline_expiry_fails_waiting_and_running_requests(lm):
-    sched = GenerationScheduler(lm, None, n_slots=1, max_len=48)
+    sched = EngineCore(lm, None, n_slots=1, max_len=48)
     sched.add(EngineRequest("running", [5, 6], greedy(30), deadline=10.0))
     sched.add(EngineRequest("waiting", [5, 6], greedy(30), deadline=10.0))
     sched.step()
@@ -133,7 +133,7 @@ def test_stop_at_eos_frees_the_slot(lm):
     # find the greedy continuation, then declare its 3rd token a stop token id
     p = prompts(1, seed=5)[0]
     tokens = generate(lm, [p], greedy(6))[0].token_ids
-    sched = GenerationScheduler(lm, None, n_slots=1, max_len=48)
+    sched = EngineCore(lm, None, n_slots=1, max_len=48)
     sched.add(EngineRequest("r", p, greedy(6, stop_token_ids=[tokens[2]])))
     out = run_until_done(sched)
     assert out["r"] == tokens[: tokens.index(tokens[2]) + 1]
@@ -148,7 +148,7 @@ def test_finished_sequences_leave_no_holes_so_decode_reads_are_views(family, lm,
     model = lm if family == "lm" else mt
     ps = prompts(6, seed=9)
     lengths = [12, 2, 7, 1, 15, 4]  # short ones finish first and leave holes below long ones
-    sched = GenerationScheduler(model, None, n_slots=6, max_len=48, max_src_len=24 if family == "mt" else 0)
+    sched = EngineCore(model, None, n_slots=6, max_len=48, max_src_len=24 if family == "mt" else 0)
     batches = []
     decode_step = model.decode_step
 
@@ -168,7 +168,7 @@ def test_finished_sequences_leave_no_holes_so_decode_reads_are_views(family, lm,
 
 def test_a_beam_moved_into_a_freed_slot_keeps_its_history(mt):
     ps = prompts(3, seed=10)
-    sched = GenerationScheduler(mt, None, n_slots=5, max_len=48, max_src_len=24)
+    sched = EngineCore(mt, None, n_slots=5, max_len=48, max_src_len=24)
     beam = SamplingParams(max_new_tokens=12, beam_size=3, length_penalty=1.0)
     # slots: short 0, long 1, beam 2-4; when short finishes, a beam slot moves down into 0
     reqs = [EngineRequest("short", ps[0], greedy(2)), EngineRequest("long", ps[2], greedy(14)),

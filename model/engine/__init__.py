@@ -1,0 +1,7 @@
+"""The engine core: planned, run, then applied, one step at a time (see ``core``)."""
+
+from model.engine.core import EngineCore, StepResult
+from model.engine.offline import beam_search, generate
+from model.engine.requests import EngineEvent, EngineRequest
+
+__all__ = ["EngineCore", "EngineEvent", "EngineRequest", "StepResult", "beam_search", "generate"]

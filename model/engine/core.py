@@ -1,0 +1,105 @@
+"""The engine core: one decode loop for every generative model, served or offline.
+
+    core = EngineCore(model, tokenizer, n_slots=8, max_len=512)
+    core.add(EngineRequest("a", prompt_ids, SamplingParams(max_new_tokens=20)))
+    while core.has_work:
+        for event in core.step().events: ...
+
+Each step is planned, run, then applied (vLLM v1's schedule -> execute -> update):
+``Scheduler.schedule()`` makes a ``StepPlan``, ``ModelRunner.run(plan)`` executes it on the
+model and chooses tokens, and ``EngineCore._update`` turns the choices into events and
+retires finished sequences. Synchronous and single-threaded by design: the service calls
+``step()`` from its worker thread; ``model.generate`` / ``model.beam_search`` call it in a loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from model.engine.families import prompts_for
+from model.engine.requests import EngineEvent, EngineRequest
+from model.engine.runner import ModelRunner, StepOutput
+from model.engine.scheduler import Scheduler
+from model.tokenizer import Tokenizer
+from model.transformer import DecoderLM, EncoderDecoder
+
+
+@dataclass
+class StepResult:
+    events: list[EngineEvent]
+    admitted: list[EngineRequest]
+    batch_size: int  # rows in this step's forward passes
+    prompt_tokens: int  # prompt (or source) tokens written this step
+
+
+class EngineCore:
+    def __init__(self, model: DecoderLM | EncoderDecoder, tokenizer: Tokenizer | None, n_slots: int, max_len: int,
+                 max_src_len: int = 0, max_prefill_tokens: int = 2048):
+        self.model, self.tokenizer = model, tokenizer
+        self.n_slots, self.max_len, self.max_src_len = n_slots, max_len, max_src_len
+        prompts = prompts_for(model)
+        self.scheduler = Scheduler(prompts, tokenizer, model.cfg.eos_token_id, n_slots, max_prefill_tokens)
+        self.runner = ModelRunner(model, prompts, n_slots, max_len, max_src_len)
+
+    # --- requests in and out -----------------------------------------------------------
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    @property
+    def slots_used(self) -> int:
+        return self.scheduler.slots_used
+
+    @property
+    def free_slots(self) -> int:
+        return len(self.scheduler.free)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running) + len(self.scheduler.prefilling)
+
+    def add(self, req: EngineRequest) -> None:
+        self.scheduler.add(req)
+
+    def abort(self, request_id: str) -> bool:
+        """Forget a request (client gone); its slots are free for the next step."""
+        return self.scheduler.remove(request_id) is not None
+
+    def expire(self, now: float) -> list[EngineEvent]:
+        """Fail every request past its deadline."""
+        return self._fail(self.scheduler.expired(now), "timeout", "request timed out")
+
+    def fail_all(self, error: str, message: str) -> list[EngineEvent]:
+        return self._fail(self.scheduler.all_requests(), error, message)
+
+    def _fail(self, reqs: list[EngineRequest], error: str, message: str) -> list[EngineEvent]:
+        for req in reqs:
+            self.scheduler.remove(req.request_id)
+        return [EngineEvent(r.request_id, error=error, message=message, prompt_tokens=len(r.prompt_ids))
+                for r in reqs]
+
+    # --- one step: plan, run, apply ---------------------------------------------------------
+    def step(self) -> StepResult:
+        plan = self.scheduler.schedule(self.runner.device)
+        output = self.runner.run(plan) if not plan.empty else StepOutput()
+        self.scheduler.advance(plan)
+        events = self._update(output)
+        return StepResult(events, [s.req for s in plan.admitted], plan.batch_size, plan.prompt_tokens)
+
+    def _update(self, output: StepOutput) -> list[EngineEvent]:
+        events = []
+        for seq, sample in output.samples.items():
+            event = seq.decoding.apply(seq, sample)
+            events.append(event)
+            if event.finished:
+                self.scheduler.retire(seq)
+        for seq, logprobs in output.beam_logprobs.items():
+            event = seq.decoding.apply(seq, logprobs)
+            if event is not None:
+                events.append(event)
+                self.scheduler.retire(seq)
+        return events

@@ -1,0 +1,91 @@
+"""How a request's prompt enters the cache: the one thing the two generative families
+do differently, so each is a small class and the rest of the engine has no branches on it.
+
+- ``DecoderPrompts``: the prompt is the start of the sequence; long prompts are written in
+  chunks over several steps (bounded tokens per step), and the tracker sees the prompt as
+  context for detokenization and the repetition penalty.
+- ``SourcePrompts``: the source is encoded whole, its cross-attention memory is kept in
+  the slots, and decoding starts from the decoder start token at position 0.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from model.engine.plan import PromptChunk, StepPlan
+from model.engine.requests import Sequence
+from model.kv_cache import SlotKVCache
+from model.transformer import DecoderLM, EncoderDecoder
+
+
+class DecoderPrompts:
+    encodes_source = False
+
+    def __init__(self, model: DecoderLM):
+        self.model = model
+
+    def context(self, prompt: list[int]) -> list[int]:
+        return prompt
+
+    def can_admit(self, prompt: list[int], first: bool, budget: int) -> bool:
+        return budget > 0  # chunking keeps the step bounded whatever the prompt's length
+
+    def plan(self, plan: StepPlan, prefilling: list[Sequence], budget: int) -> None:
+        """Chunks for the sequences still prefilling, oldest first, ``budget`` tokens at most
+        (the first always gets at least one token so a prompt always progresses)."""
+        for seq in prefilling:
+            take = min(seq.prompt_left, max(budget, 0))
+            if take <= 0 and plan.chunks:
+                break
+            take = max(take, 1)
+            plan.chunks.append(PromptChunk(seq, seq.req.prompt_ids[seq.prefilled: seq.prefilled + take],
+                                           seq.prefilled))
+            budget -= take
+
+    def run(self, cache: SlotKVCache, plan: StepPlan) -> tuple[Tensor | None, list[Sequence]]:
+        """Write the chunks; logits rows for the sequences whose prompt is now complete."""
+        if not plan.chunks:
+            return None, []
+        chunks = plan.chunks
+        logits = self.model.prefill(cache, [c.tokens for c in chunks], [c.seq.slots[0] for c in chunks],
+                                    starts=[c.start for c in chunks])
+        rows = [i for i, c in enumerate(chunks) if c.completes]
+        if not rows:
+            return None, []
+        return logits[torch.tensor(rows, device=logits.device)], [chunks[i].seq for i in rows]
+
+    def first_position(self, seq: Sequence) -> int:
+        return len(seq.req.prompt_ids)
+
+
+class SourcePrompts:
+    encodes_source = True
+
+    def __init__(self, model: EncoderDecoder):
+        self.model = model
+
+    def context(self, prompt: list[int]) -> list[int]:
+        return []  # the output is another language: the source is no context for it
+
+    def can_admit(self, prompt: list[int], first: bool, budget: int) -> bool:
+        return first or len(prompt) <= budget  # sources are encoded whole; keep the step bounded
+
+    def plan(self, plan: StepPlan, prefilling: list[Sequence], budget: int) -> None:
+        plan.sources = list(prefilling)
+
+    def run(self, cache: SlotKVCache, plan: StepPlan) -> tuple[Tensor | None, list[Sequence]]:
+        """Encode the sources, keep their memory in every beam's slot, feed the start token."""
+        if not plan.sources:
+            return None, []
+        seqs = plan.sources
+        logits = self.model.prefill(cache, [s.req.prompt_ids for s in seqs], [x for s in seqs for x in s.slots],
+                                    group_sizes=[len(s.slots) for s in seqs])
+        return logits, [s for s in seqs for _ in s.slots]
+
+    def first_position(self, seq: Sequence) -> int:
+        return 1  # position 0 holds the decoder start token
+
+
+def prompts_for(model: DecoderLM | EncoderDecoder) -> DecoderPrompts | SourcePrompts:
+    return SourcePrompts(model) if isinstance(model, EncoderDecoder) else DecoderPrompts(model)

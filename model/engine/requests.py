@@ -1,0 +1,119 @@
+"""What the engine core is asked to do, what it answers, and the state of one sequence.
+
+A sequence chooses its tokens in one of two ways, each a small class:
+- ``SampledDecoding``: one cache slot, one logits row per step, tokens drawn by the
+  shared batched sampler (greedy, temperature, top-k/p, penalties, seeds, logprobs);
+- ``BeamDecoding``: ``beam_size`` slots and rows, advanced by one beam-search step.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from model.beam_search import BeamSearch
+from model.generation import SequenceTracker
+from model.sampling import SamplingParams, make_generator
+from model.tokenizer import Tokenizer
+
+
+@dataclass
+class EngineRequest:
+    request_id: str
+    prompt_ids: list[int]  # the prompt (decoder) or the source sentence (encoder-decoder)
+    params: SamplingParams
+    arrival: float = field(default_factory=time.monotonic)
+    deadline: float | None = None
+
+
+@dataclass
+class EngineEvent:
+    """What one step produced for one request; the last event of a request is ``finished``."""
+
+    request_id: str
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[dict[int, float]] = field(default_factory=list)
+    finish_reason: str | None = None
+    error: str | None = None  # "timeout", "aborted", "internal", "shutdown"
+    message: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    score: float | None = None  # beam search: length-normalised log probability
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None or self.error is not None
+
+
+# A sampled row's result, moved to the host: token, its logprob, top alternatives.
+Sample = tuple[int, float | None, dict[int, float] | None]
+
+
+class SampledDecoding:
+    """One row per step; the engine's sampler draws its token with everyone else's."""
+
+    def __init__(self, req: EngineRequest, tokenizer: Tokenizer | None, eos_id: int | None,
+                 context: list[int], device: torch.device):
+        self.tracker = SequenceTracker(req.params, tokenizer, eos_id, context)
+        self.generator = make_generator(req.params.seed, device)
+
+    width = 1
+
+    def apply(self, seq: Sequence, sample: Sample) -> EngineEvent:
+        tok, lp, top = sample
+        event = self.tracker.add(tok, lp, top)
+        seq.generated += 1
+        seq.next_tokens = [tok]
+        return EngineEvent(seq.req.request_id, event.text, [tok], [lp] if lp is not None else [],
+                           [top] if top else [], event.finish_reason, prompt_tokens=len(seq.req.prompt_ids),
+                           completion_tokens=seq.generated)
+
+
+class BeamDecoding:
+    """``beam_size`` rows per step, kept in consecutive slots; reorders them between steps."""
+
+    def __init__(self, req: EngineRequest, tokenizer: Tokenizer | None, eos_id: int | None):
+        p = req.params
+        self.search = BeamSearch(1, p.beam_size, p.length_penalty, p.max_new_tokens,
+                                 None if p.ignore_eos else eos_id)
+        self.tokenizer = tokenizer
+        self.width = p.beam_size
+
+    def apply(self, seq: Sequence, logprobs: torch.Tensor) -> EngineEvent | None:
+        """logprobs (beam_size, V) -> the final event, or None while the search goes on."""
+        step = self.search.step(logprobs)
+        seq.generated += 1
+        if not self.search.live:
+            score, tokens, reason = self.search.best(0)
+            text = self.tokenizer.decode(tokens) if self.tokenizer is not None else ""
+            return EngineEvent(seq.req.request_id, text, tokens, finish_reason=reason, score=score,
+                               prompt_tokens=len(seq.req.prompt_ids), completion_tokens=len(tokens))
+        seq.beam_moves = (step.copy_src, step.copy_dst)  # beam indices: slots may move before the next step
+        seq.next_tokens = step.tokens
+        return None
+
+
+@dataclass(eq=False)  # identity semantics: sequences live in lists and dicts
+class Sequence:
+    req: EngineRequest
+    slots: list[int]
+    decoding: SampledDecoding | BeamDecoding
+    prefilled: int = 0  # prompt tokens already in the cache (vLLM's num_computed_tokens)
+    next_pos: int = 0  # cache position of the next input token
+    next_tokens: list[int] = field(default_factory=list)  # next input token of each slot
+    beam_moves: tuple[list[int], list[int]] | None = None  # beam copies (src, dst indices) before the next step
+    generated: int = 0
+    admitted_at: float = 0.0
+
+    @property
+    def prompt_left(self) -> int:
+        return len(self.req.prompt_ids) - self.prefilled
+
+    @property
+    def history(self) -> int:
+        """Cache positions in use."""
+        return max(self.next_pos, self.prefilled)

@@ -1,0 +1,92 @@
+"""Executes a ``StepPlan`` on the model: cache moves, the forward passes, and the choice of
+next tokens. It owns every tensor of the engine: the slot KV cache and, per slot, the set of
+tokens already in the sequence (for the repetition penalty).
+
+The output is on the host, one entry per sequence: a ``Sample`` for sampled sequences (all
+drawn in one batched sampler call) or the (beam_size, V) log-probabilities of a beam search.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from model.engine.families import DecoderPrompts, SourcePrompts
+from model.engine.plan import StepPlan
+from model.engine.requests import BeamDecoding, Sample, Sequence
+from model.generation import split_sample
+from model.host_transfer import to_device
+from model.sampling import Sampler
+from model.transformer import DecoderLM, EncoderDecoder
+
+
+@dataclass
+class StepOutput:
+    samples: dict[Sequence, Sample] = field(default_factory=dict)
+    beam_logprobs: dict[Sequence, Tensor] = field(default_factory=dict)  # (beam_size, V)
+
+
+class ModelRunner:
+    def __init__(self, model: DecoderLM | EncoderDecoder, prompts: DecoderPrompts | SourcePrompts, n_slots: int,
+                 max_len: int, max_src_len: int = 0):
+        self.model, self.prompts = model, prompts
+        self.device = model.device
+        self.cache = model.new_cache(n_slots, max_len, max_src_len if prompts.encodes_source else 0)
+        self.seen = torch.zeros(n_slots, model.cfg.vocab_size, dtype=torch.bool, device=self.device)
+        self.sampler = Sampler()
+
+    @torch.inference_mode()
+    def run(self, plan: StepPlan) -> StepOutput:
+        self._apply_moves(plan)
+        logits, owners = self._forward(plan)
+        return self._choose(logits, owners) if logits is not None else StepOutput()
+
+    def _apply_moves(self, plan: StepPlan) -> None:
+        for move in plan.moves:
+            self.cache.move_slot(move.src, move.dst, move.length)
+            self.seen[move.dst] = self.seen[move.src]
+        for re in plan.reorders:
+            self.cache.copy_slots(re.src, re.dst, length=re.length)
+        for seq in plan.admitted:
+            if not isinstance(seq.decoding, BeamDecoding):
+                slot = seq.slots[0]
+                self.seen[slot] = False
+                context = self.prompts.context(seq.req.prompt_ids)
+                if context:
+                    self.seen[slot, torch.as_tensor(context, device=self.device)] = True
+
+    def _forward(self, plan: StepPlan) -> tuple[Tensor | None, list[Sequence]]:
+        """One decode pass and one prompt pass; logits rows (R, V) and the owner of each row."""
+        parts, owners = [], []
+        if plan.decode:
+            rows = plan.decode
+            tokens = to_device([r.token for r in rows], torch.long, self.device)
+            parts.append(self.model.decode_step(self.cache, tokens, [r.slot for r in rows],
+                                                [r.position for r in rows]))
+            owners += [r.seq for r in rows]
+        logits, prompt_owners = self.prompts.run(self.cache, plan)
+        if logits is not None:
+            parts.append(logits)
+            owners += prompt_owners
+        if not parts:
+            return None, []
+        return (torch.cat(parts) if len(parts) > 1 else parts[0]), owners
+
+    def _choose(self, logits: Tensor, owners: list[Sequence]) -> StepOutput:
+        out = StepOutput()
+        sampled = [i for i, seq in enumerate(owners) if not isinstance(seq.decoding, BeamDecoding)]
+        if sampled:
+            seqs = [owners[i] for i in sampled]
+            params = [s.req.params for s in seqs]
+            slots = to_device([s.slots[0] for s in seqs], torch.long, self.device)
+            seen = self.seen[slots] if any(p.repetition_penalty != 1.0 for p in params) else None
+            rows = logits if len(sampled) == len(owners) else logits[to_device(sampled, torch.long, self.device)]
+            sample = self.sampler(rows, params, [s.decoding.generator for s in seqs], seen)
+            self.seen[slots, sample.tokens] = True
+            out.samples = dict(zip(seqs, split_sample(sample, params)))
+        for seq in dict.fromkeys(s for s in owners if isinstance(s.decoding, BeamDecoding)):
+            first = owners.index(seq)  # a beam search's rows are adjacent
+            out.beam_logprobs[seq] = logits[first: first + len(seq.slots)].float().log_softmax(dim=-1)
+        return out
