@@ -53,12 +53,14 @@ def measure_direct(cfg: BenchConfig, report: RunReport, section: str) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from sentence_transformers import SentenceTransformer
 
-    from model.sentence_import import embed_texts, load_sentence_manifest, locate_sentence_manifest
+    from model.manifest import locate, read_manifest
+    from model.model_sources import load_model
+    from model.sentence_import import embed_texts
 
     manifest = _manifest(cfg)
-    ckpt = load_sentence_manifest(manifest)
+    ckpt = load_model(manifest)
     ckpt.model.optimize_for_inference()  # as the engine serves it
-    peer = SentenceTransformer(str(locate_sentence_manifest(manifest)), device="cpu")
+    peer = SentenceTransformer(str(locate(read_manifest(manifest)).parent), device="cpu")
     for b in cfg.embed_batches:
         # batch 1 times several texts one after another, so short and long ones both count
         groups = [[t] for t in mixed_texts(8, cfg.seed + 1, cfg.embed_lengths)] if b == 1 else \

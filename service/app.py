@@ -21,7 +21,7 @@ from service.logging_config import configure_logging
 from service.metrics import Metrics
 from service.middleware import BodyLimitMiddleware, RequestLogMiddleware
 from service.registry import EngineRegistry
-from service.routes import compat, completions, docs, encoder, generate, system, translate
+from service.routes import chat, compat, completions, docs, encoder, generate, system, translate
 from service.settings import Settings
 
 DESCRIPTION = """Transformer inference: translation (encoder-decoder), generation (decoder-only),
@@ -61,7 +61,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(system.probes, dependencies=probe_deps)
     app.include_router(docs.router)
     api = APIRouter(dependencies=auth)
-    for module in (generate, completions, translate, encoder):
+    for module in (generate, completions, chat, translate, encoder):
         api.include_router(module.router)
     api.include_router(system.models)
     for router in compat.BEARER_AUTH:  # TGI, TEI, InferenceClient: Authorization: Bearer, like ours

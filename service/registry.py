@@ -10,10 +10,11 @@ import asyncio
 import logging
 from pathlib import Path
 
-from model import CheckpointError, is_checkpoint, load
+from model import CheckpointError, is_checkpoint
 from model.config import DTYPES
 from model.int8 import quantize_int8_
-from model.sentence_import import is_sentence_manifest_dir, load_sentence_manifest
+from model.manifest import is_manifest_dir
+from model.model_sources import load_model
 from service.encoder_engine import EncoderEngine
 from service.engine import BaseEngine, GenerativeEngine
 from service.engine_errors import EngineStoppedError, InvalidRequestError, ModelNotFoundError
@@ -36,7 +37,7 @@ class EngineRegistry:
     def discover(self) -> list[Path]:
         root = self.settings.weights_dir
         found = {p.name: p for p in sorted(root.iterdir())} if root.is_dir() else {}
-        found = {name: p for name, p in found.items() if is_checkpoint(p) or is_sentence_manifest_dir(p)}
+        found = {name: p for name, p in found.items() if is_checkpoint(p) or is_manifest_dir(p)}
         wanted = self.settings.model_names()
         missing = [m for m in wanted if m not in found]
         if missing:
@@ -49,8 +50,8 @@ class EngineRegistry:
     async def start(self) -> None:
         try:
             for path in self.discover():
-                loader = load_sentence_manifest if is_sentence_manifest_dir(path) else load
-                ckpt = await asyncio.to_thread(loader, path, self.settings.device, DTYPES[self.settings.dtype])
+                # our checkpoints, and manifests naming a pinned package (GGUF, sentence-transformers)
+                ckpt = await asyncio.to_thread(load_model, path, self.settings.device, DTYPES[self.settings.dtype])
                 if self.settings.quantize == "int8":
                     await asyncio.to_thread(quantize_int8_, ckpt.model)
                 else:
@@ -77,9 +78,11 @@ class EngineRegistry:
         return {"ready": self.ready, "error": self.error,
                 "models": {name: ("ready" if e.ready else "starting") for name, e in self.engines.items()}}
 
-    def get(self, name: str | None, family: str, endpoint: str, task: str | None = None) -> BaseEngine:
-        """The engine for ``name``; without a name, the one loaded model of ``family`` (of ``task``
-        where more than one could answer), else a 400 listing the candidates."""
+    def get(self, name: str | None, family: str, endpoint: str, task: str | None = None,
+            only_one: bool = False) -> BaseEngine:
+        """The engine for ``name``; without a name, the first loaded model of ``family`` (of ``task``
+        where models of other tasks could answer too). With ``only_one`` (the drop-in APIs, which
+        have no model field) several candidates are a 400 listing them instead."""
         if name is None:
             candidates = [e for e in self.engines.values() if e.family == family]
             if task is not None and any(e.task == task for e in candidates):
@@ -88,7 +91,7 @@ class EngineRegistry:
                 if not self.started:
                     raise EngineStoppedError("models are still loading")
                 raise ModelNotFoundError(f"no {FAMILY_NAMES[family]} model is loaded", "model")
-            if len(candidates) > 1:
+            if only_one and len(candidates) > 1:
                 raise InvalidRequestError(f"{endpoint}: several models could answer "
                                           f"{sorted(e.name for e in candidates)}; name one in the request", "model")
             engine = candidates[0]

@@ -16,12 +16,9 @@ import torch
 
 from model import CheckpointError, MaskedLM
 from model.hf_format import HFImportError
-from model.sentence_import import (
-    embed_texts,
-    is_sentence_manifest_dir,
-    load_sentence_manifest,
-    load_sentence_transformer,
-)
+from model.manifest import is_manifest_dir, locate, read_manifest
+from model.model_sources import load_model
+from model.sentence_import import embed_texts, load_sentence_transformer
 from tests.model.hf_tiny import ENGLISH, GERMAN, SENTENCES, perturb, transformers
 from tests.model.hf_tiny import save_bert as _save_bert_mlm
 
@@ -78,7 +75,7 @@ def test_tiny_directories_match_sentence_transformers(tmp_path, pooling, normali
 
 
 def test_a_model_without_head_refuses_forward_but_embeds(tmp_path):
-    ckpt = load_sentence_transformer(save_sentence_transformer(tmp_path / "st"))
+    ckpt = load_model(save_sentence_transformer(tmp_path / "st"))  # a sentence-transformers dir as such
     ids = torch.tensor([ckpt.tokenizer.encode("hello world")])
     with pytest.raises(ValueError, match="no masked-LM head"):
         ckpt.model(ids)
@@ -106,7 +103,7 @@ def test_unsupported_pipelines_are_refused_by_name(tmp_path):
 
 
 def test_manifest_checks_package_version_and_sha256(tmp_path):
-    assert is_sentence_manifest_dir(MANIFEST)
+    assert is_manifest_dir(MANIFEST) and locate(read_manifest(MANIFEST)).parent == _real_directory()
     data = json.loads((MANIFEST / "manifest.json").read_text())
     for change, message in (({"version": "9.9.9"}, "version"), ({"package": "no-such-package-xyz"}, "not installed"),
                             ({"sha256": "0" * 64}, "sha256"), ({"file": "../x"}, "relative path")):
@@ -114,7 +111,7 @@ def test_manifest_checks_package_version_and_sha256(tmp_path):
         bad.mkdir()
         (bad / "manifest.json").write_text(json.dumps({**data, **change}))
         with pytest.raises(CheckpointError, match=message):
-            load_sentence_manifest(bad)
+            load_model(bad)
 
 
 def _real_directory() -> Path:
@@ -125,7 +122,7 @@ def _real_directory() -> Path:
 
 @pytest.mark.slow
 def test_all_minilm_l6_v2_matches_sentence_transformers(tmp_path):
-    ckpt = load_sentence_manifest(MANIFEST)
+    ckpt = load_model(MANIFEST)
     assert ckpt.model.num_parameters() == 22_565_376 and ckpt.config.max_input_tokens == 256
     reference = sentence_transformers.SentenceTransformer(str(_real_directory()), device="cpu")
     texts = TEXTS + ENGLISH + GERMAN  # mixed lengths, one past 256 tokens, non-ASCII, empty

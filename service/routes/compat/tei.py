@@ -48,7 +48,7 @@ class EmbedRequest(BaseModel):
 
 
 async def embed(body: EmbedRequest, request: Request, registry, settings) -> list[list[float]]:
-    engine: EncoderEngine = registry.get(None, "encoder", request.url.path, "feature-extraction")
+    engine: EncoderEngine = registry.get(None, "encoder", request.url.path, "feature-extraction", only_one=True)
     mark(request, engine.name)
     if body.truncation_direction.lower() == "left":
         raise InvalidRequestError("truncation_direction Left is not supported (inputs are cut on the right)",

@@ -99,7 +99,7 @@ def _details(engine: GenerativeEngine, events: list[EngineEvent], seed: int | No
 
 def prepare(body: TGIRequest, request: Request, registry, settings) -> tuple[GenerativeEngine, list[int],
                                                                               SamplingParams]:
-    engine: GenerativeEngine = registry.get(None, "decoder", request.url.path)
+    engine: GenerativeEngine = registry.get(None, "decoder", request.url.path, only_one=True)
     mark(request, engine.name)
     ids = input_ids(body.inputs, "inputs", engine, settings)[0]
     return engine, ids, sampling(body.parameters, len(ids), engine)
