@@ -93,7 +93,8 @@ class EngineRegistry:
                 raise ModelNotFoundError(f"no {FAMILY_NAMES[family]} model is loaded", "model")
             if only_one and len(candidates) > 1:
                 raise InvalidRequestError(f"{endpoint}: several models could answer "
-                                          f"{sorted(e.name for e in candidates)}; name one in the request", "model")
+                                          f"{sorted(e.name for e in candidates)}; name one in the request's `model` "
+                                          f"field, or serve only one (TSERVE_MODELS / --models)", "model")
             engine = candidates[0]
         else:
             engine = self.engines.get(name)

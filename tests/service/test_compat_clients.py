@@ -144,6 +144,8 @@ def test_tgi_generate_routes_and_info(server, hf_client):
     body = r.json()
     assert r.status_code == 200 and set(body) == {"generated_text", "details"}
     assert body["details"]["generated_tokens"] <= 4 and len(body["details"]["tokens"]) >= 1
+    r = httpx.post(server.url + "/generate", json={"model": "fill-mask-tiny", "inputs": "To be"})
+    assert r.status_code == 422 and "fill-mask-tiny" in r.json()["error"]  # the `model` extension is checked
     r = httpx.post(server.url + "/", json={"inputs": "To be", "parameters": {"max_new_tokens": 2}})
     assert isinstance(r.json(), list) and "generated_text" in r.json()[0]
     lines = [ln for ln in httpx.post(server.url + "/generate_stream", json={

@@ -39,6 +39,7 @@ router = APIRouter(tags=["Text Embeddings Inference"], route_class=error_route(r
 class EmbedRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
+    model: str | None = Field(None, description="extension: which loaded model (TEI serves one)")
     inputs: str | list[str]
     normalize: bool = True
     truncate: bool = False
@@ -48,7 +49,8 @@ class EmbedRequest(BaseModel):
 
 
 async def embed(body: EmbedRequest, request: Request, registry, settings) -> list[list[float]]:
-    engine: EncoderEngine = registry.get(None, "encoder", request.url.path, "feature-extraction", only_one=True)
+    engine: EncoderEngine = registry.get(body.model, "encoder", request.url.path, "feature-extraction",
+                                           only_one=True)
     mark(request, engine.name)
     if body.truncation_direction.lower() == "left":
         raise InvalidRequestError("truncation_direction Left is not supported (inputs are cut on the right)",

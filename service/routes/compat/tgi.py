@@ -64,6 +64,7 @@ class TGIParameters(BaseModel):
 
 
 class TGIRequest(BaseModel):
+    model: str | None = Field(None, description="extension: which loaded model (TGI serves one)")
     inputs: str = Field(..., min_length=1)
     parameters: TGIParameters = Field(default_factory=TGIParameters)
     stream: bool = False
@@ -99,7 +100,7 @@ def _details(engine: GenerativeEngine, events: list[EngineEvent], seed: int | No
 
 def prepare(body: TGIRequest, request: Request, registry, settings) -> tuple[GenerativeEngine, list[int],
                                                                               SamplingParams]:
-    engine: GenerativeEngine = registry.get(None, "decoder", request.url.path, only_one=True)
+    engine: GenerativeEngine = registry.get(body.model, "decoder", request.url.path, only_one=True)
     mark(request, engine.name)
     ids = input_ids(body.inputs, "inputs", engine, settings)[0]
     return engine, ids, sampling(body.parameters, len(ids), engine)
