@@ -73,10 +73,10 @@ def measure_translation(ws: Workspace, cfg: BenchConfig, report: RunReport, sect
     ours, tokenizer = imported.model, imported.tokenizer
     ours_int8 = None
     if device == "cpu":  # our optional int8 projections, measured against CTranslate2 int8
-        from model.int8 import quantize_int8
+        from model.int8 import quantize_int8_
 
         ours_int8 = ws.marian_ours(device, dtype).model
-        quantize_int8(ours_int8)
+        quantize_int8_(ours_int8)
     peer = ws.marian_peer(device, dtype)
     vocab = json.loads((ws.marian_dir / "vocab.json").read_text(encoding="utf-8"))
     pieces = {i: p for p, i in vocab.items()}

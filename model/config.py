@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 FAMILIES = ("encoder-decoder", "decoder", "encoder")
 ACTIVATIONS = ("relu", "gelu", "gelu_new", "silu", "swish")
 POSITIONAL = ("sinusoidal", "learned", "rope")
@@ -24,6 +26,10 @@ ROPE_SCALINGS = ("linear", "llama3")
 SINUSOIDAL_LAYOUTS = ("interleaved", "split")
 NORM_PLACEMENTS = ("post", "pre")
 POOLINGS = ("mean", "cls")
+
+
+# The floating-point types weights can be stored or served in, by the names configs and flags use.
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class ConfigError(ValueError):

@@ -20,11 +20,10 @@ from pathlib import Path
 import torch
 
 from model.checkpoint import CheckpointError, save
+from model.config import DTYPES
 from model.gguf_import import GGUFModel, load_gguf
 from model.hf_import import HFModel, load_hf
 from model.manifest import is_manifest_dir, locate, read_manifest
-
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def model_card(hf: HFModel | GGUFModel, dtype: str) -> str:

@@ -18,8 +18,14 @@ from torch import nn
 from model.layers import Linear
 
 
-def quantize_int8(model: nn.Module) -> int:
-    """Replace the model's projections in place; returns how many were replaced."""
+def quantize_int8_(model: nn.Module) -> int:
+    """Swap every projection of ``model`` for a dynamic int8 one, in place.
+
+    The trailing underscore says so, as in torch (``add_``, ``zero_``): ``model`` itself is
+    changed (put in eval mode, its ``Linear`` layers replaced) and nothing new is built. The
+    return value is only a count of the replaced projections, for logs and tests; there is
+    no quantized copy to use. CPU only; the embeddings and norms stay in floating point.
+    """
     import torch.ao.nn.quantized.dynamic as nnqd
     from torch.ao.quantization import per_channel_dynamic_qconfig
 

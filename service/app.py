@@ -21,7 +21,7 @@ from service.logging_config import configure_logging
 from service.metrics import Metrics
 from service.middleware import BodyLimitMiddleware, RequestLogMiddleware
 from service.registry import EngineRegistry
-from service.routes import completions, encoder, generate, system, translate
+from service.routes import chat, completions, docs, encoder, generate, system, translate
 from service.settings import Settings
 
 DESCRIPTION = """Transformer inference: translation (encoder-decoder), generation (decoder-only),
@@ -50,15 +50,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     await loading
             await registry.stop(settings.shutdown_grace_s)
 
-    app = FastAPI(title="transformer-serve", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
+    # The docs pages and the schema are our own routes (routes/docs.py): offline assets, own metric labels.
+    app = FastAPI(title="transformer-serve", version="0.1.0", description=DESCRIPTION, lifespan=lifespan,
+                  docs_url=None, redoc_url=None, openapi_url=None)
     app.state.settings, app.state.metrics, app.state.registry = settings, metrics, registry
     install_error_handlers(app)
 
     auth = [Depends(require_api_key)]
     probe_deps = auth if settings.protect_health_and_metrics else []
     app.include_router(system.probes, dependencies=probe_deps)
+    app.include_router(docs.router)
     api = APIRouter(dependencies=auth)
-    for module in (generate, completions, translate, encoder):
+    for module in (generate, completions, chat, translate, encoder):
         api.include_router(module.router)
     api.include_router(system.models)
     app.include_router(api)

@@ -46,24 +46,14 @@ class EncoderEngine(BaseEngine):
         self._special = torch.tensor(sorted(self.tokenizer.special_ids), dtype=torch.long, device=self.model.device)
 
     # --- the async API ------------------------------------------------------------------
-    def tokenize(self, texts: list[str], field_name: str) -> list[list[int]]:
-        rows = self.tokenizer.encode_batch(texts)
-        for i, ids in enumerate(rows):
-            if len(ids) > self.max_len:
-                where = f"{field_name}[{i}]" if len(texts) > 1 else field_name
-                raise InvalidRequestError(f"{where} is {len(ids)} tokens; this model accepts at most {self.max_len}",
-                                          field_name)
-        return rows
+    def _input_limit(self) -> int | None:
+        return self.max_len
 
-    def check_token_ids(self, rows: list[list[int]], field_name: str) -> None:
-        for ids in rows:
-            if not ids:
-                raise InvalidRequestError(f"{field_name} contains an empty token list", field_name)
-            if len(ids) > self.max_len:
-                raise InvalidRequestError(f"{field_name} has {len(ids)} tokens; at most {self.max_len}", field_name)
-            if min(ids) < 0 or max(ids) >= self.cfg.vocab_size:
-                raise InvalidRequestError(f"{field_name} token ids must be in [0, {self.cfg.vocab_size})",
-                                          field_name)
+    def check_dimensions(self, dimensions: int | None) -> None:
+        """OpenAI's ``dimensions``: only the model's own width (no truncation)."""
+        if dimensions is not None and dimensions != self.cfg.d_model:
+            raise InvalidRequestError(f"dimensions must be {self.cfg.d_model} for this model (no truncation)",
+                                      "dimensions")
 
     async def fill_mask(self, rows: list[list[int]], top_k: int) -> list[list[list[dict[str, Any]]]]:
         """Per text, per mask position: the top_k candidates (HF fill-mask fields)."""

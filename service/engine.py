@@ -18,11 +18,14 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from model import Checkpoint, EngineCore, EngineEvent, EngineRequest, SamplingParams
+from model.chat_template import ChatMessageError, ChatTemplate, ChatTemplateError
 from model.sampling import MAX_STOP_STRINGS, MAX_TOP_LOGPROBS
 from service.engine_errors import EngineStoppedError, InvalidRequestError, QueueFullError
 from service.metrics import Metrics
@@ -32,9 +35,25 @@ log = logging.getLogger("tserve.engine")
 
 # Routes and schemas take these from here, not from `model`: the engine is their one door to it.
 __all__ = ["MAX_STOP_STRINGS", "MAX_TOP_LOGPROBS", "BaseEngine", "EngineEvent", "GenerativeEngine", "RequestStream",
-           "SamplingParams"]
+           "SamplingParams", "TokenUsage"]
 
 TASKS = {"encoder-decoder": "translation", "decoder": "text-generation", "encoder": "fill-mask"}
+
+
+@dataclass(frozen=True)
+class TokenUsage:
+    """Tokens one HTTP request cost: what every endpoint reports as ``usage``."""
+
+    prompt_tokens: int
+    completion_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def as_dict(self) -> dict[str, int]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.total_tokens}
 
 
 class RequestStream:
@@ -77,6 +96,52 @@ class BaseEngine:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.metrics.slots_total.labels(name).set(0)
+
+    # --- what the routes call instead of reaching the tokenizer or the config ------------------
+    def tokenize(self, texts: list[str], field_name: str) -> list[list[int]]:
+        """Token ids of each text, checked against the model's input limit."""
+        rows = self.tokenizer.encode_batch(texts)
+        self._check_lengths(rows, field_name, len(texts) > 1)
+        return rows
+
+    def validate_ids(self, rows: list[list[int]], field_name: str) -> None:
+        """Token ids sent by the client: non-empty, inside the vocabulary, within the limit."""
+        vocab = self.cfg.vocab_size
+        for ids in rows:
+            if not ids:
+                raise InvalidRequestError(f"{field_name} contains an empty token list", field_name)
+            if min(ids) < 0 or max(ids) >= vocab:
+                raise InvalidRequestError(f"{field_name} token ids must be in [0, {vocab})", field_name)
+        self._check_lengths(rows, field_name, len(rows) > 1)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids))
+
+    def usage(self, prompts: Sequence[Sequence[int]], finals: Sequence[EngineEvent] = ()) -> TokenUsage:
+        """The one usage rule: every prompt token once (``n`` copies of a prompt count once),
+        and the tokens each request generated (``completion_tokens`` of its final event)."""
+        return TokenUsage(sum(map(len, prompts)), sum(self.completion_tokens(e) for e in finals))
+
+    def completion_tokens(self, final: EngineEvent) -> int:
+        """Tokens the model generated for one request, the end-of-sequence token included (as
+        OpenAI and vLLM count: it cost a decoding step). Beam search's hypotheses leave the end
+        token out of their ids, so it is added back here: greedy and beam agree."""
+        n = final.completion_tokens
+        if final.finish_reason == "eos" and (not final.token_ids or final.token_ids[-1] != self.cfg.eos_token_id):
+            n += 1
+        return n
+
+    def _input_limit(self) -> int | None:
+        """Tokens one input may have, checked at tokenization; None: checked by ``validate``."""
+        return None
+
+    def _check_lengths(self, rows: list[list[int]], field_name: str, indexed: bool) -> None:
+        limit = self._input_limit()
+        for i, ids in enumerate(rows):
+            if limit is not None and len(ids) > limit:
+                where = f"{field_name}[{i}]" if indexed else field_name
+                raise InvalidRequestError(f"{where} is {len(ids)} tokens; this model accepts at most {limit}",
+                                          field_name)
 
     @property
     def family(self) -> str:
@@ -136,9 +201,19 @@ class GenerativeEngine(BaseEngine):
         self._streams: dict[str, RequestStream] = {}
         self._timing: dict[str, list[float]] = {}  # request id -> [arrival, last token time or 0]
         self.metrics.slots_total.labels(name).set(settings.max_batch)
+        self.chat = None if ckpt.chat_template is None else ChatTemplate(
+            ckpt.chat_template, bos_token=self._special(self.cfg.bos_token_id),
+            eos_token=self._special(self.cfg.eos_token_id))
+
+    def _special(self, token_id: int | None) -> str | None:
+        return None if token_id is None else self.tokenizer.id_to_token(token_id)
+
+    def info(self) -> dict[str, Any]:
+        return {**super().info(), "chat": self.chat is not None}
 
     # --- the async API --------------------------------------------------------------------
-    def validate(self, prompt_ids: list[int], params: SamplingParams, prompt_field: str = "prompt") -> None:
+    def validate(self, prompt_ids: list[int], params: SamplingParams, prompt_field: str = "prompt",
+                 limit_field: str = "max_tokens") -> None:
         """Model-specific limits; raises InvalidRequestError naming the field and the limit."""
         n = len(prompt_ids)
         if n == 0:
@@ -148,7 +223,7 @@ class GenerativeEngine(BaseEngine):
                 raise InvalidRequestError(f"{prompt_field} is {n} tokens; this model accepts at most "
                                           f"{self.max_src_len}", prompt_field)
             if params.max_new_tokens + 1 > self.max_len:
-                raise InvalidRequestError(f"max_tokens must be <= {self.max_len - 1} for this model", "max_tokens")
+                raise InvalidRequestError(f"{limit_field} must be <= {self.max_len - 1} for this model", limit_field)
             if params.beam_size > self.settings.max_batch:
                 raise InvalidRequestError(f"beam_size must be <= {self.settings.max_batch} (the engine's slots)",
                                           "beam_size")
@@ -157,14 +232,34 @@ class GenerativeEngine(BaseEngine):
                 raise InvalidRequestError("beam_size > 1 is only supported for translation models", "beam_size")
             if n + params.max_new_tokens > self.max_len:
                 raise InvalidRequestError(
-                    f"prompt ({n} tokens) + max_tokens ({params.max_new_tokens}) exceeds this model's limit of "
-                    f"{self.max_len} tokens", "max_tokens")
+                    f"{prompt_field} ({n} tokens) + {limit_field} ({params.max_new_tokens}) exceeds this model's "
+                    f"limit of {self.max_len} tokens", limit_field)
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
+        """The prompt ids of a conversation, rendered by the model's own chat template (in a
+        sandbox, with a time limit) with the assistant's turn opened."""
+        if self.chat is None:
+            raise InvalidRequestError(f"model '{self.name}' has no chat template; use /v1/completions for plain "
+                                      "text generation", "model")
+        try:
+            text = self.chat.render(messages, add_generation_prompt=True)
+        except (ChatMessageError, ChatTemplateError) as exc:
+            raise InvalidRequestError(f"messages: {exc}", "messages") from None
+        ids = self.tokenizer.encode(text, add_special_tokens=False)  # the template wrote the special tokens
+        self._check_lengths([ids], "messages", False)
+        return ids
+
+    def token_text(self, token_id: int) -> str:
+        """A token's text; a token holding only part of a UTF-8 character has none, so its raw
+        vocabulary entry is used (unique, unlike the replacement character)."""
+        text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return self.tokenizer.id_to_token(token_id) or text if "\ufffd" in text else text
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, prompt_field: str = "prompt") -> RequestStream:
         return self.submit_all([(prompt_ids, params, prompt_field)])[0]
 
     def submit_all(self, items: list[tuple[list[int], SamplingParams, str]],
-                   group_field: str = "prompt") -> list[RequestStream]:
+                   group_field: str = "prompt", limit_field: str = "max_tokens") -> list[RequestStream]:
         """Queue several requests (a list input, ``n`` completions) all or nothing.
 
         A group larger than the engine could ever hold is a client error (400 naming
@@ -173,7 +268,9 @@ class GenerativeEngine(BaseEngine):
         """
         self._check_accepting()
         for ids, params, field in items:
-            self.validate(ids, params, field)
+            self.validate(ids, params, field, limit_field)
+            if self.ckpt.stop_token_ids and not params.ignore_eos:  # e.g. <|eot_id|> besides <|end_of_text|>
+                params.stop_token_ids = sorted({*params.stop_token_ids, *self.ckpt.stop_token_ids})
         capacity = self.settings.max_queue + self.settings.max_batch
         if len(items) > capacity:
             raise InvalidRequestError(

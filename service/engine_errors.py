@@ -1,28 +1,72 @@
-"""Errors the engines raise to the HTTP layer, each with its status code and error type."""
+"""Every error the service returns, in one table, and the exceptions the engines raise.
+
+An error leaves the service in the OpenAI shape, ``{"error": {"message", "type", "code",
+"param"}}``. Its ``code`` picks the row of ``ERRORS`` that gives the HTTP status and the
+OpenAI ``type``; the HTTP handlers (``service.errors``), the 413 middleware and the error
+chunk of a stream all read this table, so one code always means one status.
+No web imports here: the engines raise these without knowing about HTTP.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
+# code -> (HTTP status, OpenAI error type)
+ERRORS: dict[str, tuple[int, str]] = {
+    "invalid_value": (400, "invalid_request_error"),  # a field out of range, a bad combination
+    "invalid_json": (400, "invalid_request_error"),  # the body is not JSON, or not sent as JSON
+    "invalid_api_key": (401, "authentication_error"),
+    "model_not_found": (404, "invalid_request_error"),  # OpenAI's type for an unknown model
+    "not_found": (404, "not_found_error"),  # no such path
+    "method_not_allowed": (405, "invalid_request_error"),
+    "body_too_large": (413, "invalid_request_error"),
+    "queue_full": (429, "overloaded_error"),  # with Retry-After
+    "client_disconnected": (499, "client_disconnected"),  # nginx's "client closed request": logs only
+    "internal": (500, "server_error"),
+    "not_ready": (503, "unavailable_error"),  # loading, or stopped admitting
+    "shutdown": (503, "unavailable_error"),  # admitted, then failed by the shutdown
+    "timeout": (504, "timeout_error"),  # TSERVE_REQUEST_TIMEOUT_S
+}
+
+# Starlette's own HTTP errors (routing, auth) -> our code
+HTTP_STATUS_CODES = {401: "invalid_api_key", 404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
+
+# What the OpenAPI schema lists for every inference endpoint (499 reaches nobody).
+DOCUMENTED_STATUSES = sorted({status for status, _ in ERRORS.values()} - {405, 499})
+
+
+def error_body(code: str, message: str, param: str | None = None) -> dict[str, Any]:
+    """The OpenAI-shaped error object for ``code`` (a key of ``ERRORS``)."""
+    return {"error": {"message": message, "type": ERRORS[code][1], "code": code, "param": param}}
+
+
+def error_status(code: str) -> int:
+    return ERRORS[code][0]
+
 
 class EngineError(Exception):
-    status = 500
-    type = "server_error"
-    code: str | None = None
+    code = "internal"
 
-    def __init__(self, message: str, param: str | None = None):
+    def __init__(self, message: str, param: str | None = None, code: str | None = None):
         super().__init__(message)
         self.message, self.param = message, param
+        self.code = code if code in ERRORS else self.code
+        self.status, self.type = ERRORS[self.code]
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.code, self.message, self.param)
 
 
 class InvalidRequestError(EngineError):
-    status, type, code = 400, "invalid_request_error", "invalid_value"
+    code = "invalid_value"
 
 
 class ModelNotFoundError(EngineError):
-    status, type, code = 404, "invalid_request_error", "model_not_found"
+    code = "model_not_found"
 
 
 class QueueFullError(EngineError):
-    status, type, code = 429, "overloaded_error", "queue_full"
+    code = "queue_full"
 
     def __init__(self, message: str, retry_after: int = 1):
         super().__init__(message)
@@ -30,24 +74,19 @@ class QueueFullError(EngineError):
 
 
 class EngineStoppedError(EngineError):
-    status, type, code = 503, "unavailable_error", "not_ready"
+    code = "not_ready"
 
 
 class ClientDisconnectedError(EngineError):
     """The client closed the connection before the answer was ready; its work is aborted.
-    499 is nginx's "client closed request": nobody reads it, but logs and metrics show it
-    apart from server errors."""
+    Nobody reads the 499, but logs and metrics show it apart from server errors."""
 
-    status, type, code = 499, "client_disconnected", "client_disconnected"
+    code = "client_disconnected"
 
 
 class RequestFailedError(EngineError):
-    """A request that was admitted but ended without a result (timeout, shutdown, bug)."""
-
-    STATUS = {"timeout": 504, "shutdown": 503, "internal": 500}
+    """A request that was admitted but ended without a result: ``reason`` is the engine's
+    error (``timeout``, ``shutdown``, ``internal``; anything else counts as internal)."""
 
     def __init__(self, reason: str, message: str):
-        super().__init__(message)
-        self.status = self.STATUS.get(reason, 500)
-        self.type = "timeout_error" if reason == "timeout" else "server_error"
-        self.code = reason
+        super().__init__(message, code=reason)

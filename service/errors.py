@@ -1,5 +1,6 @@
-"""Every error leaves the service in the OpenAI shape:
-``{"error": {"message", "type", "code", "param"}}`` with a meaningful status code."""
+"""The HTTP side of errors: handlers that turn every failure into the OpenAI shape,
+``{"error": {"message", "type", "code", "param"}}``, with the status of its row in the one
+error table (``service.engine_errors.ERRORS``)."""
 
 from __future__ import annotations
 
@@ -11,18 +12,26 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.engine_errors import EngineError, QueueFullError
+from service.engine_errors import (
+    DOCUMENTED_STATUSES,
+    HTTP_STATUS_CODES,
+    EngineError,
+    QueueFullError,
+    error_body,
+    error_status,
+)
+from service.schemas import ErrorResponse
 
 log = logging.getLogger("tserve.http")
 
-HTTP_TYPES = {401: "authentication_error", 404: "not_found_error", 405: "invalid_request_error",
-              413: "invalid_request_error", 429: "overloaded_error", 503: "unavailable_error"}
+# the `responses=` of every inference route, for the OpenAPI schema
+ERROR_RESPONSES = {status: {"model": ErrorResponse} for status in DOCUMENTED_STATUSES}
 
 
-def error_response(status: int, message: str, type_: str, code: str | None = None, param: str | None = None,
+def error_response(code: str, message: str, param: str | None = None, status: int | None = None,
                    headers: dict[str, str] | None = None) -> JSONResponse:
-    body = {"error": {"message": message, "type": type_, "code": code, "param": param}}
-    return JSONResponse(body, status_code=status, headers=headers)
+    body = error_body(code, message, param)
+    return JSONResponse(body, status_code=status or error_status(code), headers=headers)
 
 
 _UNION_BRANCH = re.compile(r"^(str|int|float|bool|none|list\[.*\]|dict\[.*\]|function-\w+\[.*\]|literal\[.*\])$")
@@ -39,35 +48,49 @@ def _location(loc: tuple) -> tuple[str, str | None]:
     return text, first
 
 
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+def _is_json(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+def _validation_error(exc: RequestValidationError, content_type: str | None) -> tuple[str, str, str | None]:
+    """(code, message, param) for the first problem pydantic found."""
     err = exc.errors()[0]
-    if err.get("type") == "json_invalid":
-        return f"request body is not valid JSON: {err.get('ctx', {}).get('error', err['msg'])}", None
     where, param = _location(tuple(err.get("loc", ())))
+    if err.get("type") == "json_invalid":
+        return "invalid_json", f"request body is not valid JSON: {err.get('ctx', {}).get('error', err['msg'])}", None
     if err.get("type") == "missing":
-        return (f"{where}: field required" if where else "request body required (a JSON object)"), param
+        return "invalid_value", (f"{where}: field required" if where else "request body required (a JSON object)"), \
+            param
+    if not where and not _is_json(content_type or ""):
+        # FastAPI parses a body as JSON only when it is declared so (no header: not at all);
+        # anything else reaches validation as raw bytes, "not a valid dictionary".
+        sent = f"sent Content-Type: {content_type}" if content_type else "sent no Content-Type"
+        return "invalid_json", (f"the request body must be JSON, sent with the header Content-Type: "
+                                f"application/json (this request {sent})"), "Content-Type"
+    if not where and err.get("type") in ("model_attributes_type", "model_type", "dict_type"):
+        return "invalid_value", "the request body must be a JSON object", None
     msg = err["msg"].removeprefix("Value error, ")
-    return (f"{where}: {msg}" if where else msg), param
+    return "invalid_value", (f"{where}: {msg}" if where else msg), param
 
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(EngineError)
     async def engine_error(request: Request, exc: EngineError) -> JSONResponse:
         headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, QueueFullError) else None
-        return error_response(exc.status, exc.message, exc.type, exc.code, exc.param, headers)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(exc)
-        return error_response(400, message, "invalid_request_error", "invalid_value", param)
+        code, message, param = _validation_error(exc, request.headers.get("content-type"))
+        return error_response(code, message, param)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        kind = HTTP_TYPES.get(exc.status_code, "invalid_request_error")
-        return error_response(exc.status_code, str(exc.detail), kind,
-                              headers=getattr(exc, "headers", None))
+        code = HTTP_STATUS_CODES.get(exc.status_code, "invalid_value")
+        return error_response(code, str(exc.detail), status=exc.status_code, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s", request.url.path)
-        return error_response(500, "internal server error", "server_error")
+        return error_response("internal", "internal server error")

@@ -16,6 +16,7 @@ import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.engine_errors import error_body, error_status
 from service.metrics import Metrics
 
 log = logging.getLogger("tserve.access")
@@ -26,9 +27,9 @@ REQUEST_ID_OK = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 MODEL_KEY, USAGE_KEY = "tserve.model", "tserve.usage"
 
 
-async def _send_error(send: Send, status: int, message: str, type_: str) -> None:
-    body = json.dumps({"error": {"message": message, "type": type_, "code": None, "param": None}}).encode()
-    await send({"type": "http.response.start", "status": status,
+async def _send_error(send: Send, code: str, message: str) -> None:
+    body = json.dumps(error_body(code, message)).encode()
+    await send({"type": "http.response.start", "status": error_status(code),
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
 
@@ -43,7 +44,7 @@ class BodyLimitMiddleware:
         message = f"request body exceeds the limit of {self.limit} bytes (TSERVE_MAX_BODY_BYTES)"
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.limit:
-            return await _send_error(send, 413, message, "invalid_request_error")
+            return await _send_error(send, "body_too_large", message)
         seen, started, rejected = 0, False, False
 
         async def limited_receive() -> Message:
@@ -65,7 +66,7 @@ class BodyLimitMiddleware:
         async def tracking_send_error() -> None:
             nonlocal started
             started = True
-            await _send_error(send, 413, message, "invalid_request_error")
+            await _send_error(send, "body_too_large", message)
 
         async def tracking_send(msg: Message) -> None:
             nonlocal started

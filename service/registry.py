@@ -10,10 +10,9 @@ import asyncio
 import logging
 from pathlib import Path
 
-import torch
-
 from model import CheckpointError, is_checkpoint, load
-from model.int8 import quantize_int8
+from model.config import DTYPES
+from model.int8 import quantize_int8_
 from service.encoder_engine import EncoderEngine
 from service.engine import BaseEngine, GenerativeEngine
 from service.engine_errors import EngineStoppedError, InvalidRequestError, ModelNotFoundError
@@ -22,7 +21,6 @@ from service.settings import Settings
 
 log = logging.getLogger("tserve.registry")
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 FAMILY_NAMES = {"encoder-decoder": "translation (encoder-decoder)", "decoder": "text generation (decoder)",
                 "encoder": "fill-mask/embedding (encoder)"}
 
@@ -51,7 +49,7 @@ class EngineRegistry:
             for path in self.discover():
                 ckpt = await asyncio.to_thread(load, path, self.settings.device, DTYPES[self.settings.dtype])
                 if self.settings.quantize == "int8":
-                    await asyncio.to_thread(quantize_int8, ckpt.model)
+                    await asyncio.to_thread(quantize_int8_, ckpt.model)
                 else:
                     ckpt.model.optimize_for_inference()  # prepacked CPU weights: faster small-batch decoding
                 cls = EncoderEngine if ckpt.config.family == "encoder" else GenerativeEngine

@@ -1,4 +1,4 @@
-"""The one direction of imports (shared/DESIGN.md), checked on the source, not by convention."""
+"""The one direction of imports (docs/ARCHITECTURE.md, "Layers"), checked on the source, not by convention."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def py_files(*parts: str) -> list[Path]:
 @pytest.mark.parametrize("where,forbidden", [
     (("model",), WEB_STACK + ("service",)),  # usable alone, in a notebook
     (("service",), ("model.train",)),  # training is offline only
-    (("service", "routes"), ("model",)),  # routes reach the model only through the engine
+    (("service", "routes"), ("model", "service.scheduler")),  # routes reach the model only through the engine
 ])
 def test_imports_go_one_way(where, forbidden):
     assert offenders(py_files(*where), forbidden) == []
@@ -48,3 +48,39 @@ def test_imports_go_one_way(where, forbidden):
 def test_schemas_do_not_import_model():
     files = [ROOT / "service" / "schemas.py", ROOT / "service" / "openai_schemas.py"]
     assert offenders(files, ("model",)) == []
+
+
+# An engine's internals: the tokenizer, the model config and weights, the scheduler. A route
+# calls engine methods (tokenize, validate_ids, usage, token_text, ...) instead.
+ENGINE_INTERNALS = {"tokenizer", "cfg", "ckpt", "model", "scheduler"}
+REQUEST_BODIES = {"body"}  # a request's own `model` field is fine: `body.model`
+
+
+def internal_accesses(source: str, filename: str = "<source>") -> list[str]:
+    """`x.tokenizer`, `x.cfg`, `engine.model`, ... in ``source``, as 'file:line x.attr'."""
+    found = []
+    for node in ast.walk(ast.parse(source, filename=filename)):
+        if not isinstance(node, ast.Attribute) or node.attr not in ENGINE_INTERNALS:
+            continue
+        base = ast.unparse(node.value)
+        if node.attr == "model" and base in REQUEST_BODIES:
+            continue
+        found.append((node.lineno, f"{filename}:{node.lineno} {base}.{node.attr}"))
+    return [hit for _, hit in sorted(found)]
+
+
+def test_routes_do_not_reach_into_engines():
+    found = [hit for f in py_files("service", "routes")
+             for hit in internal_accesses(f.read_text(), str(f.relative_to(ROOT)))]
+    assert found == []
+
+
+def test_the_route_check_sees_engine_internals():
+    snippet = """
+ids = engine.tokenizer.encode(text)
+limit = registry.get(None, "decoder", "/x").cfg.vocab_size
+weights = engine.model.state_dict()
+name = body.model
+"""
+    assert [hit.split(" ", 1)[1] for hit in internal_accesses(snippet)] == [
+        "engine.tokenizer", 'registry.get(None, \'decoder\', \'/x\').cfg', "engine.model"]

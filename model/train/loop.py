@@ -133,6 +133,146 @@ def load_state(path: Path, cfg: TrainConfig) -> dict[str, Any] | None:
     return state
 
 
+@dataclass
+class _Run:
+    """What one training run carries from stage to stage."""
+
+    cfg: TrainConfig
+    dist: Distributed
+    say: Callable[[str], None]
+    started: float  # monotonic time this process started
+    train_records: list[dict]
+    tok: Tokenizer
+    objective: Objective
+    model: TransformerModel
+    net: nn.Module  # the model, DDP-wrapped when distributed
+    optimizer: torch.optim.AdamW
+    history: dict[str, Any]
+    start: int  # first step this process runs (> 0 when resumed)
+    earlier_s: float  # wall time of earlier, resumed-from runs
+    valid_batches: list[dict]
+
+    @property
+    def state_path(self) -> Path:
+        return Path(self.cfg.work_dir) / STATE_FILE
+
+    def wall_time(self) -> float:
+        return self.earlier_s + time.monotonic() - self.started
+
+
+class _LossWindow:
+    """Training loss and token rate averaged over the steps since the last log line."""
+
+    def __init__(self) -> None:
+        self.loss, self.steps, self.tokens, self.t0 = 0.0, 0, 0, time.perf_counter()
+
+    def add(self, loss: float, tokens: int) -> None:
+        self.loss, self.steps, self.tokens = self.loss + loss, self.steps + 1, self.tokens + tokens
+
+    def flush(self, run: _Run, done: int, lr: float, bar: tqdm) -> None:
+        rate = self.tokens * run.dist.world / max(1e-9, time.perf_counter() - self.t0)
+        run.history["train"].append([done, self.loss / self.steps])
+        run.history["tokens_per_s"].append([done, rate])
+        bar.set_postfix(loss=f"{self.loss / self.steps:.3f}", tok_s=f"{rate:.0f}", lr=f"{lr:.2e}", refresh=False)
+        self.__init__()
+
+
+def _setup(cfg: TrainConfig, resume: bool, device: str | None, log: Callable[[str], None] | None) -> _Run:
+    """Data, tokenizer, objective, model and optimizer; the saved state when resuming."""
+    dist = Distributed.from_env(device)
+    say = log or (lambda msg: print(msg, file=sys.stderr, flush=True) if dist.is_main else None)
+    s = cfg.schedule
+    if s.threads:
+        torch.set_num_threads(s.threads)
+    Path(cfg.work_dir).mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    train_records, valid_records = load_records(cfg, "train"), load_records(cfg, "valid")
+    objective_cls = OBJECTIVES[cfg.task]
+    tok = prepare_tokenizer(cfg, objective_cls, train_records, dist)
+    objective = objective_cls(cfg, tok, train_records, valid_records)
+    model = build_model(cfg.model_config(tok.vocab_size, objective.special)).init_weights(s.seed).to(dist.device)
+    optimizer = make_optimizer(model, s)
+    history: dict[str, Any] = {"train": [], "valid": [], "tokens_per_s": []}
+    start = 0
+    state = load_state(Path(cfg.work_dir) / STATE_FILE, cfg) if resume else None
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start, history = state["step"], state["history"]
+        say(f"[{cfg.name}] resuming at step {start} after {history.get('train_seconds', 0) / 60:.1f} min")
+    say(f"[{cfg.name}] {model.num_parameters() / 1e6:.2f}M parameters, vocab {tok.vocab_size}, "
+        f"{len(train_records)} training records, world size {dist.world}")
+    net: nn.Module = DistributedDataParallel(model) if dist.enabled else model
+    return _Run(cfg, dist, say, started, train_records, tok, objective, model, net, optimizer, history, start,
+                history.get("train_seconds", 0.0), objective.valid_batches() if dist.is_main else [])
+
+
+def _optimizer_step(run: _Run, step: int) -> tuple[float, int]:
+    """One optimisation step; the batch and the dropout noise depend only on (seed, step, rank)."""
+    s, dist = run.cfg.schedule, run.dist
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr_at(step, s)
+    torch.manual_seed((s.seed * 7_919 + step * 31 + dist.rank) % (2**63))  # dropout noise of this step
+    batch = batch_to(run.objective.batch(step * dist.world + dist.rank, step_generator(s.seed, step, dist.rank)),
+                     dist.device)
+    with _autocast(dist.device):
+        loss, n_tokens = run.objective.loss(run.net, batch)
+    run.optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(run.model.parameters(), s.grad_clip)
+    run.optimizer.step()
+    return loss.detach().item(), n_tokens
+
+
+def _validate(run: _Run, done: int) -> None:
+    if run.dist.is_main:
+        val = validation_loss(run.model, run.objective, run.valid_batches, run.dist.device)
+        run.history["valid"].append([done, val])
+        last_train = run.history["train"][-1][1] if run.history["train"] else 0
+        run.say(f"[{run.cfg.name}] step {done}: train {last_train:.3f} valid {val:.3f}")
+    run.dist.barrier()
+
+
+def _save(run: _Run, done: int) -> None:
+    run.history["train_seconds"] = run.wall_time()
+    if run.dist.is_main:
+        save_state(run.state_path, run.model, run.optimizer, done, run.history, run.cfg)
+    run.dist.barrier()
+
+
+def _steps(run: _Run, stop_after: int | None, time_limit_s: float | None, stop_at_step: int | None,
+           progress: bool) -> tuple[int, bool | None]:
+    """Run the optimisation steps; returns (steps done, stopped early), with None for
+    "stopped early" when ``stop_after`` ended the run before export."""
+    s, dist = run.cfg.schedule, run.dist
+    bar = tqdm(total=s.max_steps, initial=run.start, disable=not (progress and dist.is_main), dynamic_ncols=True,
+               mininterval=2.0 if sys.stderr.isatty() else 60.0, file=sys.stderr)
+    window, done = _LossWindow(), run.start
+    run.model.train()
+    try:
+        for step in range(run.start, s.max_steps):
+            window.add(*_optimizer_step(run, step))
+            done = step + 1
+            if done % s.log_every == 0 or done == s.max_steps:
+                window.flush(run, done, lr_at(step, s), bar)
+            bar.update(1)
+            if done % s.eval_every == 0 or done == s.max_steps:
+                _validate(run, done)
+            over_time = time_limit_s is not None and time.monotonic() - run.started > time_limit_s
+            stop_now = dist.any_true(over_time) if time_limit_s is not None else False
+            stop_now = stop_now or (stop_at_step is not None and done >= stop_at_step)
+            if done % s.checkpoint_every == 0 or done == stop_after or stop_now:
+                _save(run, done)
+            if done == stop_after:
+                return done, None
+            if stop_now:
+                run.say(f"[{run.cfg.name}] stopping early after step {done} (time limit or --stop-at-step); exporting")
+                return done, True
+        return done, False
+    finally:
+        bar.close()
+
+
 def train(cfg: TrainConfig, resume: bool = True, stop_after: int | None = None,
           time_limit_s: float | None = None, progress: bool = True, device: str | None = None,
           command: str = "", log: Callable[[str], None] | None = None, stop_at_step: int | None = None
@@ -145,97 +285,17 @@ def train(cfg: TrainConfig, resume: bool = True, stop_after: int | None = None,
     ``stop_at_step`` stops and exports after that many steps, the learning-rate schedule
     still planned for ``max_steps`` (so a time-limited run can be replayed exactly).
     """
-    dist = Distributed.from_env(device)
-    say = log or (lambda msg: print(msg, file=sys.stderr, flush=True) if dist.is_main else None)
-    s = cfg.schedule
-    if s.threads:
-        torch.set_num_threads(s.threads)
-    work = Path(cfg.work_dir)
-    work.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-
-    train_records, valid_records = load_records(cfg, "train"), load_records(cfg, "valid")
-    objective_cls = OBJECTIVES[cfg.task]
-    tok = prepare_tokenizer(cfg, objective_cls, train_records, dist)
-    objective = objective_cls(cfg, tok, train_records, valid_records)
-    mcfg = cfg.model_config(tok.vocab_size, objective.special)
-    model = build_model(mcfg).init_weights(s.seed).to(dist.device)
-    optimizer = make_optimizer(model, s)
-    history: dict[str, list] = {"train": [], "valid": [], "tokens_per_s": []}
-    start = 0
-    state = load_state(work / STATE_FILE, cfg) if resume else None
-    if state is not None:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        start, history = state["step"], state["history"]
-        say(f"[{cfg.name}] resuming at step {start} after {history.get('train_seconds', 0) / 60:.1f} min")
-    earlier_s = history.get("train_seconds", 0.0)  # wall time of earlier, resumed-from runs
-    say(f"[{cfg.name}] {model.num_parameters() / 1e6:.2f}M parameters, vocab {tok.vocab_size}, "
-        f"{len(train_records)} training records, world size {dist.world}")
-    net: nn.Module = DistributedDataParallel(model) if dist.enabled else model
-    valid_batches = objective.valid_batches() if dist.is_main else []
-
-    bar = tqdm(total=s.max_steps, initial=start, disable=not (progress and dist.is_main), dynamic_ncols=True,
-               mininterval=2.0 if sys.stderr.isatty() else 60.0, file=sys.stderr)
-    window_loss, window_n, window_tokens, window_t0 = 0.0, 0, 0, time.perf_counter()
-    stopped_early = False
-    model.train()
-    for step in range(start, s.max_steps):
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, s)
-        torch.manual_seed((s.seed * 7_919 + step * 31 + dist.rank) % (2**63))  # dropout noise of this step
-        batch = batch_to(objective.batch(step * dist.world + dist.rank, step_generator(s.seed, step, dist.rank)),
-                         dist.device)
-        with _autocast(dist.device):
-            loss, n_tokens = objective.loss(net, batch)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
-        optimizer.step()
-
-        done = step + 1
-        window_loss += loss.detach().item()
-        window_n, window_tokens = window_n + 1, window_tokens + n_tokens
-        if done % s.log_every == 0 or done == s.max_steps:
-            rate = window_tokens * dist.world / max(1e-9, time.perf_counter() - window_t0)
-            history["train"].append([done, window_loss / window_n])
-            history["tokens_per_s"].append([done, rate])
-            bar.set_postfix(loss=f"{window_loss / window_n:.3f}", tok_s=f"{rate:.0f}", lr=f"{lr_at(step, s):.2e}",
-                            refresh=False)
-            window_loss, window_n, window_tokens, window_t0 = 0.0, 0, 0, time.perf_counter()
-        bar.update(1)
-        if done % s.eval_every == 0 or done == s.max_steps:
-            if dist.is_main:
-                val = validation_loss(model, objective, valid_batches, dist.device)
-                history["valid"].append([done, val])
-                say(f"[{cfg.name}] step {done}: train {history['train'][-1][1] if history['train'] else 0:.3f} "
-                    f"valid {val:.3f}")
-            dist.barrier()
-        over_time = time_limit_s is not None and time.monotonic() - started > time_limit_s
-        stop_now = dist.any_true(over_time) if time_limit_s is not None else False
-        stop_now = stop_now or (stop_at_step is not None and done >= stop_at_step)
-        if done % s.checkpoint_every == 0 or done == stop_after or stop_now:
-            history["train_seconds"] = earlier_s + time.monotonic() - started
-            if dist.is_main:
-                save_state(work / STATE_FILE, model, optimizer, done, history, cfg)
-            dist.barrier()
-        if done == stop_after:
-            bar.close()
-            dist.close()
-            return TrainResult(model, tok, done, None)
-        if stop_now:
-            stopped_early = True
-            say(f"[{cfg.name}] stopping early after step {done} (time limit or --stop-at-step); exporting")
-            break
-    bar.close()
-
+    run = _setup(cfg, resume, device, log)
+    done, stopped_early = _steps(run, stop_after, time_limit_s, stop_at_step, progress)
+    if stopped_early is None:  # stop_after: as if killed after saving
+        run.dist.close()
+        return TrainResult(run.model, run.tok, done, None)
     metrics = None
-    if dist.is_main:
+    if run.dist.is_main:
         from model.train.export import export  # evaluation + model card: rank 0 only
 
-        metrics = export(cfg, model, tok, objective, history, train_records, command=command,
-                         train_seconds=earlier_s + time.monotonic() - started, stopped_early=stopped_early, log=say,
-                         steps_done=done if start < s.max_steps else start)
-    dist.barrier()
-    dist.close()
-    return TrainResult(model, tok, done if start < s.max_steps else start, metrics)
+        metrics = export(cfg, run.model, run.tok, run.objective, run.history, run.train_records, command=command,
+                         train_seconds=run.wall_time(), stopped_early=stopped_early, log=run.say, steps_done=done)
+    run.dist.barrier()
+    run.dist.close()
+    return TrainResult(run.model, run.tok, done, metrics)

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from service.engine import EngineEvent, RequestStream
+from service.engine import EngineEvent, RequestStream, TokenUsage
 from service.engine_errors import ClientDisconnectedError, RequestFailedError
 from service.middleware import MODEL_KEY, USAGE_KEY
 
@@ -24,12 +24,12 @@ T = TypeVar("T")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def mark(request: Request, model: str | None = None, usage: tuple[int, int] | None = None) -> None:
+def mark(request: Request, model: str | None = None, usage: TokenUsage | None = None) -> None:
     """Record the model and token usage for the request log and metrics."""
     if model is not None:
         request.scope[MODEL_KEY] = model
     if usage is not None:
-        request.scope[USAGE_KEY] = usage
+        request.scope[USAGE_KEY] = (usage.prompt_tokens, usage.completion_tokens)
 
 
 async def _wait_for_disconnect(request: Request) -> None:
@@ -88,7 +88,7 @@ def sse_response(chunks: AsyncIterator[dict[str, Any]], streams: list[RequestStr
             async for chunk in chunks:
                 yield sse_event(chunk)
         except RequestFailedError as exc:
-            yield sse_event({"error": {"message": exc.message, "type": exc.type, "code": exc.code, "param": None}})
+            yield sse_event(exc.body())
         finally:
             for s in streams:
                 s.abort()
@@ -101,3 +101,23 @@ def check_event(event: EngineEvent) -> EngineEvent:
     if event.error:
         raise RequestFailedError(event.error, f"request failed: {event.message}")
     return event
+
+
+async def merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, EngineEvent]]:
+    """(choice index, event) from every stream, in the order the events arrive."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, stream: RequestStream) -> None:
+        async for event in stream:
+            await queue.put((index, event))
+
+    pumps = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    remaining = len(streams)
+    try:
+        while remaining:
+            index, event = await queue.get()
+            remaining -= event.finished
+            yield index, event
+    finally:
+        for p in pumps:
+            p.cancel()

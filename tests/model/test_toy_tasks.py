@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from model import SamplingParams, beam_search, build_model, generate
-from model.int8 import quantize_int8
+from model.int8 import quantize_int8_
 from tests.conftest import tiny_config
 
 SYMBOLS = list(range(4, 14))
@@ -68,7 +68,7 @@ def test_encoder_decoder_learns_to_reverse():
     assert [r.token_ids for r in beams] == [s[::-1] for s in test]  # beam hypotheses exclude EOS
 
     # the optional int8 projections keep the learned behaviour
-    assert quantize_int8(model) > 0
+    assert quantize_int8_(model) > 0
     int8 = generate(model, sources, SamplingParams(max_new_tokens=10, temperature=0.0))
     assert sum(r.token_ids == s[::-1] + [2] for r, s in zip(int8, test)) >= 15
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shutil
 import subprocess
 
@@ -165,7 +166,8 @@ INVALID = [
     ("/v1/translate", {"text": ["a", "b"], "stream": True}, "stream", "single text"),
     ("/v1/translate", {"text": "a", "max_tokens": 128}, "max_tokens", "<= 127"),
     ("/v1/completions", {"model": "generate-tiny", "prompt": "x", "temperature": 2.5}, "temperature", "2"),
-    ("/v1/completions", {"model": "generate-tiny", "prompt": "x", "presence_penalty": 1}, None, "presence_penalty"),
+    ("/v1/completions", {"model": "generate-tiny", "prompt": "x", "presence_penalty": 2.5}, "presence_penalty",
+     "less than or equal to 2"),
     ("/v1/completions", {"model": "generate-tiny", "prompt": [[5, 100000]]}, "prompt", "token ids"),
     ("/v1/completions", {"model": "generate-tiny", "prompt": "x", "n": 9}, "n", "less than or equal to 8"),
     ("/v1/completions", {"prompt": "x"}, "model", "field required"),
@@ -185,7 +187,7 @@ INVALID = [
     ("/v1/generate", {"prompt": "x", "seed": 2**63}, "seed", "less than or equal to"),
     ("/v1/embeddings", {"input": ["a"] * 5}, "input", "at most 4"),
     ("/v1/embeddings", {"input": [[1]] * 5}, "input", "at most 4"),
-    ("/v1/embeddings", {"input": []}, "input", "must not be empty"),
+    ("/v1/embeddings", {"input": []}, "input", "must not be an empty list"),
     ("/v1/embeddings", {"input": [[]]}, "input", "empty token list"),
     ("/v1/embeddings", {"input": "x", "model": "generate-tiny"}, "model", "needs a fill-mask"),
     ("/v1/completions", {"model": "generate-tiny", "prompt": ["a"] * 5}, "prompt", "at most 4"),
@@ -283,3 +285,44 @@ async def test_openapi_documents_every_endpoint_with_examples(client):
     for path in ("/health", "/ready", "/metrics", "/v1/models"):
         assert "get" in spec["paths"][path]
     assert (await client.get("/docs")).status_code == 200
+
+
+async def test_docs_pages_load_everything_from_this_server(client):
+    for page in ("/docs", "/redoc"):
+        r = await client.get(page)
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+        refs = [a or b for a, b in re.findall(r"""(?:src|href|spec-url)=["']([^"']+)["']|url: '([^']+)'""", r.text)]
+        assert len(refs) >= 3, r.text  # the script, the favicon, the schema (and Swagger's stylesheet)
+        for ref in refs:
+            assert ref.startswith("/") and not ref.startswith("//"), f"{page} loads {ref} from another host"
+            assert (await client.get(ref)).status_code == 200, ref
+        assert "http://" not in r.text and "https://" not in r.text
+    assert (await client.get("/docs/assets/nope.js")).status_code == 404
+
+
+async def test_docs_and_schema_have_their_own_endpoint_labels(client):
+    def count(text: str, endpoint: str) -> float:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("tserve_requests_total{") and f'endpoint="{endpoint}"' in line)
+
+    paths = ["/docs", "/redoc", "/openapi.json", "/docs/assets/swagger-ui.css"]
+    labels = paths[:3] + ["/docs/assets/{name}"]
+    before = (await client.get("/metrics")).text
+    for path in paths:
+        assert (await client.get(path)).status_code == 200
+    after = (await client.get("/metrics")).text
+    assert [count(after, e) - count(before, e) for e in labels] == [1, 1, 1, 1]
+    assert count(after, "unmatched") == count(before, "unmatched")
+
+
+async def test_a_body_not_sent_as_json_says_so(client):
+    r = await client.post("/v1/generate", content=b'{"prompt": "x"}',
+                          headers={"content-type": "application/x-www-form-urlencoded"})
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["code"] == "invalid_json" and err["param"] == "Content-Type"
+    assert "must be JSON" in err["message"] and "Content-Type: application/json" in err["message"]
+    assert "application/x-www-form-urlencoded" in err["message"]
+    r = await client.post("/v1/generate", content=b'{"prompt": "To be", "max_tokens": 2}')  # no header at all
+    assert r.status_code == 400 and "this request sent no Content-Type" in r.json()["error"]["message"]
+    r = await client.post("/v1/generate", json=["a", "list"])  # JSON, but not an object
+    assert r.status_code == 400 and r.json()["error"]["message"] == "the request body must be a JSON object"

@@ -1,0 +1,99 @@
+"""`python -m service` behaves like uvicorn's command line: flags over TSERVE_* variables,
+--help and --version, unknown or bad flags fail with exit status 2 and a message."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from service.__main__ import FLAGS, settings_from_args
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "service", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_help_lists_every_flag_with_its_variable_and_default():
+    result = run_cli("--help")
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())  # argparse wraps lines anywhere
+    for flag, (name, _) in FLAGS.items():
+        assert re.search(rf"{flag}\b.*?\[env TSERVE_{name.upper()}; default: [^\]]+\]", text), flag
+    for flag in ("--host", "--port", "--weights-dir", "--models", "--device", "--dtype", "--log-level", "--version"):
+        assert flag in text
+    assert "--workers" in text and "replicas" in text  # says why there is none and what to do instead
+
+
+def test_version():
+    result = run_cli("--version")
+    assert result.returncode == 0 and result.stdout.startswith("transformer-serve ")
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--workers", "4"], "unrecognized arguments: --workers 4"),
+    (["--port", "70000"], "--port: Input should be less than or equal to 65535"),
+    (["--port", "eighty"], "argument --port: invalid int value"),
+    (["--dtype", "int4"], "argument --dtype: invalid choice"),
+])
+def test_bad_flags_exit_2_with_a_message(args, needle):
+    result = run_cli(*args)
+    assert result.returncode == 2 and needle in result.stderr, result.stderr
+
+
+def test_a_bad_variable_is_named():
+    result = run_cli("--port", "9000", env={"TSERVE_MAX_BATCH": "0"})
+    assert result.returncode == 2 and "TSERVE_MAX_BATCH: Input should be greater than or equal to 1" in result.stderr
+
+
+def test_flags_override_variables(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # no .env
+    monkeypatch.setenv("TSERVE_PORT", "1234")
+    monkeypatch.setenv("TSERVE_MODELS", "from-env")
+    monkeypatch.setenv("TSERVE_LOG_LEVEL", "debug")
+    plain = settings_from_args([])
+    assert (plain.port, plain.models, plain.log_level) == (1234, "from-env", "debug")
+    flagged = settings_from_args(["--port", "9000", "--models", "a,b", "--host", "0.0.0.0"])
+    assert (flagged.port, flagged.models, flagged.host, flagged.log_level) == (9000, "a,b", "0.0.0.0", "debug")
+
+
+@pytest.mark.slow
+def test_python_m_service_serves_on_the_given_port(weights_dir):
+    port = free_port()
+    env = {**os.environ, "TSERVE_PORT": str(free_port()), "TSERVE_MODELS": "translate-tiny", "TSERVE_WARMUP": "false"}
+    proc = subprocess.Popen([sys.executable, "-m", "service", "--port", str(port), "--weights-dir", str(weights_dir),
+                             "--models", "generate-tiny", "--log-level", "warning"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                if httpx.get(url + "/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the server never answered on the --port given"
+            time.sleep(0.2)
+        models = httpx.get(url + "/v1/models").json()["data"]
+        assert [m["id"] for m in models] == ["generate-tiny"]  # --models won over TSERVE_MODELS
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    # uvicorn shuts down gracefully, then re-raises the SIGTERM it caught, as it should
+    assert proc.returncode in (0, -signal.SIGTERM) and "Traceback" not in out, out
