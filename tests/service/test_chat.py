@@ -134,3 +134,14 @@ def test_real_chat_model_answers_sensibly():
         stream = client.chat.completions.create(model="smollm2-135m-instruct", messages=question, temperature=0,
                                                 max_tokens=30, stream=True)
         assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == r.choices[0].message.content
+
+
+def test_a_gguf_path_in_tserve_models_is_served_under_its_name(tmp_path):
+    from tests.model.gguf_tiny import tiny_llama, train_byte_bpe, write_llama_gguf
+
+    path = write_llama_gguf(tmp_path / "Tiny-Chat.Q8.gguf", tiny_llama(seed=3), train_byte_bpe())
+    with ServerThread(settings_for(tmp_path / "empty", models=str(path), max_seq_len=48)) as s:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0)
+        assert [m.id for m in client.models.list()] == ["Tiny-Chat.Q8"]
+        r = client.chat.completions.create(model="Tiny-Chat.Q8", messages=HELLO[1:], max_tokens=4, temperature=0)
+        assert r.usage.completion_tokens >= 1
