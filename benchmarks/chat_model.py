@@ -116,7 +116,7 @@ def _streams(report: RunReport, section: str, cfg: BenchConfig, sides: dict, n: 
     work = f"{WORKLOAD}, {b} streams decoded together, prompt {cfg.chat_prompt_len}, {n} new"
     if "llama.cpp" in wanted:
         for name in ("ours fp32", "ours int8"):
-            report.rows.append(Row(section, work, "aggregate tokens/s", rate[name], peer="llama.cpp (Q4_1, 32 seqs)",
+            report.rows.append(Row(section, work, "aggregate tokens/s", rate[name], peer=f"llama.cpp (Q4_1, {b} seqs)",
                                    peer_value=rate["llama.cpp"], target=Target(">=", 1.0, text="≥ 1×"),
                                    check=compare_tokens(outs[name], outs["llama.cpp"], None, "streams", exact=False),
                                    note=f"{name}: engine core, 32 slots (prefill included, no HTTP on either side)"))
