@@ -7,8 +7,8 @@ generator at increasing concurrency. While each level runs, a sampler thread rea
 would see (``tserve_waiting_requests``, ``tserve_running_requests``,
 ``tserve_kv_cache_usage_ratio``); the clients record TTFT. The printed table says at which
 queue depth TTFT starts to climb, which is where the HorizontalPodAutoscaler's target
-belongs (README "Kubernetes"). The server's peak RSS is reported too, for the pod's
-memory request and limit.
+belongs (README "Kubernetes"). The server's CPU use per level (cores, from /proc) shows
+why CPU utilisation is no autoscaling signal here, and its peak RSS sizes the pod's memory.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import json
 import os
 import re
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -35,6 +36,12 @@ def read_gauges(url: str) -> dict[str, float]:
     """Each gauge summed over the ``model`` label (one pod = one scrape target)."""
     text = httpx.get(f"{url}/metrics", timeout=5).text
     return {g: sum(float(v) for v in re.findall(rf"^{g}{{[^}}]*}} (\S+)$", text, re.MULTILINE)) for g in GAUGES}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of ``pid`` so far (all its threads), from /proc (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mib(pid: int) -> tuple[float, float]:
@@ -81,14 +88,16 @@ def measure(args: argparse.Namespace) -> dict:
             for c in args.concurrency:
                 sampler = GaugeSampler(server.url, args.sample_s)
                 sampler.start()
+                cpu_before, wall_before = cpu_seconds(server.proc.pid), time.perf_counter()
                 result = asyncio.run(run_load(server.url, specs, c, cfg.service_duration_s, cfg.service_max_tokens))
+                server_cpu = (cpu_seconds(server.proc.pid) - cpu_before) / (time.perf_counter() - wall_before)
                 sampler.stopping.set()
                 sampler.join()
                 p50, p90, p99 = result.percentiles(result.ttfts, (50, 90, 99))
                 row = {"concurrency": c, **{k: round(v, 3) for k, v in sampler.means().items()},
                        "ttft_p50_ms": p50 * 1e3, "ttft_p90_ms": p90 * 1e3, "ttft_p99_ms": p99 * 1e3,
-                       "tokens_per_s": result.tokens_per_s()[0], "requests": len(result.records),
-                       "errors": result.errors, "samples": len(sampler.samples)}
+                       "tokens_per_s": result.tokens_per_s()[0], "server_cpu_cores": server_cpu,
+                       "requests": len(result.records), "errors": result.errors, "samples": len(sampler.samples)}
                 rows.append(row)
                 print(format_row(row), flush=True)
             peak_rss = rss_mib(server.proc.pid)[1]
@@ -100,13 +109,14 @@ def measure(args: argparse.Namespace) -> dict:
 
 
 HEADER = ("| clients | mean waiting | mean running | mean KV usage | TTFT p50 ms | TTFT p90 ms | TTFT p99 ms "
-          "| tokens/s | requests (errors) |\n|---|---|---|---|---|---|---|---|---|")
+          "| tokens/s | server CPU (cores) | requests (errors) |\n|---|---|---|---|---|---|---|---|---|---|")
 
 
 def format_row(r: dict) -> str:
     return (f"| {r['concurrency']} | {r['tserve_waiting_requests']:.1f} | {r['tserve_running_requests']:.1f} "
             f"| {r['tserve_kv_cache_usage_ratio']:.2f} | {r['ttft_p50_ms']:.0f} | {r['ttft_p90_ms']:.0f} "
-            f"| {r['ttft_p99_ms']:.0f} | {r['tokens_per_s']:.0f} | {r['requests']} ({r['errors']}) |")
+            f"| {r['ttft_p99_ms']:.0f} | {r['tokens_per_s']:.0f} | {r['server_cpu_cores']:.2f} "
+            f"| {r['requests']} ({r['errors']}) |")
 
 
 def main() -> None:
