@@ -91,7 +91,8 @@ check_hadolint() {
 check_compose() {
     docker compose config --quiet || fail "docker compose config"
     docker compose -f docker-compose.yml -f docker-compose.gpu.yml config --quiet || fail "compose GPU override"
-    log "docker compose config: valid ($(docker compose config --services | paste -sd' ' -); GPU override too)"
+    docker compose --profile lb config --quiet || fail "compose profile lb (HAProxy)"
+    log "docker compose config: valid ($(docker compose --profile lb config --services | paste -sd' ' -); GPU override too)"
 }
 
 check_prometheus() {
