@@ -1,9 +1,10 @@
-"""Three real replicas behind a real HAProxy (deploy/lb/haproxy.cfg), all on 127.0.0.1.
+"""Real replicas (three ready, one never ready) behind a real HAProxy (deploy/lb/haproxy.cfg), on 127.0.0.1.
 
-Shows what README "Load balancing" promises: requests spread over the replicas, SSE
-streams arrive token by token through the balancer, and a replica that hangs (stops
-answering /ready) or shuts down (SIGTERM) stops getting requests while no client request
-fails: requests already on a terminating replica finish there, new ones go elsewhere.
+Shows what README "Load balancing" promises: requests spread over the ready replicas (a
+fourth one, whose /ready is 503, gets none), SSE streams arrive token by token through the
+balancer, and a replica that hangs (stops answering /ready) or shuts down (SIGTERM) stops
+getting requests while no client request fails: requests already on a terminating replica
+finish there, new ones go elsewhere.
 The tests share one set of processes and run in file order; the last one ends a replica.
 """
 
@@ -32,18 +33,23 @@ def cluster(tmp_path_factory):
     if HAPROXY is None:
         pytest.skip("haproxy is not installed (Debian package `haproxy`; .ci/run installs it)")
     work = tmp_path_factory.mktemp("lb")
-    replicas: list[Replica] = []
-    balancer = None
+    processes: list = []
     try:
         replicas = [Replica(f"replica{i}", work) for i in range(3)]
+        # A fourth replica that never turns ready: its TSERVE_MODELS names no shipped checkpoint,
+        # so /ready answers 503 (and says why) for as long as it runs.
+        unready = Replica("unready", work, model="not-a-shipped-model")
+        processes += replicas + [unready]
         wait_until(lambda: all(r.ready() for r in replicas), 120, "every replica ready", every_s=0.5)
-        balancer = Balancer(HAPROXY, replicas, work)
-        wait_until(lambda: balancer.alive() and all(
-            s == "UP" for s in _states_or_empty(balancer).values()) and len(_states_or_empty(balancer)) == 3,
-            30, "haproxy with 3 servers UP")
-        yield balancer, replicas
+        assert httpx.get(unready.url + "/ready", timeout=5).status_code == 503
+        balancer = Balancer(HAPROXY, replicas + [unready], work)
+        processes.insert(0, balancer)
+        expected = {**{r.name: "UP" for r in replicas}, unready.name: "DOWN"}
+        wait_until(lambda: balancer.alive() and _states_or_empty(balancer) == expected, 30,
+                   f"haproxy server states {expected}")
+        yield balancer, replicas, unready
     finally:
-        for process in ([balancer] if balancer else []) + replicas:
+        for process in processes:
             process.stop()
 
 
@@ -58,8 +64,8 @@ def post(url: str, body: dict = SHORT) -> int:
     return httpx.post(url + "/v1/generate", json=body, timeout=60).status_code
 
 
-def test_requests_are_spread_over_the_replicas(cluster):
-    balancer, replicas = cluster
+def test_requests_are_spread_over_the_ready_replicas(cluster):
+    balancer, replicas, unready = cluster
     before = [r.generate_requests() for r in replicas]
     with ThreadPoolExecutor(6) as pool:
         statuses = list(pool.map(lambda _: post(balancer.url), range(30)))
@@ -67,10 +73,12 @@ def test_requests_are_spread_over_the_replicas(cluster):
     served = [r.generate_requests() - b for r, b in zip(replicas, before)]
     assert sum(served) == 30
     assert min(served) >= 5, f"uneven spread over the replicas: {served}"
+    # The replica whose /ready is 503 got none, whatever the status would have been.
+    assert unready.metric("tserve_requests_total", endpoint="/v1/generate") == 0
 
 
 def test_sse_streams_token_by_token_through_haproxy(cluster):
-    balancer, replicas = cluster
+    balancer, replicas, _ = cluster
     body = {"prompt": "ROMEO:", "max_tokens": 120, "temperature": 0, "ignore_eos": True, "stream": True}
     arrivals: list[float] = []
     running_at_first_token = None
@@ -94,7 +102,7 @@ def test_sse_streams_token_by_token_through_haproxy(cluster):
 
 
 def test_a_replica_that_stops_answering_ready_is_taken_out_and_back(cluster):
-    balancer, replicas = cluster
+    balancer, replicas, _ = cluster
     frozen = replicas[2]
     before = frozen.generate_requests()
     frozen.signal(signal.SIGSTOP)  # hung: its /ready check times out
@@ -110,7 +118,7 @@ def test_a_replica_that_stops_answering_ready_is_taken_out_and_back(cluster):
 
 
 def test_sigterm_drains_a_replica_without_failing_a_request(cluster):
-    balancer, replicas = cluster
+    balancer, replicas, _ = cluster
     # A long stream is in flight when its replica gets SIGTERM; short requests keep arriving.
     stream_body = {"prompt": "HAMLET:", "max_tokens": 300, "temperature": 0, "ignore_eos": True, "stream": True}
     stream_tokens: list[int] = []
