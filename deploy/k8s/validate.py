@@ -7,11 +7,12 @@ prometheus-operator models are not project dependencies).
   ``kubernetes-validate`` ships, for each version in KUBERNETES_VERSIONS: the oldest
   Kubernetes these manifests support (the preStop/HPA/PDB APIs used exist since 1.23; 1.30
   is the oldest release still maintained by the big providers) and the newest schemas shipped.
-- Custom resources: kubernetes-validate has no schemas for CRDs. ServiceMonitor is
-  validated with the pydantic models generated from the Prometheus Operator's CRD schema
-  (PyPI ``cloudcoil-models-prometheus-operator``); those models ignore unknown fields, so
-  the round trip is compared with the input to reject them here too. Any other kind
-  without a schema is an error, so a new CRD cannot slip through unchecked.
+- Custom resources: kubernetes-validate has no schemas for CRDs. ServiceMonitor and KEDA's
+  ScaledObject are validated with the pydantic models generated from the CRD schemas of the
+  Prometheus Operator and KEDA (PyPI ``cloudcoil-models-prometheus-operator``,
+  ``cloudcoil-models-keda``); those models ignore unknown fields, so the round trip is
+  compared with the input to reject them here too. Any other kind without a schema is an
+  error, so a new CRD cannot slip through unchecked.
 """
 
 from __future__ import annotations
@@ -37,24 +38,36 @@ def unknown_fields(given, parsed, path: str = "") -> list[str]:
     return []
 
 
-def check_service_monitor(doc: dict) -> list[str]:
-    from cloudcoil.models.prometheus_operator.v1 import ServiceMonitor
+def check_custom_resource(model, doc: dict) -> list[str]:
     from pydantic import ValidationError
 
     try:
-        parsed = ServiceMonitor.model_validate(doc).model_dump(mode="json", by_alias=True, exclude_unset=True)
+        parsed = model.model_validate(doc).model_dump(mode="json", by_alias=True, exclude_unset=True)
     except ValidationError as exc:
         return [str(exc)]
     return [f"unknown field {p}" for p in unknown_fields(doc, parsed)]
 
 
-CRD_CHECKS = {("monitoring.coreos.com/v1", "ServiceMonitor"): check_service_monitor}
+def service_monitor_model():
+    from cloudcoil.models.prometheus_operator.v1 import ServiceMonitor
+
+    return ServiceMonitor
+
+
+def scaled_object_model():
+    from cloudcoil.models.keda.v1alpha1 import ScaledObject
+
+    return ScaledObject
+
+
+CRD_MODELS = {("monitoring.coreos.com/v1", "ServiceMonitor"): service_monitor_model,
+              ("keda.sh/v1alpha1", "ScaledObject"): scaled_object_model}
 
 
 def check(doc: dict) -> list[str]:
     key = (doc.get("apiVersion"), doc.get("kind"))
-    if key in CRD_CHECKS:
-        return CRD_CHECKS[key](doc)
+    if key in CRD_MODELS:
+        return check_custom_resource(CRD_MODELS[key](), doc)
     errors = []
     for version in KUBERNETES_VERSIONS:
         try:

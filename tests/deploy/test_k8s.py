@@ -49,8 +49,10 @@ def settings_env(objs) -> dict[str, str]:
 
 
 def test_every_overlay_has_the_objects_the_issue_lists(rendered):
-    assert {"Deployment", "Service", "ConfigMap", "PodDisruptionBudget", "HorizontalPodAutoscaler",
-            "ServiceMonitor", "NetworkPolicy", "ServiceAccount", "Namespace"} <= set(rendered)
+    assert {"Deployment", "Service", "ConfigMap", "PodDisruptionBudget", "ServiceMonitor", "NetworkPolicy",
+            "ServiceAccount", "Namespace"} <= set(rendered)
+    # One autoscaler: our HPA (prometheus-adapter), or KEDA's ScaledObject, which makes its own HPA.
+    assert len({"HorizontalPodAutoscaler", "ScaledObject"} & set(rendered)) == 1
     namespaces = {d["metadata"].get("namespace") for k, d in rendered.items() if k not in ("overlay", "Namespace")}
     assert namespaces == {rendered["Namespace"]["metadata"]["name"]}
 
@@ -121,11 +123,27 @@ def test_selectors_select(rendered):
     service_ports = {p["name"] for p in service["spec"]["ports"]}
     assert {e["port"] for e in monitor["endpoints"]} <= service_ports
     assert all(e["path"] == "/metrics" for e in monitor["endpoints"])
-    target = rendered["HorizontalPodAutoscaler"]["spec"]["scaleTargetRef"]
+    autoscaler = rendered.get("HorizontalPodAutoscaler") or rendered["ScaledObject"]
+    target = autoscaler["spec"]["scaleTargetRef"]
     assert (target["kind"], target["name"]) == ("Deployment", rendered["Deployment"]["metadata"]["name"])
 
 
-def test_the_hpa_metric_is_served_by_the_adapter_from_an_exported_metric(rendered):
+def exported_metrics() -> set[str]:
+    return {m.name for m in Metrics().registry.collect()}
+
+
+def base_hpa() -> dict:
+    return yaml.safe_load((K8S / "base" / "horizontalpodautoscaler.yaml").read_text())["spec"]
+
+
+def test_the_autoscaler_scales_on_an_exported_metric(rendered):
+    if "HorizontalPodAutoscaler" in rendered:
+        check_hpa_metric_is_served_by_the_adapter(rendered)
+    else:
+        check_keda_scales_on_the_same_metric_and_target_as_the_hpa(rendered)
+
+
+def check_hpa_metric_is_served_by_the_adapter(rendered):
     hpa = rendered["HorizontalPodAutoscaler"]["spec"]
     assert hpa["minReplicas"] >= 2  # with the PDB's maxUnavailable 1, a drain never empties the service
     (metric,) = hpa["metrics"]
@@ -134,8 +152,21 @@ def test_the_hpa_metric_is_served_by_the_adapter_from_an_exported_metric(rendere
     rules = yaml.safe_load((K8S / "prometheus-adapter" / "values.yaml").read_text())["rules"]["custom"]
     (rule,) = [r for r in rules if r["name"]["as"] == name]
     series = re.match(r"(\w+)\{", rule["seriesQuery"]).group(1)
-    assert series in {m.name for m in Metrics().registry.collect()}
+    assert series in exported_metrics()
     assert rule["resources"]["overrides"]["pod"] == {"resource": "pod"}
+
+
+def check_keda_scales_on_the_same_metric_and_target_as_the_hpa(rendered):
+    spec, hpa = rendered["ScaledObject"]["spec"], base_hpa()
+    (trigger,) = spec["triggers"]
+    assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
+    (target,) = [m["pods"] for m in hpa["metrics"]]
+    assert target["metric"]["name"] in exported_metrics()
+    assert re.search(rf"\b{target['metric']['name']}\{{namespace=\"{rendered['Namespace']['metadata']['name']}\"}}",
+                     trigger["metadata"]["query"])
+    assert float(trigger["metadata"]["threshold"]) == float(target["target"]["averageValue"])
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (hpa["minReplicas"], hpa["maxReplicas"])
+    assert spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"] == hpa["behavior"]
 
 
 def test_every_checkov_skip_says_why(rendered):
