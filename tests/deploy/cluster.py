@@ -133,5 +133,12 @@ class Balancer(Process):
         return {row["svname"]: row["status"] for row in csv.DictReader(io.StringIO(text))
                 if row["pxname"] == "tserve" and row["svname"] not in ("FRONTEND", "BACKEND")}
 
+    def diagnostics(self) -> str:
+        """Server state changes and the requests that did not end in 200, from HAProxy's log."""
+        lines = [line for line in self.log_tail(200_000).splitlines() if not line.startswith("[")]
+        changes = [line.split(", check duration")[0] for line in lines if " is DOWN" in line or " is UP" in line]
+        failed = [line for line in lines if '"POST ' in line and " 200 " not in line]
+        return "\n".join(["haproxy state changes:", *changes, f"non-200 requests ({len(failed)}):", *failed[:10]])
+
     def wait_state(self, server: str, state: str, timeout_s: float = 20) -> None:
         wait_until(lambda: self.server_states().get(server) == state, timeout_s, f"haproxy: {server} {state}")
