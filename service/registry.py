@@ -7,15 +7,13 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.metadata
 import logging
 from pathlib import Path
 
-from model import CheckpointError, is_checkpoint
+from model import CheckpointError, is_model_dir, load_model
 from model.config import DTYPES
 from model.int8 import quantize_int8_
-from model.manifest import is_manifest_dir, read_manifest
-from model.model_sources import load_model
+from model.manifest import ManifestError, is_manifest_dir, locate, read_manifest
 from service.encoder_engine import EncoderEngine
 from service.engine import BaseEngine, GenerativeEngine
 from service.engine_errors import EngineStoppedError, InvalidRequestError, ModelNotFoundError
@@ -28,22 +26,6 @@ FAMILY_NAMES = {"encoder-decoder": "translation (encoder-decoder)", "decoder": "
                 "encoder": "fill-mask/embedding (encoder)"}
 
 
-def _package_installed(manifest_dir: Path) -> bool:
-    """Without TSERVE_MODELS a manifest whose pinned package is not installed (an image built
-    without requirements-models.txt) is skipped with a warning; named explicitly, it fails."""
-    try:
-        manifest = read_manifest(manifest_dir)
-        installed = importlib.metadata.version(manifest.package)
-    except (CheckpointError, importlib.metadata.PackageNotFoundError) as exc:
-        log.warning("skipping %s: %s", manifest_dir.name, exc)
-        return False
-    if installed != manifest.version:
-        log.warning("skipping %s: needs %s==%s, %s is installed", manifest_dir.name, manifest.package,
-                    manifest.version, installed)
-        return False
-    return True
-
-
 class EngineRegistry:
     def __init__(self, settings: Settings, metrics: Metrics):
         self.settings, self.metrics = settings, metrics
@@ -51,33 +33,55 @@ class EngineRegistry:
         self.error: str | None = None
         self.started = False
 
-    def discover(self) -> list[Path]:
+    def discover(self) -> list[tuple[str, Path]]:
+        """(name, path) of each model to load. ``TSERVE_MODELS`` entries are names in the weights
+        directory or paths (a model directory or a ``.gguf`` file); without it, every model
+        directory there, skipping (with a warning) manifests whose weight package is missing."""
         root = self.settings.weights_dir
-        found = {p.name: p for p in sorted(root.iterdir())} if root.is_dir() else {}
-        found = {name: p for name, p in found.items() if is_checkpoint(p) or is_manifest_dir(p)}
+        found = {p.name: p for p in sorted(root.iterdir()) if is_model_dir(p)} if root.is_dir() else {}
         wanted = self.settings.model_names()
-        missing = [m for m in wanted if m not in found]
+        if not wanted:
+            found = {name: p for name, p in found.items() if self._installed(p)}
+            if not found:
+                raise CheckpointError(f"no model directories (config.json + model.safetensors, or manifest.json) "
+                                      f"in {root.resolve()}")
+            return list(found.items())
+        chosen, missing = [], []
+        for entry in wanted:
+            path = Path(entry)
+            if entry in found:
+                chosen.append((entry, found[entry]))
+            elif ("/" in entry or entry.endswith(".gguf")) and path.exists():
+                chosen.append((path.name.removesuffix(".gguf"), path))
+            else:
+                missing.append(entry)
         if missing:
-            raise CheckpointError(f"TSERVE_MODELS names {missing}, not found in {root} (found: {sorted(found)})")
-        if not found:
-            raise CheckpointError(f"no checkpoints (config.json + model.safetensors, or manifest.json) in "
-                                  f"{root.resolve()}")
-        if wanted:
-            return [found[m] for m in wanted]
-        return [p for p in found.values() if is_checkpoint(p) or _package_installed(p)]
+            raise CheckpointError(f"TSERVE_MODELS names {missing}: neither a model in {root} (found: {sorted(found)}) "
+                                  "nor an existing path")
+        return chosen
+
+    @staticmethod
+    def _installed(path: Path) -> bool:
+        if not is_manifest_dir(path):
+            return True
+        try:
+            locate(read_manifest(path))
+        except ManifestError as exc:
+            log.warning("skipping %s: %s", path.name, exc)
+            return False
+        return True
 
     async def start(self) -> None:
         try:
-            for path in self.discover():
-                # our checkpoints, and manifests naming a pinned package (GGUF, sentence-transformers)
+            for name, path in self.discover():
                 ckpt = await asyncio.to_thread(load_model, path, self.settings.device, DTYPES[self.settings.dtype])
                 if self.settings.quantize == "int8":
                     await asyncio.to_thread(quantize_int8_, ckpt.model)
                 else:
                     ckpt.model.optimize_for_inference()  # prepacked CPU weights: faster small-batch decoding
                 cls = EncoderEngine if ckpt.config.family == "encoder" else GenerativeEngine
-                engine = cls(path.name, ckpt, self.settings, self.metrics)
-                self.engines[path.name] = engine
+                engine = cls(name, ckpt, self.settings, self.metrics)
+                self.engines[name] = engine
                 await engine.start()
         except Exception as exc:
             self.error = f"{type(exc).__name__}: {exc}"

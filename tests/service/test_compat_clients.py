@@ -227,6 +227,6 @@ def test_manifests_of_missing_packages_are_skipped_unless_named(compat_weights, 
     (tmp_path / "absent" / "manifest.json").write_text(json.dumps({**manifest, "package": "no-such-package-xyz"}))
     (tmp_path / "all-minilm-l6-v2").symlink_to(REPO / "weights" / "all-minilm-l6-v2")
     found = EngineRegistry(settings_for(tmp_path), Metrics()).discover()
-    assert [p.name for p in found] == ["all-minilm-l6-v2"]
+    assert [name for name, _ in found] == ["all-minilm-l6-v2"]
     named = EngineRegistry(settings_for(tmp_path, models="absent"), Metrics())
-    assert [p.name for p in named.discover()] == ["absent"]  # named: loading it fails with the install hint
+    assert [name for name, _ in named.discover()] == ["absent"]  # named: loading it fails with the install hint
