@@ -77,8 +77,7 @@ class EngineRegistry:
                 ckpt = await asyncio.to_thread(load_model, path, self.settings.device, DTYPES[self.settings.dtype])
                 if self.settings.quantize == "int8":
                     await asyncio.to_thread(quantize_int8_, ckpt.model)
-                else:
-                    ckpt.model.optimize_for_inference()  # prepacked CPU weights: faster small-batch decoding
+                ckpt.model.optimize_for_inference()  # prepacked CPU weights (those left in float)
                 cls = EncoderEngine if ckpt.config.family == "encoder" else GenerativeEngine
                 engine = cls(name, ckpt, self.settings, self.metrics)
                 self.engines[name] = engine
