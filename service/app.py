@@ -19,7 +19,7 @@ from service.dependencies import require_api_key
 from service.errors import install_error_handlers
 from service.logging_config import configure_logging
 from service.metrics import Metrics
-from service.middleware import BodyLimitMiddleware, RequestLogMiddleware
+from service.middleware import ApiKeyFirstMiddleware, BodyLimitMiddleware, RequestLogMiddleware
 from service.registry import EngineRegistry
 from service.routes import completions, docs, encoder, generate, system, translate
 from service.settings import Settings
@@ -67,6 +67,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(api)
 
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    if settings.api_key is not None:  # outside the body limit: no key, no 413 either
+        app.add_middleware(ApiKeyFirstMiddleware, routes=app.router.routes, settings=settings)
     origins = settings.cors_origin_list()
     if origins:
         app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST"],

@@ -137,6 +137,7 @@ def test_overload_returns_429_while_admitted_requests_complete(weights_dir):
             if r.status_code == 429:
                 assert r.headers["retry-after"] == "1"
                 assert r.json()["error"]["type"] == "overloaded_error"
+                assert "queue full (2 of 2 waiting)" in r.json()["error"]["message"]  # the queue as configured
             else:
                 assert r.json()["usage"]["completion_tokens"] == 100
         assert codes.count(200) >= 4  # 2 slots + 2 queued were always admitted
