@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from service.schemas import RequestModel, Usage, check_stop, normalise_stop
+from service.schemas import MAX_SEED, RequestModel, Usage, check_stop, normalise_stop
 
 
 class StreamOptions(RequestModel):
@@ -34,7 +34,7 @@ class CompletionRequest(RequestModel):
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     best_of: int | None = Field(None, ge=1, le=8)
     logit_bias: dict[str, float] | None = None
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
     suffix: str | None = None
     user: str | None = None
     # extensions (vLLM accepts the same names)

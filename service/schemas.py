@@ -9,9 +9,9 @@ OpenAI-shaped bodies are in ``service.openai_schemas``.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from service.engine import MAX_STOP_STRINGS, MAX_TOP_LOGPROBS
 
@@ -33,6 +33,9 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
+# The largest integer every JSON parser reads exactly (IEEE doubles: JavaScript, jsonschema validators).
+MAX_SEED = 2**53 - 1
+
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -51,6 +54,25 @@ def invalid_unicode(value: Any) -> str | None:
     return None
 
 
+def _wants_int(annotation: Any) -> bool:
+    """An int field (or list of ints) that takes no float: ``int | None``, ``list[list[int]]``."""
+    found: set[Any] = set()
+    stack = [annotation]
+    while stack:
+        t = stack.pop()
+        found.add(t)
+        stack += get_args(t)
+    return int in found and float not in found
+
+
+def _as_ints(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_as_ints(v) for v in value]
+    return value
+
+
 def printable(text: str) -> str:
     """Client text safe to echo in a message: lone surrogates escaped (``\\ud83d``)."""
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
@@ -66,6 +88,14 @@ class RequestModel(BaseModel):
     """
 
     model_config = ConfigDict(strict=True, allow_inf_nan=False, populate_by_name=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _integral_floats(cls, value: Any, info: ValidationInfo) -> Any:
+        """JSON Schema counts ``5.0`` as an integer, so the schema's integers take it (never
+        ``"5"``, never ``true``)."""
+        field = cls.model_fields.get(info.field_name or "")
+        return _as_ints(value) if field is not None and _wants_int(field.annotation) else value
 
     @field_validator("*", mode="after")
     @classmethod
@@ -105,7 +135,7 @@ class SamplingFields(RequestModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     repetition_penalty: float = Field(1.0, gt=0.0, le=10.0, description="> 1 discourages repeats (CTRL rule)")
     stop: list[str] = Field(default_factory=list, description=f"up to {MAX_STOP_STRINGS} stop strings")
-    seed: int | None = Field(None, ge=0, le=2**63 - 1, description="same seed + same request = same output")
+    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="same seed + same request = same output")
     ignore_eos: bool = False
 
     @field_validator("stop", mode="before", json_schema_input_type=str | list[str] | None)
@@ -160,7 +190,7 @@ class TranslateRequest(RequestModel):
     length_penalty: float = Field(1.0, ge=0.0, le=5.0, description="beam score = logprob / length^penalty")
     max_tokens: int = Field(128, ge=1, le=1024, validation_alias=AliasChoices("max_tokens", "max_new_tokens"))
     temperature: float = Field(0.0, ge=0.0, le=100.0, description="with beam_size 1: 0 = greedy")
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
     stream: bool = Field(False, description="SSE; needs a single text (beam search sends one final chunk)")
 
     model_config = ConfigDict(json_schema_extra={"examples": [
