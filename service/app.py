@@ -61,14 +61,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(system.probes, dependencies=probe_deps)
     app.include_router(docs.router)
     api = APIRouter(dependencies=auth)
-    for module in (generate, completions, translate, encoder):
-        api.include_router(module.router)
-    api.include_router(system.models)
+    api_routers = [module.router for module in (generate, completions, translate, encoder)] + [system.models]
+    for router in api_routers:
+        api.include_router(router)
     app.include_router(api)
 
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     if settings.api_key is not None:  # outside the body limit: no key, no 413 either
-        app.add_middleware(ApiKeyFirstMiddleware, routes=app.router.routes, settings=settings)
+        keyed = api_routers + ([system.probes] if settings.protect_health_and_metrics else [])
+        app.add_middleware(ApiKeyFirstMiddleware, routes=[r for router in keyed for r in router.routes],
+                           settings=settings)
     origins = settings.cors_origin_list()
     if origins:
         app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST"],

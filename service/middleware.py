@@ -19,7 +19,7 @@ import uuid
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.dependencies import API_KEY_MESSAGE, api_key_ok, require_api_key
+from service.dependencies import API_KEY_MESSAGE, api_key_ok
 from service.engine_errors import error_body, error_status
 from service.metrics import Metrics
 from service.settings import Settings
@@ -40,34 +40,17 @@ async def _send_error(send: Send, code: str, message: str, headers: list[tuple[b
     await send({"type": "http.response.body", "body": body})
 
 
-def _requires_key(route: BaseRoute) -> bool:
-    stack = [getattr(route, "dependant", None)]
-    while stack:
-        dependant = stack.pop()
-        if dependant is not None:
-            if dependant.call is require_api_key:
-                return True
-            stack += dependant.dependencies
-    return False
-
-
 class ApiKeyFirstMiddleware:
     """FastAPI reads and parses a body before it runs a route's dependencies, so a malformed body
-    would get its 400 before the API key is checked. This checks the key first, for exactly
-    the routes that depend on ``require_api_key``."""
+    would get its 400 before the API key is checked. This checks the key first, for the routes
+    given (those the app puts behind ``require_api_key``)."""
 
     def __init__(self, app: ASGIApp, routes: list[BaseRoute], settings: Settings):
         self.app, self.routes, self.settings = app, routes, settings
-        self._protected: dict[int, bool] = {}
 
     def _protected_route(self, scope: Scope) -> bool:
-        for route in self.routes:
-            match, _ = route.matches(scope)
-            if match is not Match.NONE:  # PARTIAL: the path with another method (405 after the key)
-                if id(route) not in self._protected:
-                    self._protected[id(route)] = _requires_key(route)
-                return self._protected[id(route)]
-        return False
+        # PARTIAL: the path with another method (its 405 comes after the key)
+        return any(route.matches(scope)[0] is not Match.NONE for route in self.routes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and self._protected_route(scope):
