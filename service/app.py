@@ -21,7 +21,7 @@ from service.logging_config import configure_logging
 from service.metrics import Metrics
 from service.middleware import ApiKeyFirstMiddleware, BodyLimitMiddleware, RequestLogMiddleware
 from service.registry import EngineRegistry
-from service.routes import completions, docs, encoder, generate, system, translate
+from service.routes import chat, completions, docs, encoder, generate, system, translate
 from service.settings import Settings
 
 DESCRIPTION = """Transformer inference: translation (encoder-decoder), generation (decoder-only),
@@ -61,7 +61,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(system.probes, dependencies=probe_deps)
     app.include_router(docs.router)
     api = APIRouter(dependencies=auth)
-    api_routers = [module.router for module in (generate, completions, translate, encoder)] + [system.models]
+    api_routers = [module.router for module in (generate, completions, chat, translate, encoder)] + [system.models]
     for router in api_routers:
         api.include_router(router)
     app.include_router(api)

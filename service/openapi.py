@@ -22,6 +22,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from service.engine import MAX_STOP_STRINGS
 from service.registry import FAMILY_NAMES
 
 # request schema -> (the family its endpoint serves, its text-input fields)
@@ -33,7 +34,7 @@ REQUESTS = {
     "EmbeddingRequest": ("encoder", ["input"]),
 }
 STREAMING = {"/v1/generate": "GenerateChunk", "/v1/completions": "CompletionChunk",
-             "/v1/translate": "TranslateChunk"}
+             "/v1/translate": "TranslateChunk", "/v1/chat/completions": "ChatCompletionChunk"}
 TOKEN_LIMIT = (" Tokens are checked too: a prompt's tokens + max_tokens (a translation source's or an encoder "
                "input's tokens alone) must fit the model's max_seq_len (GET /v1/models), else 400.")
 ERROR = {"$ref": "#/components/schemas/ErrorResponse"}
@@ -65,14 +66,42 @@ def contract(app: FastAPI) -> dict[str, Any]:
             if "dimensions" in props:
                 widths = sorted({e.cfg.d_model for e in engines})
                 _set(props["dimensions"], enum=widths)
+    for name, request in components.items():  # stop strings: non-empty, at most MAX_STOP_STRINGS
+        stop = request.get("properties", {}).get("stop") if name.endswith("Request") else None
+        for branch in (stop or {}).get("anyOf", []):
+            if branch.get("type") == "string":
+                branch["minLength"] = 1
+            elif branch.get("type") == "array":
+                branch.update(maxItems=MAX_STOP_STRINGS, items={"type": "string", "minLength": 1})
     # OpenAI fields accepted only at their neutral value (anything else: 400 "not supported")
+    neutral = {"type": "null"}, "not supported: only null or an empty value"
     cmpl = components["CompletionRequest"]["properties"]
-    for name in ("presence_penalty", "frequency_penalty"):
-        cmpl[name].update(enum=[0], description="not supported: only 0 (use repetition_penalty)")
-    cmpl["logit_bias"] = {"anyOf": [{"type": "object", "maxProperties": 0}, {"type": "null"}],
-                          "description": "not supported: only empty or null"}
-    cmpl["suffix"] = {"anyOf": [{"type": "string", "maxLength": 0}, {"type": "null"}],
-                      "description": "not supported: only empty or null"}
+    cmpl["logit_bias"] = {"anyOf": [{"type": "object", "maxProperties": 0}, neutral[0]], "description": neutral[1]}
+    cmpl["suffix"] = {"anyOf": [{"type": "string", "maxLength": 0}, neutral[0]], "description": neutral[1]}
+    chat = components.get("ChatCompletionRequest", {}).get("properties", {})
+    if chat:
+        chat_models = [e.name for e in registry.engines.values() if e.family == "decoder" and e.chat is not None]
+        _model_field(chat["model"], "decoder", chat_models)
+        chat["model"]["description"] += "; only a model with a chat template (GET /v1/models: chat), else 400"
+        chat["logit_bias"] = {"anyOf": [{"type": "object", "maxProperties": 0}, neutral[0]],
+                              "description": neutral[1]}
+        for name in ("tools", "functions"):
+            chat[name] = {"anyOf": [{"type": "array", "maxItems": 0}, neutral[0]], "description": neutral[1]}
+        chat["audio"] = {"type": "null", "description": neutral[1]}
+        chat["tool_choice"] = chat["function_call"] = {"enum": [None, "none"], "description": neutral[1]}
+        message = components["ChatMessage"]
+        message["required"] = sorted({*message.get("required", []), "content"})
+        message["properties"]["content"]["anyOf"] = [
+            b for b in message["properties"]["content"]["anyOf"] if b.get("type") != "null"]
+        for name in ("tool_calls", "function_call", "audio", "refusal"):
+            message["properties"][name] = {"type": "null", "description": neutral[1]}
+        part = components["TextPart"]
+        part["properties"]["type"] = {"const": "text"}
+        part["properties"]["text"] = {"type": "string"}
+        part["required"] = ["type", "text"]
+        components["ResponseFormat"]["properties"]["type"] = {"const": "text"}
+        chat["modalities"] = {"anyOf": [{"type": "array", "items": {"const": "text"}, "minItems": 1,
+                                         "maxItems": 1}, neutral[0]], "description": "only [\"text\"]"}
     for path, item in schema["paths"].items():
         for op in item.values():
             responses = op.setdefault("responses", {})
@@ -111,6 +140,11 @@ CHUNKS = {
             "index": {"type": "integer"}, "text": {"type": "string"},
             "logprobs": {"anyOf": [_ref("CompletionLogprobs"), {"type": "null"}]},
             "finish_reason": {"enum": ["stop", "length", None]}}}}),
+    "ChatCompletionChunk": _chunk("chat.completion.chunk", usage=_ref("Usage"), choices={"type": "array", "items": {
+        "type": "object", "required": ["index", "delta", "finish_reason"], "properties": {
+            "index": {"type": "integer"}, "finish_reason": {"enum": ["stop", "length", None]},
+            "delta": {"type": "object", "properties": {"role": {"const": "assistant"}, "content": {"type": "string"}}},
+            "logprobs": {"anyOf": [_ref("ChoiceLogprobs"), {"type": "null"}]}}}}),
 }
 
 
