@@ -119,7 +119,8 @@ async def soak(url: str, pid: int, n: int, concurrency: int, seed: int) -> dict:
     return {"requests": n, "concurrency": concurrency, "seconds": round(elapsed, 1), "statuses": statuses,
             "problems": problems[:20], "rss_mib_after_warmup": round(after_warmup, 1),
             "rss_mib_at_half": round(half, 1), "rss_mib_end": round(end, 1),
-            "rss_growth_second_half": round((end - half) / half, 4), "rss_peak_mib": round(max(m for _, m in rss), 1)}
+            "rss_growth_second_half": round((end - half) / half, 4), "rss_peak_mib": round(max(m for _, m in rss), 1),
+            "rss_mib_by_tenth": [round(next(m for d, m in rss if d >= n * k // 10), 1) for k in range(1, 11)]}
 
 
 def main(argv: list[str] | None = None) -> int:
