@@ -16,6 +16,7 @@ from tests.service.server_thread import ServerThread
 
 LIMITS = dict(max_texts=4, max_text_chars=200, max_body_bytes=4096, max_seq_len=128, max_queue=64)
 GEN, CMPL, TR, FM, EMB = "/v1/generate", "/v1/completions", "/v1/translate", "/v1/fill-mask", "/v1/embeddings"
+CHAT = "/v1/chat/completions"
 M = {"model": "generate-tiny"}
 OK = 200
 
@@ -52,6 +53,10 @@ CASES = [
     ("surrogate-model-name", CMPL, b'{"model": "x\\ud83d", "prompt": "a"}', 400, "model"),
     ("surrogate-stop", GEN, b'{"prompt": "a", "stop": ["\\udfff"]}', 400, "stop"),
     ("surrogate-user", EMB, b'{"input": "a", "user": "\\ud800"}', 400, "user"),
+    ("surrogate-chat-content", CHAT, J(M | {"messages": [{"role": "user", "content": "x"}]}).replace(b'"x"',
+     b'"\\ud83d"'), 400, "messages"),
+    ("surrogate-chat-part", CHAT, b'{"model": "generate-tiny", "messages": [{"role": "user", "content": '
+     b'[{"type": "text", "text": "\\udc00"}]}]}', 400, "messages"),
     # coerced types: strict, as OpenAI's API
     ("logprobs-false", GEN, J({"prompt": "a", "logprobs": False}), 400, "logprobs"),
     ("stream-0", GEN, J({"prompt": "a", "stream": 0}), 400, "stream"),
@@ -68,6 +73,11 @@ CASES = [
     ("stream-options-int", CMPL, J(M | {"prompt": "a", "stream": True, "stream_options": {"include_usage": 1}}),
      400, "stream_options"),
     ("temperature-bool", GEN, J({"prompt": "a", "temperature": True}), 400, "temperature"),
+    ("chat-logprobs-1", CHAT, J(M | {"messages": [{"role": "user", "content": "hi"}], "logprobs": 1}), 400,
+     "logprobs"),
+    ("chat-stream-0", CHAT, J(M | {"messages": [{"role": "user", "content": "hi"}], "stream": 0}), 400, "stream"),
+    ("chat-content-number", CHAT, J(M | {"messages": [{"role": "user", "content": 5}]}), 400, "messages"),
+    ("chat-ok", CHAT, J(M | {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}), OK, None),
     # huge, negative, non-finite numbers
     ("max-tokens-huge", GEN, b'{"prompt": "a", "max_tokens": 1e400}', 400, "max_tokens"),
     ("max-tokens-bigint", GEN, J({"prompt": "a", "max_tokens": 10**40}), 400, "max_tokens"),
