@@ -13,15 +13,15 @@ from service.settings import Settings
 
 
 class ServerThread:
-    def __init__(self, settings: Settings):
-        self.app = create_app(settings)
+    def __init__(self, settings: Settings, ready_timeout: float = 60.0):
+        self.app, self.ready_timeout = create_app(settings), ready_timeout
         # the server `python -m service` runs (header limits, drain at shutdown), on a free port
         self.server = build_server(self.app, settings, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> ServerThread:
         self.thread.start()
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + self.ready_timeout
         while not self.server.started:
             if time.monotonic() > deadline or not self.thread.is_alive():
                 raise RuntimeError("uvicorn did not start")
