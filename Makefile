@@ -10,7 +10,7 @@ EXTRAS ?= dev
 # Extra arguments for the benchmark, e.g. make bench BENCH_ARGS="--quick" or "--threads 1 --only decode"
 BENCH_ARGS ?=
 
-.PHONY: setup run test bench lint clean
+.PHONY: setup run test bench lint clean reliability soak
 
 setup: $(VENV)/.installed-$(EXTRAS)
 
@@ -35,6 +35,15 @@ test: setup
 bench:
 	$(MAKE) setup EXTRAS=dev,llama
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
+
+# The reliability suite alone (also part of `make test`): schemathesis contract, bad input,
+# disconnect storm, overload, SIGTERM with streams in flight. Bounded: about a minute.
+reliability: setup
+	$(BIN)/python -m pytest -q tests/reliability
+
+# Soak (not a test): mixed requests against python -m service, RSS growth (README, "Reliability")
+soak: setup
+	$(BIN)/python -m benchmarks.soak
 
 lint: setup
 	$(BIN)/ruff check model service tests benchmarks deploy

@@ -86,13 +86,12 @@ def settings_from_args(argv: list[str] | None = None) -> Settings:
 
 def main(argv: list[str] | None = None) -> None:
     settings = settings_from_args(argv)
-    import uvicorn  # after the flags: --help and errors answer without loading the web stack
-
+    # after the flags: --help and errors answer without loading the web stack
     from service.app import create_app
+    from service.server import build_server
 
     app = create_app(settings)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False,
-                timeout_graceful_shutdown=max(1, int(settings.shutdown_grace_s)))
+    build_server(app, settings).run()
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from service.dependencies import require_api_key
 from service.errors import install_error_handlers
 from service.logging_config import configure_logging
 from service.metrics import Metrics
-from service.middleware import BodyLimitMiddleware, RequestLogMiddleware
+from service.middleware import ApiKeyFirstMiddleware, BodyLimitMiddleware, RequestLogMiddleware
 from service.registry import EngineRegistry
 from service.routes import chat, compat, completions, docs, encoder, generate, system, translate
 from service.settings import Settings
@@ -61,16 +61,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(system.probes, dependencies=probe_deps)
     app.include_router(docs.router)
     api = APIRouter(dependencies=auth)
-    for module in (generate, completions, chat, translate, encoder):
-        api.include_router(module.router)
-    api.include_router(system.models)
-    for router in compat.BEARER_AUTH:  # TGI, TEI, InferenceClient: Authorization: Bearer, like ours
+    api_routers = [module.router for module in (generate, completions, chat, translate, encoder)] + [system.models]
+    api_routers += list(compat.BEARER_AUTH)  # TGI, TEI, InferenceClient: Authorization: Bearer, like ours
+    for router in api_routers:
         api.include_router(router)
     app.include_router(api)
     for router in compat.OWN_AUTH:  # LibreTranslate's api_key field, DeepL's DeepL-Auth-Key header
         app.include_router(router)
 
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    if settings.api_key is not None:  # outside the body limit: no key, no 413 either
+        keyed = api_routers + ([system.probes] if settings.protect_health_and_metrics else [])
+        app.add_middleware(ApiKeyFirstMiddleware, routes=[r for router in keyed for r in router.routes],
+                           settings=settings)
     origins = settings.cors_origin_list()
     if origins:
         app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST"],

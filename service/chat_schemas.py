@@ -13,10 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from service.engine import MAX_TOP_LOGPROBS
 from service.openai_schemas import StreamOptions
-from service.schemas import Usage, normalise_stop
+from service.schemas import MAX_SEED, RequestModel, Usage, check_stop, normalise_stop
 
 
-class TextPart(BaseModel):
+class TextPart(RequestModel):
     type: str
     text: str | None = None
 
@@ -32,7 +32,7 @@ class TextPart(BaseModel):
         return self
 
 
-class ChatMessage(BaseModel):
+class ChatMessage(RequestModel):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
     name: str | None = None
@@ -54,7 +54,7 @@ class ChatMessage(BaseModel):
         return "".join(part.text or "" for part in self.content or [])
 
 
-class ResponseFormat(BaseModel):
+class ResponseFormat(RequestModel):
     type: str
 
     @field_validator("type")
@@ -65,7 +65,7 @@ class ResponseFormat(BaseModel):
         return value
 
 
-class ChatCompletionRequest(BaseModel):
+class ChatCompletionRequest(RequestModel):
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1, le=4096)
@@ -76,7 +76,7 @@ class ChatCompletionRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: list[str] = Field(default_factory=list)
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
@@ -103,10 +103,15 @@ class ChatCompletionRequest(BaseModel):
             {"role": "user", "content": "Name three primary colours."}]},
     ]})
 
-    @field_validator("stop", mode="before")
+    @field_validator("stop", mode="before", json_schema_input_type=str | list[str] | None)
+    @classmethod
+    def _stop_list(cls, value):
+        return normalise_stop(value)
+
+    @field_validator("stop")
     @classmethod
     def _stop(cls, value):
-        return normalise_stop(value)
+        return check_stop(value)
 
     @field_validator("tools", "functions", "audio")
     @classmethod

@@ -23,12 +23,20 @@ RegistryDep = Annotated[EngineRegistry, Depends(get_registry)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 
-def require_api_key(request: Request, settings: SettingsDep) -> None:
-    """With TSERVE_API_KEY set, require ``Authorization: Bearer <key>`` (constant-time compare)."""
+API_KEY_MESSAGE = "missing or invalid API key (Authorization: Bearer <key>)"
+
+
+def api_key_ok(authorization: str, settings: Settings) -> bool:
+    """``Authorization: Bearer <key>`` matches TSERVE_API_KEY (constant-time compare), or no key is set."""
     if settings.api_key is None:
-        return
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        return True
+    scheme, _, token = authorization.partition(" ")
     expected = settings.api_key.get_secret_value().encode()
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
-        raise HTTPException(401, "missing or invalid API key (Authorization: Bearer <key>)",
-                            headers={"WWW-Authenticate": "Bearer"})
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode("latin-1"), expected)
+
+
+def require_api_key(request: Request, settings: SettingsDep) -> None:
+    """With TSERVE_API_KEY set, require ``Authorization: Bearer <key>``. The routes that depend on
+    this are also checked before their body is read (``service.middleware.ApiKeyFirstMiddleware``)."""
+    if not api_key_ok(request.headers.get("authorization", ""), settings):
+        raise HTTPException(401, API_KEY_MESSAGE, headers={"WWW-Authenticate": "Bearer"})

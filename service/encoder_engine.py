@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from model import Checkpoint
 from model.sentence_import import truncating
-from service.engine import BaseEngine
+from service.engine import BaseEngine, queue_full_message
 from service.engine_errors import EngineStoppedError, InvalidRequestError, QueueFullError, RequestFailedError
 from service.metrics import Metrics
 from service.settings import Settings
@@ -96,8 +96,9 @@ class EncoderEngine(BaseEngine):
         with self._cv:
             if len(self._jobs) >= self.settings.max_queue + 1:
                 self.metrics.rejected.labels(self.name, "queue_full").inc()
-                raise QueueFullError(f"model '{self.name}' is overloaded: {len(self._jobs)} requests waiting; "
-                                     f"retry later", retry_after=1)
+                # one job beyond the queue may be about to run (the worker takes it next)
+                waiting = min(self.settings.max_queue, len(self._jobs))
+                raise QueueFullError(queue_full_message(self.name, waiting, self.settings.max_queue), retry_after=1)
             self._jobs.append(job)
             self._cv.notify()
         self.metrics.waiting.labels(self.name).set(len(self._jobs))
@@ -150,7 +151,9 @@ class EncoderEngine(BaseEngine):
             with self._cv:
                 self._active = 0
             self.metrics.running.labels(self.name).set(0)
-        for job in self._jobs:
+        with self._cv:
+            jobs, self._jobs = list(self._jobs), deque()
+        for job in jobs:
             self._deliver(_resolve, job.future, job.future.set_exception,
                           EngineStoppedError(f"model '{self.name}' is shutting down"))
 

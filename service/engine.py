@@ -56,6 +56,14 @@ class TokenUsage:
                 "total_tokens": self.total_tokens}
 
 
+def queue_full_message(model: str, waiting: int, limit: int, asked: int = 1) -> str:
+    """The 429's message: the queue as configured (TSERVE_MAX_QUEUE), not the engine's inbox."""
+    if asked > 1:
+        return (f"model '{model}' is overloaded: {waiting} of {limit} queue places taken and this request needs "
+                f"{asked}; retry later")
+    return f"model '{model}' is overloaded: queue full ({waiting} of {limit} waiting); retry later"
+
+
 class RequestStream:
     """Events of one request, in order; the last one is ``finished``."""
 
@@ -174,10 +182,11 @@ class BaseEngine:
         log.info("engine ready", extra={"model": self.name, "family": self.family})
 
     async def stop(self, grace_s: float) -> None:
-        """Stop admitting; give in-flight work ``grace_s`` to finish, then fail the rest."""
+        """Stop admitting; give in-flight work ``grace_s`` to finish, then fail the rest.
+        Idempotent: the server's drain calls it, then the lifespan's shutdown."""
         self.accepting = self.ready = False
         deadline = time.monotonic() + grace_s
-        while self._busy() and time.monotonic() < deadline:
+        while not self._stopping and self._busy() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         with self._cv:
             self._stopping = True
@@ -296,7 +305,9 @@ class GenerativeEngine(BaseEngine):
             queued = len(self._inbox) + self.core.num_waiting
             if queued + len(reqs) > self.settings.max_queue + self.core.free_slots:
                 self.metrics.rejected.labels(self.name, "queue_full").inc()
-                raise QueueFullError(f"model '{self.name}' is overloaded: {queued} requests waiting; retry later",
+                # Report the queue as configured: requests about to take a free slot are not waiting.
+                waiting = min(self.settings.max_queue, max(0, queued - self.core.free_slots))
+                raise QueueFullError(queue_full_message(self.name, waiting, self.settings.max_queue, len(reqs)),
                                      retry_after=1)
             for req, stream in zip(reqs, streams):
                 self._streams[req.request_id] = stream
@@ -356,6 +367,10 @@ class GenerativeEngine(BaseEngine):
             if events:
                 self._deliver(self._dispatch, events)
         events = self.core.fail_all("shutdown", "the server is shutting down")
+        with self._cv:  # requests queued after the last step never reached the core: fail them too
+            inbox, self._inbox = self._inbox, []
+        events += [EngineEvent(r.request_id, error="shutdown", message="the server is shutting down",
+                               prompt_tokens=len(r.prompt_ids)) for r in inbox]
         self._update_gauges()
         if events:
             self._deliver(self._dispatch, events)

@@ -20,6 +20,7 @@ ERRORS: dict[str, tuple[int, str]] = {
     "not_found": (404, "not_found_error"),  # no such path
     "method_not_allowed": (405, "invalid_request_error"),
     "body_too_large": (413, "invalid_request_error"),
+    "headers_too_large": (431, "invalid_request_error"),  # TSERVE_MAX_HEADER_BYTES / TSERVE_MAX_HEADERS
     "queue_full": (429, "overloaded_error"),  # with Retry-After
     "client_disconnected": (499, "client_disconnected"),  # nginx's "client closed request": logs only
     "internal": (500, "server_error"),

@@ -4,6 +4,7 @@ error table (``service.engine_errors.ERRORS``)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 
@@ -24,14 +25,25 @@ from service.schemas import ErrorResponse
 
 log = logging.getLogger("tserve.http")
 
+BODY_PARSE_ERROR = "There was an error parsing the body"  # FastAPI's detail for a body json.loads could not read
+
 # the `responses=` of every inference route, for the OpenAPI schema
 ERROR_RESPONSES = {status: {"model": ErrorResponse} for status in DOCUMENTED_STATUSES}
+
+
+class ErrorJSONResponse(JSONResponse):
+    """A JSON error that always encodes: a lone surrogate that reached a message (a client's
+    text) is written as its JSON escape instead of failing the response with a 500."""
+
+    def render(self, content) -> bytes:
+        return json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode(
+            "utf-8", "backslashreplace")
 
 
 def error_response(code: str, message: str, param: str | None = None, status: int | None = None,
                    headers: dict[str, str] | None = None) -> JSONResponse:
     body = error_body(code, message, param)
-    return JSONResponse(body, status_code=status or error_status(code), headers=headers)
+    return ErrorJSONResponse(body, status_code=status or error_status(code), headers=headers)
 
 
 _UNION_BRANCH = re.compile(r"^(str|int|float|bool|none|list\[.*\]|dict\[.*\]|function-\w+\[.*\]|literal\[.*\])$")
@@ -55,7 +67,8 @@ def _is_json(content_type: str) -> bool:
 
 def _validation_error(exc: RequestValidationError, content_type: str | None) -> tuple[str, str, str | None]:
     """(code, message, param) for the first problem pydantic found."""
-    err = exc.errors()[0]
+    errors = exc.errors()
+    err = errors[0]
     where, param = _location(tuple(err.get("loc", ())))
     if err.get("type") == "json_invalid":
         return "invalid_json", f"request body is not valid JSON: {err.get('ctx', {}).get('error', err['msg'])}", None
@@ -70,15 +83,29 @@ def _validation_error(exc: RequestValidationError, content_type: str | None) -> 
                                 f"application/json (this request {sent})"), "Content-Type"
     if not where and err.get("type") in ("model_attributes_type", "model_type", "dict_type"):
         return "invalid_value", "the request body must be a JSON object", None
+    branches = _union_branches(errors, param)
+    if len(branches) > 1 and not err["type"].startswith(("value_error", "assertion_error")):
+        return "invalid_value", f"{param} must be one of: {', '.join(branches)} (strict JSON types)", param
     msg = err["msg"].removeprefix("Value error, ")
     return "invalid_value", (f"{where}: {msg}" if where else msg), param
+
+
+def _union_branches(errors: list[dict], param: str | None) -> list[str]:
+    """The types a union field accepts, from pydantic's per-branch errors on it."""
+    branches: list[str] = []
+    for e in errors:
+        loc = [p for p in e.get("loc", ()) if p != "body"]
+        if len(loc) > 1 and loc[0] == param and isinstance(loc[1], str) and _UNION_BRANCH.match(loc[1]):
+            if loc[1] not in branches:
+                branches.append(loc[1])
+    return [b.replace("list[int]", "list[token id]").replace("none", "null") for b in branches]
 
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(EngineError)
     async def engine_error(request: Request, exc: EngineError) -> JSONResponse:
         headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, QueueFullError) else None
-        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+        return ErrorJSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -88,7 +115,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = HTTP_STATUS_CODES.get(exc.status_code, "invalid_value")
-        return error_response(code, str(exc.detail), status=exc.status_code, headers=getattr(exc, "headers", None))
+        message = str(exc.detail)
+        if exc.status_code == 400 and message == BODY_PARSE_ERROR:  # not UTF-8, or nested too deep to parse
+            code, message = "invalid_json", "request body is not valid JSON: it must be UTF-8 text of bounded depth"
+        return error_response(code, message, status=exc.status_code, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -2,6 +2,8 @@
 
 - ``BodyLimitMiddleware``: bodies over ``max_body_bytes`` get 413, whether or not the
   client sent a Content-Length.
+- ``ApiKeyFirstMiddleware``: a route that requires the API key answers 401 before anything
+  reads the body (no 400 for a malformed body, no 413, to a client without the key).
 - ``RequestLogMiddleware``: one structured log line and the request metrics per request:
   id, endpoint, status, model, tokens, latency.
 """
@@ -14,24 +16,48 @@ import re
 import time
 import uuid
 
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.dependencies import API_KEY_MESSAGE, api_key_ok
 from service.engine_errors import error_body, error_status
 from service.metrics import Metrics
+from service.settings import Settings
 
 log = logging.getLogger("tserve.access")
 PROBES = {"/health", "/ready", "/metrics"}  # scraped every few seconds: logged at debug level only
 REQUEST_ID_OK = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 # keys routes set in the ASGI scope for the log line and the metric labels
-MODEL_KEY, USAGE_KEY = "tserve.model", "tserve.usage"
+MODEL_KEY, USAGE_KEY, ERROR_KEY = "tserve.model", "tserve.usage", "tserve.error"
 
 
-async def _send_error(send: Send, code: str, message: str) -> None:
+async def _send_error(send: Send, code: str, message: str, headers: list[tuple[bytes, bytes]] = ()) -> None:
     body = json.dumps(error_body(code, message)).encode()
     await send({"type": "http.response.start", "status": error_status(code),
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *headers]})
     await send({"type": "http.response.body", "body": body})
+
+
+class ApiKeyFirstMiddleware:
+    """FastAPI reads and parses a body before it runs a route's dependencies, so a malformed body
+    would get its 400 before the API key is checked. This checks the key first, for the routes
+    given (those the app puts behind ``require_api_key``)."""
+
+    def __init__(self, app: ASGIApp, routes: list[BaseRoute], settings: Settings):
+        self.app, self.routes, self.settings = app, routes, settings
+
+    def _protected_route(self, scope: Scope) -> bool:
+        # PARTIAL: the path with another method (its 405 comes after the key)
+        return any(route.matches(scope)[0] is not Match.NONE for route in self.routes)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self._protected_route(scope):
+            authorization = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+            if not api_key_ok(authorization, self.settings):
+                return await _send_error(send, "invalid_api_key", API_KEY_MESSAGE, [(b"www-authenticate", b"Bearer")])
+        await self.app(scope, receive, send)
 
 
 class BodyLimitMiddleware:
@@ -114,7 +140,9 @@ class RequestLogMiddleware:
             prompt_tokens, completion_tokens = scope.get(USAGE_KEY, (0, 0))
             self.metrics.requests.labels(model, endpoint, str(status)).inc()
             self.metrics.request_duration.labels(model, endpoint).observe(latency)
-            log.log(logging.DEBUG if scope["path"] in PROBES else logging.INFO, "request", extra={
-                "request_id": request_id, "method": scope["method"], "path": scope["path"], "endpoint": endpoint,
-                "status": status, "model": model, "prompt_tokens": prompt_tokens,
-                "completion_tokens": completion_tokens, "latency_ms": round(latency * 1000, 2)})
+            extra = {"request_id": request_id, "method": scope["method"], "path": scope["path"],
+                     "endpoint": endpoint, "status": status, "model": model, "prompt_tokens": prompt_tokens,
+                     "completion_tokens": completion_tokens, "latency_ms": round(latency * 1000, 2)}
+            if ERROR_KEY in scope:  # a stream that ended with an error event (its status was already 200)
+                extra["error"] = scope[ERROR_KEY]
+            log.log(logging.DEBUG if scope["path"] in PROBES else logging.INFO, "request", extra=extra)

@@ -11,14 +11,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from service.schemas import Usage, normalise_stop
+from service.schemas import MAX_SEED, RequestModel, Usage, check_stop, normalise_stop
 
 
-class StreamOptions(BaseModel):
+class StreamOptions(RequestModel):
     include_usage: bool = False
 
 
-class CompletionRequest(BaseModel):
+class CompletionRequest(RequestModel):
     model: str
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(16, ge=1, le=4096)
@@ -34,7 +34,7 @@ class CompletionRequest(BaseModel):
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     best_of: int | None = Field(None, ge=1, le=8)
     logit_bias: dict[str, float] | None = None
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
     suffix: str | None = None
     user: str | None = None
     # extensions (vLLM accepts the same names)
@@ -48,10 +48,15 @@ class CompletionRequest(BaseModel):
          "logprobs": 2, "seed": 7},
     ]})
 
-    @field_validator("stop", mode="before")
+    @field_validator("stop", mode="before", json_schema_input_type=str | list[str] | None)
+    @classmethod
+    def _stop_list(cls, value):
+        return normalise_stop(value)
+
+    @field_validator("stop")
     @classmethod
     def _stop(cls, value):
-        return normalise_stop(value)
+        return check_stop(value)
 
     @model_validator(mode="after")
     def _unsupported(self) -> CompletionRequest:
@@ -89,7 +94,7 @@ class CompletionResponse(BaseModel):
     usage: Usage | None = None
 
 
-class EmbeddingRequest(BaseModel):
+class EmbeddingRequest(RequestModel):
     model: str | None = None
     input: str | list[str] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] = "float"

@@ -18,6 +18,7 @@ from service.encoder_engine import EncoderEngine
 from service.engine import BaseEngine, GenerativeEngine
 from service.engine_errors import EngineStoppedError, InvalidRequestError, ModelNotFoundError
 from service.metrics import Metrics
+from service.schemas import printable
 from service.settings import Settings
 
 log = logging.getLogger("tserve.registry")
@@ -123,7 +124,8 @@ class EngineRegistry:
             if engine is None:
                 if not self.started:
                     raise EngineStoppedError("models are still loading")
-                raise ModelNotFoundError(f"model '{name}' not found; loaded: {sorted(self.engines)}", "model")
+                raise ModelNotFoundError(f"model '{printable(name)}' not found; loaded: {sorted(self.engines)}",
+                                         "model")
             if engine.family != family:
                 raise InvalidRequestError(f"model '{name}' is a {FAMILY_NAMES[engine.family]} model; {endpoint} "
                                           f"needs a {FAMILY_NAMES[family]} model", "model")

@@ -8,9 +8,10 @@ OpenAI-shaped bodies are in ``service.openai_schemas``.
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Any, Literal, get_args
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from service.engine import MAX_STOP_STRINGS, MAX_TOP_LOGPROBS
 
@@ -32,8 +33,91 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
-def normalise_stop(value: str | list[str] | None) -> list[str]:
-    stops = [value] if isinstance(value, str) else list(value or [])
+# The largest integer every JSON parser reads exactly (IEEE doubles: JavaScript, jsonschema validators).
+MAX_SEED = 2**53 - 1
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def invalid_unicode(value: Any) -> str | None:
+    """The first lone UTF-16 surrogate in a str (or in the strs of a list or dict), escaped so
+    that it can be printed and encoded (``\\ud83d``); None when every character is a Unicode
+    scalar value. JSON's ``"\\ud83d"`` escape decodes to such a character, which no UTF-8
+    encoder (tokenizer, response, log) accepts."""
+    if isinstance(value, str):
+        found = None if value.isascii() else _SURROGATE.search(value)
+        return found and found.group().encode("utf-8", "backslashreplace").decode()
+    if isinstance(value, list | tuple):
+        return next((bad for bad in map(invalid_unicode, value) if bad), None)
+    if isinstance(value, dict):
+        return invalid_unicode(list(value)) or invalid_unicode(list(value.values()))
+    return None
+
+
+def _wants_int(annotation: Any) -> bool:
+    """An int field (or list of ints) that takes no float: ``int | None``, ``list[list[int]]``."""
+    found: set[Any] = set()
+    stack = [annotation]
+    while stack:
+        t = stack.pop()
+        found.add(t)
+        stack += get_args(t)
+    return int in found and float not in found
+
+
+def _as_ints(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_as_ints(v) for v in value]
+    return value
+
+
+def printable(text: str) -> str:
+    """Client text safe to echo in a message: lone surrogates escaped (``\\ud83d``)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+class RequestModel(BaseModel):
+    """The base of every request body.
+
+    Strict JSON types, as OpenAI's API: ``"5"`` is not an integer, ``false`` is not 0, ``0`` is
+    not ``false`` (a float field still takes an integer, ``1`` for ``1.0``); numbers must be
+    finite; every text must be valid Unicode (no lone surrogates). A violation is a 400 naming
+    the field.
+    """
+
+    model_config = ConfigDict(strict=True, allow_inf_nan=False, populate_by_name=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _integral_floats(cls, value: Any, info: ValidationInfo) -> Any:
+        """JSON Schema counts ``5.0`` as an integer, so the schema's integers take it (never
+        ``"5"``, never ``true``)."""
+        field = cls.model_fields.get(info.field_name or "")
+        return _as_ints(value) if field is not None and _wants_int(field.annotation) else value
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _valid_unicode(cls, value: Any) -> Any:
+        bad = invalid_unicode(value)
+        if bad:
+            raise ValueError(f"must be valid Unicode text; it contains the lone surrogate {bad}")
+        return value
+
+
+def normalise_stop(value: Any) -> Any:
+    """``stop`` may be one string or a list (or null): always a list for the type check."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list):
+        raise ValueError("must be a string, a list of strings, or null")
+    return value
+
+
+def check_stop(stops: list[str]) -> list[str]:
     if len(stops) > MAX_STOP_STRINGS:
         raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(stops)}")
     if any(not s for s in stops):
@@ -41,10 +125,8 @@ def normalise_stop(value: str | list[str] | None) -> list[str]:
     return stops
 
 
-class SamplingFields(BaseModel):
+class SamplingFields(RequestModel):
     """Sampling parameters shared by /v1/generate and /v1/completions."""
-
-    model_config = ConfigDict(populate_by_name=True)
 
     max_tokens: int = Field(64, ge=1, le=4096, validation_alias=AliasChoices("max_tokens", "max_new_tokens"),
                             description="tokens to generate; prompt + max_tokens must fit the model")
@@ -53,13 +135,18 @@ class SamplingFields(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     repetition_penalty: float = Field(1.0, gt=0.0, le=10.0, description="> 1 discourages repeats (CTRL rule)")
     stop: list[str] = Field(default_factory=list, description=f"up to {MAX_STOP_STRINGS} stop strings")
-    seed: int | None = Field(None, ge=0, le=2**63 - 1, description="same seed + same request = same output")
+    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="same seed + same request = same output")
     ignore_eos: bool = False
 
-    @field_validator("stop", mode="before")
+    @field_validator("stop", mode="before", json_schema_input_type=str | list[str] | None)
+    @classmethod
+    def _stop_list(cls, value):
+        return normalise_stop(value)
+
+    @field_validator("stop")
     @classmethod
     def _stop(cls, value):
-        return normalise_stop(value)
+        return check_stop(value)
 
 
 class GenerateRequest(SamplingFields):
@@ -96,14 +183,14 @@ class GenerateResponse(BaseModel):
     logprobs: list[TokenLogprob] | None = None
 
 
-class TranslateRequest(BaseModel):
+class TranslateRequest(RequestModel):
     model: str | None = Field(None, description="a loaded encoder-decoder model; default: the first one")
     text: str | list[str] = Field(..., description="one text or a list of texts")
     beam_size: int = Field(4, ge=1, le=16, description="1 = greedy/sampled decoding")
     length_penalty: float = Field(1.0, ge=0.0, le=5.0, description="beam score = logprob / length^penalty")
     max_tokens: int = Field(128, ge=1, le=1024, validation_alias=AliasChoices("max_tokens", "max_new_tokens"))
     temperature: float = Field(0.0, ge=0.0, le=100.0, description="with beam_size 1: 0 = greedy")
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
     stream: bool = Field(False, description="SSE; needs a single text (beam search sends one final chunk)")
 
     model_config = ConfigDict(json_schema_extra={"examples": [
@@ -127,7 +214,7 @@ class TranslateResponse(BaseModel):
     usage: Usage
 
 
-class FillMaskRequest(BaseModel):
+class FillMaskRequest(RequestModel):
     model: str | None = Field(None, description="a loaded encoder model; default: the first one")
     text: str | list[str] = Field(..., validation_alias=AliasChoices("text", "inputs"),
                                   description="text(s) containing the model's mask token, e.g. [MASK]")

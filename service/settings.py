@@ -39,6 +39,8 @@ class Settings(BaseSettings):
 
     # --- HTTP ------------------------------------------------------------------------------
     max_body_bytes: int = Field(1_000_000, ge=1024, description="larger request bodies get 413")
+    max_header_bytes: int = Field(16_384, ge=1024, description="request line + headers; larger get 431")
+    max_headers: int = Field(100, ge=8, description="header lines per request; more get 431")
     max_texts: int = Field(64, ge=1, description="list inputs (translate, fill-mask, embeddings, prompts)")
     max_text_chars: int = Field(20_000, ge=1, description="characters per input text")
     api_key: SecretStr | None = None

@@ -87,7 +87,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, regist
                                 group_field="n" if body.n > 1 else "messages", limit_field=field)
     reply = _Reply(engine, f"chatcmpl-{streams[0].request_id}", int(time.time()), prompt)
     if body.stream:
-        return sse_response(_chunks(reply, streams, request, body), streams)
+        return sse_response(_chunks(reply, streams, request, body), streams, request)
     results = await collect(request, streams)
     usage = engine.usage([prompt], [events[-1] for events in results])
     mark(request, usage=usage)

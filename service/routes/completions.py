@@ -79,7 +79,7 @@ async def completions(body: CompletionRequest, request: Request, registry: Regis
     echoes = [engine.detokenize(ids) if body.echo else "" for ids in prompts for _ in range(body.n)]
     reply = _Reply(engine, f"cmpl-{streams[0].request_id}", int(time.time()), prompts, echoes)
     if body.stream:
-        return sse_response(_chunks(reply, streams, request, body), streams)
+        return sse_response(_chunks(reply, streams, request, body), streams, request)
     results = await collect(request, streams)
     usage = engine.usage(prompts, [events[-1] for events in results])
     mark(request, usage=usage)

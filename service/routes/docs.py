@@ -15,6 +15,7 @@ from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagge
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 
 from service.engine_errors import error_body
+from service.openapi import contract
 
 router = APIRouter(include_in_schema=False)
 
@@ -30,7 +31,7 @@ def _root(request: Request) -> str:
 
 @router.get(OPENAPI)
 async def openapi(request: Request) -> JSONResponse:
-    return JSONResponse(request.app.openapi())
+    return JSONResponse(contract(request.app))
 
 
 @router.get("/docs")

@@ -42,7 +42,7 @@ async def generate(body: GenerateRequest, request: Request, registry: RegistryDe
     rid, created = f"gen-{stream.request_id}", int(time.time())
     if body.stream:
         return sse_response(_chunks(engine, stream, request, rid, created, prompts, body.logprobs is not None),
-                            [stream])
+                            [stream], request)
     (events,) = await collect(request, [stream])
     usage = engine.usage(prompts, [events[-1]])
     mark(request, usage=usage)

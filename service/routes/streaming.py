@@ -18,18 +18,22 @@ from fastapi.responses import StreamingResponse
 
 from service.engine import EngineEvent, RequestStream, TokenUsage
 from service.engine_errors import ClientDisconnectedError, RequestFailedError
-from service.middleware import MODEL_KEY, USAGE_KEY
+from service.middleware import ERROR_KEY, MODEL_KEY, USAGE_KEY
 
 T = TypeVar("T")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def mark(request: Request, model: str | None = None, usage: TokenUsage | None = None) -> None:
-    """Record the model and token usage for the request log and metrics."""
+def mark(request: Request, model: str | None = None, usage: TokenUsage | None = None,
+         error: str | None = None) -> None:
+    """Record the model, token usage and (for a stream that ended in an error) the error code
+    for the request log and metrics."""
     if model is not None:
         request.scope[MODEL_KEY] = model
     if usage is not None:
         request.scope[USAGE_KEY] = (usage.prompt_tokens, usage.completion_tokens)
+    if error is not None:
+        request.scope[ERROR_KEY] = error
 
 
 async def _wait_for_disconnect(request: Request) -> None:
@@ -80,16 +84,20 @@ def sse_event(data: dict[str, Any] | str) -> bytes:
     return f"data: {payload}\n\n".encode()
 
 
-def sse_response(chunks: AsyncIterator[dict[str, Any]], streams: list[RequestStream], done: bool = True,
+def sse_response(chunks: AsyncIterator[dict[str, Any]], streams: list[RequestStream],
+                 request: Request | None = None, done: bool = True,
                  error_chunk: Callable[[RequestFailedError], dict[str, Any]] | None = None) -> StreamingResponse:
     """One ``data: {json}`` per chunk, then ``data: [DONE]`` (unless ``done`` is false: TGI sends
-    none). Errors become an error chunk (OpenAI's shape unless ``error_chunk`` gives another)."""
+    none). An error (timeout, shutdown) becomes a final error chunk (OpenAI's shape unless
+    ``error_chunk`` gives another); with ``request`` its code goes into the request's log line."""
 
     async def body() -> AsyncIterator[bytes]:
         try:
             async for chunk in chunks:
                 yield sse_event(chunk)
         except RequestFailedError as exc:
+            if request is not None:
+                mark(request, error=exc.code)
             yield sse_event(error_chunk(exc) if error_chunk else exc.body())
         finally:
             for s in streams:

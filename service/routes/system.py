@@ -9,6 +9,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from service.dependencies import RegistryDep
 from service.engine_errors import ModelNotFoundError
 from service.openai_schemas import ModelCard, ModelList
+from service.schemas import printable
 
 probes = APIRouter(tags=["operations"])
 models = APIRouter(tags=["openai"])
@@ -41,5 +42,6 @@ async def list_models(registry: RegistryDep):
 async def get_model(model_id: str, registry: RegistryDep):
     engine = registry.engines.get(model_id)
     if engine is None:
-        raise ModelNotFoundError(f"model '{model_id}' not found; loaded: {sorted(registry.engines)}", "model")
+        raise ModelNotFoundError(f"model '{printable(model_id)}' not found; loaded: {sorted(registry.engines)}",
+                                 "model")
     return ModelCard(**engine.info())

@@ -32,7 +32,7 @@ async def translate(body: TranslateRequest, request: Request, registry: Registry
         [(ids, params, "text" if len(sources) == 1 else f"text[{i}]") for i, ids in enumerate(sources)], "text")
     rid, created = f"tr-{streams[0].request_id}", int(time.time())
     if body.stream:
-        return sse_response(_chunks(engine, streams[0], request, rid, created, sources), streams)
+        return sse_response(_chunks(engine, streams[0], request, rid, created, sources), streams, request)
     results = await collect(request, streams)
     finals = [events[-1] for events in results]
     usage = engine.usage(sources, finals)

@@ -6,18 +6,17 @@ import threading
 import time
 
 import httpx
-import uvicorn
 
 from service.app import create_app
+from service.server import build_server
 from service.settings import Settings
 
 
 class ServerThread:
     def __init__(self, settings: Settings, ready_timeout: float = 60.0):
         self.app, self.ready_timeout = create_app(settings), ready_timeout
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning", lifespan="on",
-                                timeout_graceful_shutdown=max(1, int(settings.shutdown_grace_s)))
-        self.server = uvicorn.Server(config)
+        # the server `python -m service` runs (header limits, drain at shutdown), on a free port
+        self.server = build_server(self.app, settings, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> ServerThread:

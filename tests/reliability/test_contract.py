@@ -1,0 +1,104 @@
+"""The OpenAPI schema is the contract: schemathesis, with every one of its checks, over every
+operation, positive and negative data, a fixed seed and a bounded number of examples.
+
+Every check runs as schemathesis ships it (server errors, status codes, content types,
+response schemas and headers, negative data rejected, methods, ...) except one:
+``positive_data_acceptance`` is replaced by a stricter-where-it-can version. Data valid
+against the schema must be accepted, or refused with a 400 for a reason JSON Schema cannot
+state (a prompt's tokens + max_tokens past the model's limit, no mask token, best_of != n,
+echo with logprobs, a streamed list, top_logprobs without logprobs). Those reasons are listed here and on the fields.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, seed, settings
+from hypothesis.errors import Unsatisfiable
+from schemathesis import GenerationMode
+from schemathesis.checks import CHECKS, load_all_checks, positive_data_acceptance
+
+from tests.service.conftest import settings_for
+from tests.service.server_thread import ServerThread
+
+EXAMPLES = 30  # per operation and mode
+# 400s for schema-valid data: limits that depend on tokenization or on two fields together
+NOT_IN_SCHEMA = re.compile(r"tokens|mask token|best_of must equal n|echo together with logprobs|"
+                           r"stream=true needs a single text|queues at most|'top_logprobs' needs 'logprobs'")
+
+
+@pytest.fixture(scope="module")
+def live(weights_dir):
+    with ServerThread(settings_for(weights_dir, max_seq_len=64, max_texts=4, max_text_chars=100,
+                                   max_queue=64)) as s:
+        yield s
+
+
+def positive_data_accepted(ctx, response, case) -> bool | None:
+    """Valid data: 2xx, 404 for an id no model has, 429; or 400 for a reason the schema cannot state."""
+    if case.meta is None or not case.meta.generation.mode.is_positive:
+        return None
+    status = response.status_code
+    if 200 <= status < 300 or status in (404, 429):
+        return None
+    message = response.json()["error"]["message"] if status == 400 else response.text[:200]
+    assert status == 400 and NOT_IN_SCHEMA.search(message), (
+        f"{case.operation.label}: schema-valid data refused with {status}: {message}\nbody: {case.body!r}")
+    return None
+
+
+def _checks():
+    load_all_checks()
+    return [c for c in CHECKS.get_all() if c is not positive_data_acceptance] + [positive_data_accepted]
+
+
+def _operations(url: str):
+    schema = schemathesis.openapi.from_url(url + "/openapi.json")
+    return schema, [op.ok() for op in schema.get_all_operations()]
+
+
+def test_schema_and_server_agree_on_every_operation(live):
+    schema, operations = _operations(live.url)
+    labels = sorted(op.label for op in operations)
+    assert len(labels) == 11, labels  # every operation is fuzzed
+    checks, failures, started = _checks(), [], time.monotonic()
+    for op in operations:
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+            @seed(14)
+            @given(case=op.as_strategy(generation_mode=mode))
+            @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck),
+                      database=None)
+            def run(case):
+                case.call_and_validate(base_url=live.url, checks=checks, timeout=60)
+
+            try:
+                run()
+            except Unsatisfiable:  # no negative data exists for an operation without inputs
+                assert mode is GenerationMode.NEGATIVE, op.label
+            except Exception as exc:  # collect, so one run reports every operation that disagrees
+                failures.append(f"{op.label} [{mode.value}]: {exc}"[:3000])
+    assert not failures, "\n\n".join(failures)
+    assert time.monotonic() - started < 120
+
+
+def test_schema_states_the_limits(live):
+    import httpx
+
+    schema = httpx.get(live.url + "/openapi.json").json()
+    props = schema["components"]["schemas"]
+    text = props["TranslateRequest"]["properties"]["text"]["anyOf"]
+    assert text[0] == {"type": "string", "minLength": 1, "maxLength": 100, "pattern": r"\S"}
+    assert text[1]["minItems"] == 1 and text[1]["maxItems"] == 4
+    assert props["GenerateRequest"]["properties"]["prompt"]["minLength"] == 1
+    assert props["CompletionRequest"]["properties"]["model"]["enum"] == ["generate-tiny"]
+    assert "400" in props["CompletionRequest"]["properties"]["model"]["description"]
+    paths = schema["paths"]
+    assert props["ChatCompletionRequest"]["properties"]["model"]["enum"] == ["generate-tiny"]  # has a template
+    for path in ("/v1/generate", "/v1/completions", "/v1/translate", "/v1/chat/completions"):
+        assert "text/event-stream" in paths[path]["post"]["responses"]["200"]["content"]
+    assert "404" in paths["/v1/models/{model_id}"]["get"]["responses"]
+    assert "431" in paths["/v1/generate"]["post"]["responses"]
+    assert "422" not in paths["/v1/generate"]["post"]["responses"]  # validation errors are 400s
