@@ -44,6 +44,10 @@ function wireTabs() {
     e.preventDefault();
     select(tabs[(moves[e.key] + tabs.length) % tabs.length].dataset.tab, true);
   });
+  window.addEventListener("hashchange", () => {  // a link to #translate opens that tab
+    const wanted = location.hash.slice(1);
+    if (visibleTabs().some((b) => b.dataset.tab === wanted)) select(wanted);
+  });
 }
 
 async function loadModels() {

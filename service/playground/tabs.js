@@ -164,21 +164,24 @@ export function setupFillMask(panel) {
     const result = await postJSON("v1/fill-mask", { model: form.elements.model.value,
       text: form.elements.text.value, top_k: number(form, "top_k") }, signal);
     const perMask = Array.isArray(result[0]) ? result : [result];  // one mask: a flat list
-    output.replaceChildren(...perMask.flatMap((candidates, i) => [
-      Object.assign(document.createElement("h3"), { textContent: perMask.length > 1 ? `Mask ${i + 1}` : "Candidates" }),
-      ...candidates.map(candidateRow),
-    ]));
+    output.replaceChildren(...perMask.flatMap((candidates, i) => {
+      const title = document.createElement("h3");
+      title.append(perMask.length > 1 ? `Mask ${i + 1} ` : "Candidates ",
+        Object.assign(document.createElement("span"), { textContent: "(probability; bars relative to the first)" }));
+      const best = Math.max(...candidates.map((c) => c.score)) || 1;
+      return [title, ...candidates.map((c) => candidateRow(c, best))];
+    }));
   });
 }
 
-function candidateRow(c) {
+function candidateRow(c, best) {
   const row = Object.assign(document.createElement("div"), { className: "candidate", title: c.sequence });
   const track = Object.assign(document.createElement("div"), { className: "track" });
   const bar = Object.assign(document.createElement("div"), { className: "bar" });
-  bar.style.width = `${Math.max(0, Math.min(1, c.score)) * 100}%`;
+  bar.style.width = `${Math.max(0, Math.min(1, c.score / best)) * 100}%`;
   bar.setAttribute("role", "meter");
   bar.setAttribute("aria-valuemin", "0");
-  bar.setAttribute("aria-valuemax", "1");
+  bar.setAttribute("aria-valuemax", String(best));
   bar.setAttribute("aria-valuenow", String(c.score));
   bar.setAttribute("aria-label", `score of ${c.token_str}`);
   track.appendChild(bar);
@@ -214,18 +217,21 @@ function heatmap(texts, vectors) {
   const head = table.createTHead().insertRow();
   head.appendChild(document.createElement("th"));
   texts.forEach((_, j) => head.appendChild(Object.assign(document.createElement("th"), { scope: "col", textContent: j + 1 })));
+  const sims = vectors.map((a) => vectors.map((b) => cosine(a, b)));
+  // Colour spans this matrix's own range (lowest pair .. 1), so close scores still differ in shade.
+  const low = Math.min(...sims.flat());
+  const shade = (sim) => (low < 1 ? (sim - low) / (1 - low) : 1);
   const body = table.createTBody();
-  vectors.forEach((a, i) => {
+  vectors.forEach((_, i) => {
     const tr = body.insertRow();
     tr.appendChild(Object.assign(document.createElement("th"), { scope: "row", textContent: i + 1 }));
-    vectors.forEach((b, j) => {
-      const sim = cosine(a, b);
+    vectors.forEach((__, j) => {
+      const sim = sims[i][j];
       const td = tr.insertCell();
       td.textContent = sim.toFixed(2);
       td.title = `${texts[i]}\n${texts[j]}\ncosine ${sim.toFixed(4)}`;
       td.dataset.similarity = String(sim);
-      // -1 .. 1 -> pale to strong blue; white text once the cell is dark
-      const t = (sim + 1) / 2;
+      const t = shade(sim);  // pale (least similar) to strong blue; white text once the cell is dark
       td.style.backgroundColor = `hsl(215 70% ${Math.round(95 - t * 60)}%)`;
       td.style.color = t > 0.6 ? "#fff" : "#111";
     });
