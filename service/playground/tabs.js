@@ -90,6 +90,7 @@ export function setupChat(panel) {
         const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta;
         if (delta && delta.content) {
           reply.textContent += delta.content;
+          log.scrollTop = log.scrollHeight;  // follow the answer as it grows
           figures.tokens(1);
         }
         figures.usage(chunk.usage);
@@ -102,6 +103,7 @@ export function setupChat(panel) {
         form.elements.message.value = message;
         throw err;
       }
+      reply.dataset.stopped = "";
       history.push({ role: "assistant", content: reply.textContent });  // a stopped answer stays as far as it got
       throw err;
     }
