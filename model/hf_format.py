@@ -244,3 +244,36 @@ def fast_tokenizer(directory: Path) -> Tokenizer:
         return Tokenizer.from_file(path)
     except Exception as exc:  # noqa: BLE001 - tokenizers raises plain Exception on bad files
         raise HFImportError(f"{path}: cannot read tokenizer ({exc})") from None
+
+
+def eos_token_ids(config: dict[str, Any], directory: Path) -> list[int]:
+    """Every end-of-sequence id: generation_config.json's when present (Llama 3 lists several),
+    else config.json's."""
+    gen = directory / "generation_config.json"
+    value = read_json(gen).get("eos_token_id") if gen.is_file() else None
+    if value is None:
+        value = config.get("eos_token_id")
+    values = value if isinstance(value, list) else [value]
+    return [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+
+
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+
+
+def read_chat_template(directory: Path) -> str | None:
+    """The chat template saved beside the tokenizer: ``chat_template.jinja`` (transformers 5)
+    or ``tokenizer_config.json``'s ``chat_template`` (a string, or named templates of which
+    the one called "default" is used)."""
+    file = directory / CHAT_TEMPLATE_FILE
+    if file.is_file():
+        return file.read_text(encoding="utf-8")
+    path = directory / "tokenizer_config.json"
+    if not path.is_file():
+        return None
+    value = read_json(path).get("chat_template")
+    if isinstance(value, list):
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+        value = named.get("default")
+    if value is not None and not isinstance(value, str):
+        raise HFImportError(f"{path}: field 'chat_template' is {type(value).__name__}; expected a string")
+    return value

@@ -4,8 +4,8 @@
     hf = load_hf("downloads/opus-mt-en-de")  # config.json + model.safetensors + tokenizer files
     hf.model, hf.tokenizer, hf.config        # EncoderDecoder, Tokenizer, ModelConfig
 
-Supported: GPT2LMHeadModel -> DecoderLM, BertForMaskedLM -> MaskedLM,
-MarianMTModel -> EncoderDecoder (see model.hf_gpt2 / hf_bert / hf_marian for the mapping).
+Supported: GPT2LMHeadModel and LlamaForCausalLM -> DecoderLM, BertForMaskedLM -> MaskedLM,
+MarianMTModel -> EncoderDecoder (see model.hf_gpt2 / hf_llama / hf_bert / hf_marian for the mapping).
 Nothing is downloaded and no pickle is loaded; transformers is not needed.
 Every unsupported setting, missing or left-over tensor is an ``HFImportError`` naming it.
 """
@@ -22,15 +22,26 @@ import torch
 from model.checkpoint import TIED_KEY
 from model.config import ConfigError, ModelConfig
 from model.hf_bert import BERT
-from model.hf_format import HF_CONFIG_FILE, HFConfig, HFImportError, HFWeights, Importer, TensorMap, read_json
+from model.hf_format import (
+    HF_CONFIG_FILE,
+    HFConfig,
+    HFImportError,
+    HFWeights,
+    Importer,
+    TensorMap,
+    eos_token_ids,
+    read_chat_template,
+    read_json,
+)
 from model.hf_gpt2 import GPT2
+from model.hf_llama import LLAMA
 from model.hf_marian import MARIAN
 from model.tokenizer import Tokenizer
 from model.transformer import TransformerModel, build_model
 
-IMPORTERS: dict[str, Importer] = {imp.architecture: imp for imp in (GPT2, BERT, MARIAN)}
+IMPORTERS: dict[str, Importer] = {imp.architecture: imp for imp in (GPT2, LLAMA, BERT, MARIAN)}
 
-__all__ = ["IMPORTERS", "HFImportError", "HFModel", "is_hf_model_dir", "load_hf"]
+__all__ = ["IMPORTERS", "HFImportError", "HFModel", "build_imported", "is_hf_model_dir", "load_hf"]
 
 
 @dataclass
@@ -41,6 +52,8 @@ class HFModel:
     architecture: str  # the HF class it came from, e.g. "GPT2LMHeadModel"
     path: Path
     notes: list[str] = field(default_factory=list)  # what the import changed beyond a 1:1 copy
+    chat_template: str | None = None  # Jinja source, rendered only by model.chat_template's sandbox
+    stop_token_ids: list[int] = field(default_factory=list)  # end generation besides config.eos_token_id
 
 
 def is_hf_model_dir(path: str | Path) -> bool:
@@ -91,7 +104,10 @@ def _fold_bans(cfg: ModelConfig, tensors: TensorMap, bans: list[int], like: torc
     return cfg
 
 
-def _build(cfg: ModelConfig, tensors: TensorMap, directory: Path, device: str | torch.device) -> TransformerModel:
+def build_imported(cfg: ModelConfig, tensors: TensorMap, directory: Path, device: str | torch.device,
+                   described_by: str = "config.json") -> TransformerModel:
+    """Our model on ``device`` from imported tensors named as our state dict; a missing tensor
+    or a shape other than ``cfg`` implies is an error naming the source tensor."""
     with torch.device("meta"):
         model = build_model(cfg)
     expected = {k: v for k, v in model.state_dict().items() if not (cfg.tie_word_embeddings and k == TIED_KEY)}
@@ -104,7 +120,7 @@ def _build(cfg: ModelConfig, tensors: TensorMap, directory: Path, device: str | 
         t = tensors.tensors[name]
         if tuple(t.shape) != tuple(ref.shape):
             raise HFImportError(f"{directory}: tensor '{tensors.sources[name]}' has shape {list(t.shape)} (as our "
-                                f"'{name}') but config.json implies {list(ref.shape)}")
+                                f"'{name}') but {described_by} implies {list(ref.shape)}")
         state[name] = t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()
@@ -143,4 +159,6 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.d
     if bans:
         cfg = _fold_bans(cfg, tensors, bans, tensors.tensors["embed.tokens.weight"])
         notes.append(f"generation bans token id(s) {bans} (bad_words_ids): folded into the output bias as -inf")
-    return HFModel(_build(cfg, tensors, directory, device), cfg, tokenizer, importer.architecture, directory, notes)
+    stops = [i for i in eos_token_ids(data, directory) if i != cfg.eos_token_id] if cfg.has_decoder else []
+    return HFModel(build_imported(cfg, tensors, directory, device), cfg, tokenizer, importer.architecture, directory,
+                   notes, read_chat_template(directory), stops)

@@ -27,7 +27,9 @@ class SamplingParams:
     temperature: float = 1.0  # 0 = greedy
     top_k: int = 0  # 0 = no limit
     top_p: float = 1.0  # nucleus mass kept; 1 = no limit
-    repetition_penalty: float = 1.0  # CTRL-style: >1 discourages tokens already seen
+    repetition_penalty: float = 1.0  # CTRL-style: >1 discourages tokens already seen (prompt included)
+    presence_penalty: float = 0.0  # OpenAI: subtracted once from every token generated so far
+    frequency_penalty: float = 0.0  # OpenAI: subtracted per occurrence in the generated text
     stop: list[str] = field(default_factory=list)  # stop strings (cut from the output)
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
@@ -50,6 +52,8 @@ class SamplingParams:
             (self.top_k >= 0, "top_k", ">= 0"),
             (0.0 < self.top_p <= 1.0, "top_p", "in (0, 1]"),
             (self.repetition_penalty > 0.0, "repetition_penalty", "> 0"),
+            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "in [-2, 2]"),
+            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "in [-2, 2]"),
             (len(self.stop) <= MAX_STOP_STRINGS, "stop", f"at most {MAX_STOP_STRINGS} strings"),
             (all(isinstance(s, str) and s for s in self.stop), "stop", "non-empty strings"),
             (self.logprobs is None or 0 <= self.logprobs <= MAX_TOP_LOGPROBS, "logprobs",
@@ -75,6 +79,12 @@ def apply_repetition_penalty(logits: Tensor, seen: Tensor, penalty: Tensor) -> T
     p = penalty[:, None]
     penalised = torch.where(logits > 0, logits / p, logits * p)
     return torch.where(seen, penalised, logits)
+
+
+def apply_presence_frequency(logits: Tensor, counts: Tensor, presence: Tensor, frequency: Tensor) -> Tensor:
+    """OpenAI's penalties: logits (B, V) minus ``presence`` (B,) for every token generated at
+    least once and ``frequency`` (B,) times its count (counts (B, V), generated tokens only)."""
+    return logits - presence[:, None] * (counts > 0) - frequency[:, None] * counts
 
 
 def filter_top_k_top_p(logits: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
@@ -103,9 +113,11 @@ class Sampler:
         params: Sequence[SamplingParams],
         generators: Sequence[torch.Generator | None] | None = None,
         seen: Tensor | None = None,
+        counts: Tensor | None = None,
     ) -> SampleOutput:
         """logits (B, V) float; ``generators[i]`` seeds row i's draws (None: global RNG);
-        ``seen`` (B, V) bool marks tokens already in the sequence (for the penalty)."""
+        ``seen`` (B, V) bool marks tokens already in the sequence (for the repetition
+        penalty); ``counts`` (B, V) counts each generated token (presence/frequency)."""
         logits = logits.float()
         b, dev = logits.size(0), logits.device
         out = SampleOutput(tokens=logits.argmax(dim=-1))
@@ -115,6 +127,11 @@ class Sampler:
         if seen is not None and any(p.repetition_penalty != 1.0 for p in params):
             penalty = to_device([p.repetition_penalty for p in params], torch.float32, dev)
             processed = apply_repetition_penalty(processed, seen, penalty)
+            out.tokens = processed.argmax(dim=-1)
+        if counts is not None and any(p.presence_penalty or p.frequency_penalty for p in params):
+            presence = to_device([p.presence_penalty for p in params], torch.float32, dev)
+            frequency = to_device([p.frequency_penalty for p in params], torch.float32, dev)
+            processed = apply_presence_frequency(processed, counts, presence, frequency)
             out.tokens = processed.argmax(dim=-1)
 
         sampled_rows = [i for i, p in enumerate(params) if not p.greedy]

@@ -21,7 +21,7 @@ from service.logging_config import configure_logging
 from service.metrics import Metrics
 from service.middleware import BodyLimitMiddleware, RequestLogMiddleware
 from service.registry import EngineRegistry
-from service.routes import completions, docs, encoder, generate, playground, system, translate
+from service.routes import chat, completions, docs, encoder, generate, playground, system, translate
 from service.settings import Settings
 
 DESCRIPTION = """Transformer inference: translation (encoder-decoder), generation (decoder-only),
@@ -63,7 +63,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if settings.playground:
         app.include_router(playground.router)
     api = APIRouter(dependencies=auth)
-    for module in (generate, completions, translate, encoder):
+    for module in (generate, completions, chat, translate, encoder):
         api.include_router(module.router)
     api.include_router(system.models)
     app.include_router(api)

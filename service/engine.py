@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from model import Checkpoint, EngineCore, EngineEvent, EngineRequest, SamplingParams
+from model.chat_template import ChatMessageError, ChatTemplate, ChatTemplateError
 from model.sampling import MAX_STOP_STRINGS, MAX_TOP_LOGPROBS
 from service.engine_errors import EngineStoppedError, InvalidRequestError, QueueFullError
 from service.metrics import Metrics
@@ -200,9 +201,19 @@ class GenerativeEngine(BaseEngine):
         self._streams: dict[str, RequestStream] = {}
         self._timing: dict[str, list[float]] = {}  # request id -> [arrival, last token time or 0]
         self.metrics.slots_total.labels(name).set(settings.max_batch)
+        self.chat = None if ckpt.chat_template is None else ChatTemplate(
+            ckpt.chat_template, bos_token=self._special(self.cfg.bos_token_id),
+            eos_token=self._special(self.cfg.eos_token_id))
+
+    def _special(self, token_id: int | None) -> str | None:
+        return None if token_id is None else self.tokenizer.id_to_token(token_id)
+
+    def info(self) -> dict[str, Any]:
+        return {**super().info(), "chat": self.chat is not None}
 
     # --- the async API --------------------------------------------------------------------
-    def validate(self, prompt_ids: list[int], params: SamplingParams, prompt_field: str = "prompt") -> None:
+    def validate(self, prompt_ids: list[int], params: SamplingParams, prompt_field: str = "prompt",
+                 limit_field: str = "max_tokens") -> None:
         """Model-specific limits; raises InvalidRequestError naming the field and the limit."""
         n = len(prompt_ids)
         if n == 0:
@@ -212,7 +223,7 @@ class GenerativeEngine(BaseEngine):
                 raise InvalidRequestError(f"{prompt_field} is {n} tokens; this model accepts at most "
                                           f"{self.max_src_len}", prompt_field)
             if params.max_new_tokens + 1 > self.max_len:
-                raise InvalidRequestError(f"max_tokens must be <= {self.max_len - 1} for this model", "max_tokens")
+                raise InvalidRequestError(f"{limit_field} must be <= {self.max_len - 1} for this model", limit_field)
             if params.beam_size > self.settings.max_batch:
                 raise InvalidRequestError(f"beam_size must be <= {self.settings.max_batch} (the engine's slots)",
                                           "beam_size")
@@ -221,8 +232,22 @@ class GenerativeEngine(BaseEngine):
                 raise InvalidRequestError("beam_size > 1 is only supported for translation models", "beam_size")
             if n + params.max_new_tokens > self.max_len:
                 raise InvalidRequestError(
-                    f"prompt ({n} tokens) + max_tokens ({params.max_new_tokens}) exceeds this model's limit of "
-                    f"{self.max_len} tokens", "max_tokens")
+                    f"{prompt_field} ({n} tokens) + {limit_field} ({params.max_new_tokens}) exceeds this model's "
+                    f"limit of {self.max_len} tokens", limit_field)
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
+        """The prompt ids of a conversation, rendered by the model's own chat template (in a
+        sandbox, with a time limit) with the assistant's turn opened."""
+        if self.chat is None:
+            raise InvalidRequestError(f"model '{self.name}' has no chat template; use /v1/completions for plain "
+                                      "text generation", "model")
+        try:
+            text = self.chat.render(messages, add_generation_prompt=True)
+        except (ChatMessageError, ChatTemplateError) as exc:
+            raise InvalidRequestError(f"messages: {exc}", "messages") from None
+        ids = self.tokenizer.encode(text, add_special_tokens=False)  # the template wrote the special tokens
+        self._check_lengths([ids], "messages", False)
+        return ids
 
     def token_text(self, token_id: int) -> str:
         """A token's text; a token holding only part of a UTF-8 character has none, so its raw
@@ -234,7 +259,7 @@ class GenerativeEngine(BaseEngine):
         return self.submit_all([(prompt_ids, params, prompt_field)])[0]
 
     def submit_all(self, items: list[tuple[list[int], SamplingParams, str]],
-                   group_field: str = "prompt") -> list[RequestStream]:
+                   group_field: str = "prompt", limit_field: str = "max_tokens") -> list[RequestStream]:
         """Queue several requests (a list input, ``n`` completions) all or nothing.
 
         A group larger than the engine could ever hold is a client error (400 naming
@@ -243,7 +268,9 @@ class GenerativeEngine(BaseEngine):
         """
         self._check_accepting()
         for ids, params, field in items:
-            self.validate(ids, params, field)
+            self.validate(ids, params, field, limit_field)
+            if self.ckpt.stop_token_ids and not params.ignore_eos:  # e.g. <|eot_id|> besides <|end_of_text|>
+                params.stop_token_ids = sorted({*params.stop_token_ids, *self.ckpt.stop_token_ids})
         capacity = self.settings.max_queue + self.settings.max_batch
         if len(items) > capacity:
             raise InvalidRequestError(

@@ -55,9 +55,6 @@ class CompletionRequest(BaseModel):
 
     @model_validator(mode="after")
     def _unsupported(self) -> CompletionRequest:
-        if self.presence_penalty or self.frequency_penalty:
-            raise ValueError("presence_penalty and frequency_penalty are not supported; "
-                             "use repetition_penalty (> 1 discourages repeats)")
         if self.best_of not in (None, self.n):
             raise ValueError("best_of must equal n (server-side best-of is not supported)")
         if self.logit_bias:
@@ -127,6 +124,7 @@ class ModelCard(BaseModel):
     task: str
     max_seq_len: int
     parameters: int
+    chat: bool = False  # serves /v1/chat/completions (the model has a chat template)
     metrics: dict[str, Any] = Field(default_factory=dict)
 
 

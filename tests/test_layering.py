@@ -1,4 +1,4 @@
-"""The one direction of imports (shared/DESIGN.md), checked on the source, not by convention."""
+"""The one direction of imports (docs/ARCHITECTURE.md, "Layers"), checked on the source, not by convention."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Executes a ``StepPlan`` on the model: cache moves, the forward passes, and the choice of
 next tokens. It owns every tensor of the engine: the slot KV cache and, per slot, the set of
-tokens already in the sequence (for the repetition penalty).
+tokens already in the sequence (repetition penalty) and how often each token has been
+generated (presence and frequency penalties).
 
 The output is on the host, one entry per sequence: a ``Sample`` for sampled sequences (all
 drawn in one batched sampler call) or the (beam_size, V) log-probabilities of a beam search.
@@ -35,6 +36,7 @@ class ModelRunner:
         self.device = model.device
         self.cache = model.new_cache(n_slots, max_len, max_src_len if prompts.encodes_source else 0)
         self.seen = torch.zeros(n_slots, model.cfg.vocab_size, dtype=torch.bool, device=self.device)
+        self.counts = torch.zeros(n_slots, model.cfg.vocab_size, dtype=torch.float32, device=self.device)
         self.sampler = Sampler()
 
     @torch.inference_mode()
@@ -47,12 +49,14 @@ class ModelRunner:
         for move in plan.moves:
             self.cache.move_slot(move.src, move.dst, move.length)
             self.seen[move.dst] = self.seen[move.src]
+            self.counts[move.dst] = self.counts[move.src]
         for re in plan.reorders:
             self.cache.copy_slots(re.src, re.dst, length=re.length)
         for seq in plan.admitted:
             if not isinstance(seq.decoding, BeamDecoding):
                 slot = seq.slots[0]
                 self.seen[slot] = False
+                self.counts[slot] = 0.0
                 context = self.prompts.context(seq.req.prompt_ids)
                 if context:
                     self.seen[slot, torch.as_tensor(context, device=self.device)] = True
@@ -82,9 +86,11 @@ class ModelRunner:
             params = [s.req.params for s in seqs]
             slots = to_device([s.slots[0] for s in seqs], torch.long, self.device)
             seen = self.seen[slots] if any(p.repetition_penalty != 1.0 for p in params) else None
+            counts = self.counts[slots] if any(p.presence_penalty or p.frequency_penalty for p in params) else None
             rows = logits if len(sampled) == len(owners) else logits[to_device(sampled, torch.long, self.device)]
-            sample = self.sampler(rows, params, [s.decoding.generator for s in seqs], seen)
+            sample = self.sampler(rows, params, [s.decoding.generator for s in seqs], seen, counts)
             self.seen[slots, sample.tokens] = True
+            self.counts[slots, sample.tokens] += 1.0  # one token per row: no duplicate indices
             out.samples = dict(zip(seqs, split_sample(sample, params)))
         for seq in dict.fromkeys(s for s in owners if isinstance(s.decoding, BeamDecoding)):
             first = owners.index(seq)  # a beam search's rows are adjacent

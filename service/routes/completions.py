@@ -6,7 +6,6 @@ Choice i*n + j is completion j of prompt i, as in the OpenAI API.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -20,7 +19,7 @@ from service.engine_errors import InvalidRequestError
 from service.errors import ERROR_RESPONSES
 from service.openai_schemas import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
 from service.routes.inputs import input_ids
-from service.routes.streaming import check_event, collect, mark, sse_response
+from service.routes.streaming import check_event, collect, mark, merged, sse_response
 from service.schemas import Usage
 
 router = APIRouter(tags=["openai"])
@@ -44,7 +43,8 @@ def _finish(reason: str | None) -> str | None:
 def _params(body: CompletionRequest, max_tokens: int, j: int) -> SamplingParams:
     return SamplingParams(
         max_new_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
-        repetition_penalty=body.repetition_penalty, stop=body.stop, logprobs=body.logprobs,
+        repetition_penalty=body.repetition_penalty, presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty, stop=body.stop, logprobs=body.logprobs,
         seed=None if body.seed is None else body.seed + j, ignore_eos=body.ignore_eos)
 
 
@@ -91,26 +91,6 @@ async def completions(body: CompletionRequest, request: Request, registry: Regis
                               usage=Usage(**usage.as_dict()))
 
 
-async def _merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, EngineEvent]]:
-    """(choice index, event) from every stream, in the order the events arrive."""
-    queue: asyncio.Queue = asyncio.Queue()
-
-    async def pump(index: int, stream: RequestStream) -> None:
-        async for event in stream:
-            await queue.put((index, event))
-
-    pumps = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
-    remaining = len(streams)
-    try:
-        while remaining:
-            index, event = await queue.get()
-            remaining -= event.finished
-            yield index, event
-    finally:
-        for p in pumps:
-            p.cancel()
-
-
 async def _chunks(reply: _Reply, streams: list[RequestStream], request: Request,
                   body: CompletionRequest) -> AsyncIterator[dict]:
     engine, finals = reply.engine, []
@@ -118,7 +98,7 @@ async def _chunks(reply: _Reply, streams: list[RequestStream], request: Request,
     for i, echo in enumerate(reply.echoes):
         if echo:
             yield _chunk(reply, i, echo, None, None)
-    async with aclosing(_merged(streams)) as events:  # closed at once on an error: the pumps stop
+    async with aclosing(merged(streams)) as events:  # closed at once on an error: the pumps stop
         async for index, event in events:
             check_event(event)
             logprobs = _logprobs(engine, [event], offsets[index]).model_dump() if body.logprobs is not None else None

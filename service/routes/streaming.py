@@ -101,3 +101,23 @@ def check_event(event: EngineEvent) -> EngineEvent:
     if event.error:
         raise RequestFailedError(event.error, f"request failed: {event.message}")
     return event
+
+
+async def merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, EngineEvent]]:
+    """(choice index, event) from every stream, in the order the events arrive."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, stream: RequestStream) -> None:
+        async for event in stream:
+            await queue.put((index, event))
+
+    pumps = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    remaining = len(streams)
+    try:
+        while remaining:
+            index, event = await queue.get()
+            remaining -= event.finished
+            yield index, event
+    finally:
+        for p in pumps:
+            p.cancel()

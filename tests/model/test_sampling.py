@@ -100,3 +100,24 @@ def test_logprobs_are_the_models_distribution(decoder_lm):
 def test_invalid_params_name_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**{field: value})
+
+
+@pytest.mark.parametrize("presence, frequency", [(1.5, 0.0), (0.0, 0.8), (-1.0, 0.5)])
+def test_presence_and_frequency_penalties_follow_openai_rule(decoder_lm, presence, frequency):
+    """Greedy decoding through the engine equals a by-hand loop over full recomputation that
+    subtracts presence * [count > 0] + frequency * count of the generated tokens only."""
+    prompt = [5, 9, 9, 12]
+    params = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True, presence_penalty=presence,
+                            frequency_penalty=frequency)
+    got = generate(decoder_lm, [prompt], params)[0].token_ids
+    seq, counts = list(prompt), torch.zeros(decoder_lm.cfg.vocab_size)
+    with torch.no_grad():
+        for _ in range(12):
+            logits = decoder_lm(torch.tensor([seq]))[0, -1] - presence * (counts > 0) - frequency * counts
+            tok = int(logits.argmax())
+            counts[tok] += 1
+            seq.append(tok)
+    assert got == seq[len(prompt):]
+    plain = generate(decoder_lm, [prompt], SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True))
+    if presence > 0 or frequency > 0:
+        assert len(set(got)) >= len(set(plain[0].token_ids))  # penalties spread the choice of tokens

@@ -1,0 +1,164 @@
+"""OpenAI chat-completions bodies (``POST /v1/chat/completions``).
+
+Field names and shapes follow OpenAI's API so the official client and LangChain's
+``ChatOpenAI`` work unmodified. What a text-only model cannot do (tools, images, audio,
+structured output) is refused with a 400 naming the field, never silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from service.engine import MAX_TOP_LOGPROBS
+from service.openai_schemas import StreamOptions
+from service.schemas import Usage, normalise_stop
+
+
+class TextPart(BaseModel):
+    type: str
+    text: str | None = None
+
+    model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="after")
+    def _text_only(self) -> TextPart:
+        if self.type != "text":
+            raise ValueError(f"content parts of type '{self.type}' are not supported; this server's models read "
+                             "text only (use parts of type 'text')")
+        if self.text is None:
+            raise ValueError("a content part of type 'text' needs a 'text' field")
+        return self
+
+
+class ChatMessage(BaseModel):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="after")
+    def _plain(self) -> ChatMessage:
+        for unsupported in ("tool_calls", "function_call", "audio", "refusal"):
+            if getattr(self, unsupported, None):
+                raise ValueError(f"'{unsupported}' in messages is not supported (no tool or audio support)")
+        if self.content is None:
+            raise ValueError("every message needs 'content'")
+        return self
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text or "" for part in self.content or [])
+
+
+class ResponseFormat(BaseModel):
+    type: str
+
+    @field_validator("type")
+    @classmethod
+    def _text(cls, value: str) -> str:
+        if value != "text":
+            raise ValueError(f"response_format type '{value}' is not supported; only 'text'")
+        return value
+
+
+class ChatCompletionRequest(BaseModel):
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1, le=4096)
+    max_completion_tokens: int | None = Field(None, ge=1, le=4096)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    n: int = Field(1, ge=1, le=8)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: list[str] = Field(default_factory=list)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    response_format: ResponseFormat | None = None
+    user: str | None = None
+    # refused: a text-only model has no tools, and logit_bias is not implemented
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    logit_bias: dict[str, float] | None = None
+    modalities: list[str] | None = None
+    audio: Any = None
+    # extensions (vLLM accepts the same names)
+    top_k: int = Field(0, ge=0, le=100_000)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
+
+    model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [
+        {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "What is the capital of France?"}],
+         "max_tokens": 64, "temperature": 0},
+        {"model": "smollm2-135m-instruct", "stream": True, "messages": [
+            {"role": "system", "content": "You are a concise assistant."},
+            {"role": "user", "content": "Name three primary colours."}]},
+    ]})
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop(cls, value):
+        return normalise_stop(value)
+
+    @model_validator(mode="after")
+    def _unsupported(self) -> ChatCompletionRequest:
+        for name in ("tools", "functions", "audio"):
+            if getattr(self, name):
+                raise ValueError(f"'{name}' is not supported: this server's models have no tool or audio support")
+        if self.tool_choice not in (None, "none") or self.function_call not in (None, "none"):
+            raise ValueError("'tool_choice' / 'function_call' are not supported (no tool support)")
+        if self.modalities not in (None, ["text"]):
+            raise ValueError("only the 'text' modality is supported")
+        if self.logit_bias:
+            raise ValueError("'logit_bias' is not supported")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("'top_logprobs' needs 'logprobs': true")
+        return self
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class TopLogprobEntry(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class LogprobEntry(TopLogprobEntry):
+    top_logprobs: list[TopLogprobEntry]
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[LogprobEntry] | None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    finish_reason: Literal["stop", "length"] | None
+    logprobs: ChoiceLogprobs | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    system_fingerprint: str | None = None

@@ -1,0 +1,126 @@
+"""POST /v1/chat/completions: the OpenAI chat API on a decoder model with a chat template.
+
+The messages are rendered by the model's own template (in a sandbox) into one prompt; each
+of the ``n`` choices is one engine request. Streaming sends a first chunk with the role,
+then content deltas, a final chunk with ``finish_reason``, an optional usage chunk, and
+``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+
+from fastapi import APIRouter, Request
+
+from service.chat_schemas import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChoiceLogprobs,
+    LogprobEntry,
+    TopLogprobEntry,
+)
+from service.dependencies import RegistryDep
+from service.engine import EngineEvent, GenerativeEngine, RequestStream, SamplingParams
+from service.errors import ERROR_RESPONSES
+from service.routes.streaming import check_event, collect, mark, merged, sse_response
+from service.schemas import Usage
+
+router = APIRouter(tags=["openai"])
+
+STREAM_RESPONSES = {200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+                          "description": "a chat completion, or with stream=true a stream of "
+                                         "chat.completion.chunk events"}}
+
+
+@dataclass
+class _Reply:
+    engine: GenerativeEngine
+    rid: str
+    created: int
+    prompt: list[int]
+
+
+def _finish(reason: str | None) -> str | None:
+    return "stop" if reason in ("eos", "stop") else reason  # OpenAI knows only stop / length
+
+
+def _params(body: ChatCompletionRequest, max_tokens: int, j: int) -> SamplingParams:
+    return SamplingParams(
+        max_new_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
+        repetition_penalty=body.repetition_penalty, presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty, stop=body.stop,
+        logprobs=(body.top_logprobs or 0) if body.logprobs else None,
+        seed=None if body.seed is None else body.seed + j)
+
+
+def _entry(engine: GenerativeEngine, token: int, logprob: float) -> dict:
+    text = engine.token_text(token)
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+
+def _logprobs(engine: GenerativeEngine, events: list[EngineEvent]) -> ChoiceLogprobs:
+    content = []
+    for e in events:
+        for i, (tok, lp) in enumerate(zip(e.token_ids, e.logprobs)):
+            top = e.top_logprobs[i] if i < len(e.top_logprobs) else {}
+            content.append(LogprobEntry(**_entry(engine, tok, lp),
+                                        top_logprobs=[TopLogprobEntry(**_entry(engine, t, v)) for t, v in top.items()]))
+    return ChoiceLogprobs(content=content)
+
+
+@router.post("/v1/chat/completions", response_model=ChatCompletionResponse, response_model_exclude_none=True,
+             responses={**ERROR_RESPONSES, **STREAM_RESPONSES},
+             summary="OpenAI-compatible chat completion (stream=true for SSE)")
+async def chat_completions(body: ChatCompletionRequest, request: Request, registry: RegistryDep):
+    engine: GenerativeEngine = registry.get(body.model, "decoder", "/v1/chat/completions")
+    mark(request, engine.name)
+    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
+    prompt = engine.chat_prompt(messages)
+    limit = body.token_limit if body.token_limit is not None else max(1, engine.max_len - len(prompt))
+    field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    streams = engine.submit_all([(prompt, _params(body, limit, j), "messages") for j in range(body.n)],
+                                group_field="n" if body.n > 1 else "messages", limit_field=field)
+    reply = _Reply(engine, f"chatcmpl-{streams[0].request_id}", int(time.time()), prompt)
+    if body.stream:
+        return sse_response(_chunks(reply, streams, request, body), streams)
+    results = await collect(request, streams)
+    usage = engine.usage([prompt], [events[-1] for events in results])
+    mark(request, usage=usage)
+    choices = [ChatChoice(index=i, message=AssistantMessage(content="".join(e.text for e in events)),
+                          finish_reason=_finish(events[-1].finish_reason),
+                          logprobs=_logprobs(engine, events) if body.logprobs else None)
+               for i, events in enumerate(results)]
+    return ChatCompletionResponse(id=reply.rid, created=reply.created, model=engine.name, choices=choices,
+                                  usage=Usage(**usage.as_dict()))
+
+
+def _chunk(reply: _Reply, choices: list[dict]) -> dict:
+    return {"id": reply.rid, "object": "chat.completion.chunk", "created": reply.created, "model": reply.engine.name,
+            "choices": choices}
+
+
+async def _chunks(reply: _Reply, streams: list[RequestStream], request: Request,
+                  body: ChatCompletionRequest) -> AsyncIterator[dict]:
+    engine, finals = reply.engine, []
+    for i in range(len(streams)):
+        yield _chunk(reply, [{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+    async with aclosing(merged(streams)) as events:  # closed at once on an error: the pumps stop
+        async for index, event in events:
+            check_event(event)
+            choice = {"index": index, "delta": {"content": event.text} if event.text else {},
+                      "finish_reason": _finish(event.finish_reason)}
+            if body.logprobs:
+                choice["logprobs"] = _logprobs(engine, [event]).model_dump()
+            if event.finished:
+                finals.append(event)
+            if event.text or event.finished or body.logprobs:
+                yield _chunk(reply, [choice])
+    usage = engine.usage([reply.prompt], finals)
+    mark(request, usage=usage)
+    if body.stream_options and body.stream_options.include_usage:
+        yield {**_chunk(reply, []), "usage": usage.as_dict()}
