@@ -86,7 +86,8 @@ export function setupChat(panel) {
     const reply = bubble("assistant", "");
     const messages = (system ? [{ role: "system", content: system }] : []).concat(history);
     try {
-      for await (const chunk of streamEvents("v1/chat/completions", { ...sampling(form), messages, stream: true }, signal)) {
+      const body = { ...sampling(form), messages, stream: true, stream_options: { include_usage: true } };
+      for await (const chunk of streamEvents("v1/chat/completions", body, signal)) {
         const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta;
         if (delta && delta.content) {
           reply.textContent += delta.content;

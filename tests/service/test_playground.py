@@ -33,6 +33,8 @@ SHIPPED = ("generate-en", "translate-en-de", "fill-mask-en")
 API_KEY = "playground-test-key"
 ARTIFACTS = Path(os.environ.get("TSERVE_TEST_ARTIFACTS", ROOT / "build" / "test-artifacts")) / "playground"
 DOCS_SCREENSHOTS = ROOT / "docs" / "screenshots"
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
 
 # --- without a browser -------------------------------------------------------------------
@@ -97,7 +99,8 @@ def browser_weights(tmp_path_factory) -> Path:
     cfg = ModelConfig(family="decoder", vocab_size=tok.vocab_size, d_model=32, n_heads=4, n_decoder_layers=2,
                       d_ff=64, dropout=0.0, max_positions=1024, pad_token_id=0, bos_token_id=1,
                       eos_token_id=None, norm_placement="pre", final_norm=True, positional="learned")
-    save(root / "generate-long", build_model(cfg).init_weights(7).eval(), tok)  # never ends by itself
+    # never ends by itself; chats through a small ChatML-like template
+    save(root / "generate-long", build_model(cfg).init_weights(7).eval(), tok, chat_template=CHAT_TEMPLATE)
     return root
 
 
@@ -213,13 +216,20 @@ def test_tabs_follow_the_loaded_models(server, driver):
 
     _open(driver, server.url, "generate")
     tabs = {t.get_attribute("data-tab"): t.is_displayed() for t in driver.find_elements(By.CSS_SELECTOR, "[role=tab]")}
-    # no model here declares "chat": true, so there is no Chat tab
-    assert tabs == {"chat": False, "generate": True, "translate": True, "fill-mask": True, "embeddings": True}
-    models = driver.find_elements(By.CSS_SELECTOR, "#panel-generate select[name=model] option")
-    assert sorted(o.get_attribute("value") for o in models) == ["generate-en", "generate-long"]
+    assert tabs == {"chat": True, "generate": True, "translate": True, "fill-mask": True, "embeddings": True}
+
+    def options(tab: str) -> list[str]:
+        return sorted(o.get_attribute("value")
+                      for o in driver.find_elements(By.CSS_SELECTOR, f"#panel-{tab} select[name=model] option"))
+
+    assert options("generate") == ["generate-en", "generate-long"]
+    assert options("chat") == ["generate-long"]  # the only model with a chat template ("chat": true)
+    assert options("embeddings") == options("fill-mask") == ["fill-mask-en"]
     # keyboard: arrows move between the tabs (roving focus), the panel follows
     tab = driver.find_element(By.ID, "tab-generate")
-    tab.send_keys(Keys.ARROW_RIGHT)
+    tab.send_keys(Keys.ARROW_LEFT)
+    assert driver.switch_to.active_element.get_attribute("id") == "tab-chat"
+    driver.switch_to.active_element.send_keys(Keys.ARROW_RIGHT, Keys.ARROW_RIGHT)
     assert driver.switch_to.active_element.get_attribute("id") == "tab-translate"
     assert driver.find_element(By.ID, "panel-translate").is_displayed()
     driver.switch_to.active_element.send_keys(Keys.END)
@@ -387,6 +397,48 @@ def test_api_key_is_asked_for_and_sent(weights_dir, driver):
 
 
 @pytest.mark.slow
-def test_chat_turn_streams(server, driver):
-    pytest.skip("POST /v1/chat/completions and `chat: true` in /v1/models have not landed on main yet; "
-                "the Chat tab is built to the OpenAI shape and its browser test is still to be written")
+def test_chat_turns_stream_and_stop(server, driver):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    panel = _open(driver, server.url, "chat")
+    panel.find_element(By.CSS_SELECTOR, "details.params summary").click()
+    _fill(panel, "max_tokens", 30)
+    _fill(panel, "seed", 5)
+    _fill(panel, "system", "You are terse.")
+    message = panel.find_element(By.NAME, "message")
+    message.send_keys("Hello there")
+    message.send_keys(Keys.ENTER)  # Enter sends in the chat
+    reply = _wait(lambda: (panel.find_elements(By.CSS_SELECTOR, "[data-log] li[data-role=assistant]") or [None])[-1],
+                  what="the assistant's bubble")
+    lengths = set()
+    _wait(lambda: lengths.add(len(reply.text)) or _state(panel) == "done", 30, "the reply to end")
+    assert len(lengths) >= 4, lengths  # streamed token by token
+    assert _error(panel) == "" and reply.text
+    first_prompt = int(_figure(panel, "in"))  # the server's usage (stream_options.include_usage)
+    assert _figure(panel, "out") == "30" and first_prompt > 0
+    assert message.get_attribute("value") == ""
+
+    # the same turn through the API gives the same text: the page sent the conversation as given
+    body = {"model": "generate-long", "max_tokens": 30, "seed": 5, "temperature": 0.8, "top_p": 0.95,
+            "messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hello there"}]}
+    expected = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=30).json()
+    assert reply.text == expected["choices"][0]["message"]["content"]
+
+    # a second turn carries the first; Stop ends it and frees the slot
+    _fill(panel, "max_tokens", 600)  # 12 s at the slowed-down pace
+    prompt_before = server.metric("tserve_prompt_tokens_total", model="generate-long")
+    message.send_keys("And again?", Keys.ENTER)
+    second = _wait(lambda: len(panel.find_elements(By.CSS_SELECTOR, "[data-log] li[data-role=assistant]")) == 2
+                   and panel.find_elements(By.CSS_SELECTOR, "[data-log] li[data-role=assistant]")[-1],
+                   what=f"turn 2 ({_state(panel)}: {_error(panel)})")
+    _wait(lambda: len(second.text) > 5, what="the second reply")
+    panel.find_element(By.CSS_SELECTOR, "[data-stop]").click()
+    assert _finished(panel, 5) == "stopped"
+    _wait(lambda: server.metric("tserve_running_requests", model="generate-long") == 0, 10, "running 0")
+    assert second.get_attribute("data-stopped") is not None
+    # turn 2's prompt held turn 1 (system, question, answer) and the new question
+    assert server.metric("tserve_prompt_tokens_total", model="generate-long") - prompt_before > first_prompt + 30
+    assert [li.get_attribute("data-role") for li in panel.find_elements(By.CSS_SELECTOR, "[data-log] li")] == \
+        ["user", "assistant", "user", "assistant"]
+    _screenshot(driver, "playground-chat")
