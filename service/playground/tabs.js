@@ -8,6 +8,7 @@ const number = (form, name) => {
   return raw === "" ? undefined : Number(raw);
 };
 const lines = (text) => text.split("\n").map((l) => l.trim()).filter(Boolean);
+
 function runner(panel, work) {
   const form = panel.querySelector("form");
   const send = panel.querySelector("[data-send]");
@@ -31,8 +32,10 @@ function runner(panel, work) {
     if (controller) return;
     controller = new AbortController();
     error.hidden = true;
+    const sentFromButton = document.activeElement === send;
     send.disabled = true;
     stop.disabled = false;
+    if (sentFromButton) stop.focus();  // a disabled button drops the keyboard focus: hand it on
     panel.dataset.state = "running";
     figures.start();
     try {
@@ -49,8 +52,10 @@ function runner(panel, work) {
     } finally {
       figures.finish();
       controller = null;
+      const focusWasOnStop = document.activeElement === stop;
       send.disabled = false;
       stop.disabled = true;
+      if (focusWasOnStop) send.focus();
     }
   });
 }

@@ -277,6 +277,9 @@ def test_stop_aborts_the_generation_and_frees_the_slot(server, driver):
     output = panel.find_element(By.CSS_SELECTOR, "[data-output]")
     _wait(lambda: len(output.text) > len("To be, or not to be") + 10, what="streamed text")
     assert server.metric("tserve_running_requests", model="generate-long") == 1
+    # the load panel reads the same gauges from /metrics (it polls every 2 s)
+    _wait(lambda: driver.find_element(By.ID, "load-running").text == "1", 10, "the load panel to show 1")
+    assert driver.find_element(By.ID, "load-kv").text.endswith("%")
     stop = panel.find_element(By.CSS_SELECTOR, "[data-stop]")
     started = time.monotonic()
     stop.click()
@@ -285,11 +288,11 @@ def test_stop_aborts_the_generation_and_frees_the_slot(server, driver):
     assert time.monotonic() - started < 10
     assert server.metric("tserve_kv_cache_slots_used", model="generate-long") == 0
     assert server.metric("tserve_generated_tokens_total", model="generate-long") - before < 900
-    assert not stop.is_enabled() and panel.find_element(By.CSS_SELECTOR, "[data-send]").is_enabled()
+    send = panel.find_element(By.CSS_SELECTOR, "[data-send]")
+    assert not stop.is_enabled() and send.is_enabled()
+    assert driver.switch_to.active_element == send  # the keyboard focus went Send -> Stop -> Send
     assert _error(panel) == ""  # stopping is not an error
-    # the load panel reads the same gauges from /metrics (it polls every 2 s)
-    _wait(lambda: driver.find_element(By.ID, "load-running").text == "0", 10, "the load panel to show 0")
-    assert driver.find_element(By.ID, "load-kv").text.endswith("%")
+    _wait(lambda: driver.find_element(By.ID, "load-running").text == "0", 10, "the load panel to show 0 again")
 
 
 @pytest.mark.slow
