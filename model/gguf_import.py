@@ -35,7 +35,7 @@ from model.tokenizer import Tokenizer
 from model.transformer import TransformerModel
 
 Q = gguf.GGMLQuantizationType
-SUPPORTED_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K)
+SUPPORTED_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q6_K)  # each one tested
 ARCHITECTURES = ("llama",)
 
 # llama.cpp's per-layer tensor names -> ours (the q/k/v projections are fused separately).

@@ -104,6 +104,12 @@ def byte_level_tokenizer(get: Callable[[str], Any]) -> Tokenizer:
     tk.add_special_tokens(control)
     tk.add_tokens(user)
 
+    _add_bos_eos(tk, get, tokens)
+    return Tokenizer(tk)
+
+
+def _add_bos_eos(tk: HFTokenizer, get: Callable[[str], Any], tokens: list[str]) -> None:
+    """The BOS / EOS that encode() adds around every text, where the file asks for them."""
     ends = {}  # "head"/"tail" -> (token, id) that encode() adds around every text
     for end, flag, key in (("head", "tokenizer.ggml.add_bos_token", "tokenizer.ggml.bos_token_id"),
                            ("tail", "tokenizer.ggml.add_eos_token", "tokenizer.ggml.eos_token_id")):
@@ -118,4 +124,3 @@ def byte_level_tokenizer(get: Callable[[str], Any]) -> Tokenizer:
         tk.post_processor = processors.TemplateProcessing(
             single=" ".join([*head, "$A", *tail]), pair=" ".join([*head, "$A", *tail, "$B:1", *tail]),
             special_tokens=list(set(ends.values())))
-    return Tokenizer(tk)

@@ -49,19 +49,18 @@ def llama_model_config(*, vocab_size: int, d_model: int, n_heads: int, n_kv_head
 def _rope(hf: HFConfig) -> tuple[float, dict[str, Any] | None]:
     """rope_theta and our rope_scaling from either layout: transformers 5 writes one
     ``rope_parameters`` dict, older files ``rope_theta`` beside ``rope_scaling``."""
-    params = hf.get("rope_parameters")
-    key = "rope_parameters"
+    params, key = hf.get("rope_parameters"), "rope_parameters"
     if params is None:
-        params = dict(hf.get("rope_scaling", {}))
-        params.setdefault("rope_theta", hf.get("rope_theta", 10000.0))
-        key = "rope_scaling"
+        params, key = hf.get("rope_scaling", {}), "rope_scaling"
     if not isinstance(params, dict):
         raise HFImportError(f"{hf.path}: field '{key}' is {params!r}; expected an object")
     theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
-    kind = params.get("rope_type", params.get("type", "default"))
+    kind = params.get("rope_type", params.get("type", "default"))  # older files: "type"
     if kind == "default":
         return theta, None
     if kind == "linear":
+        if not isinstance(params.get("factor"), (int, float)):
+            raise HFImportError(f"{hf.path}: field '{key}' of type linear needs a numeric 'factor'")
         return theta, {"type": "linear", "factor": float(params["factor"])}
     if kind == "llama3":
         missing = [k for k in LLAMA3_ROPE_KEYS if k not in params]

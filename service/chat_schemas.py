@@ -108,20 +108,40 @@ class ChatCompletionRequest(BaseModel):
     def _stop(cls, value):
         return normalise_stop(value)
 
-    @model_validator(mode="after")
-    def _unsupported(self) -> ChatCompletionRequest:
-        for name in ("tools", "functions", "audio"):
-            if getattr(self, name):
-                raise ValueError(f"'{name}' is not supported: this server's models have no tool or audio support")
-        if self.tool_choice not in (None, "none") or self.function_call not in (None, "none"):
-            raise ValueError("'tool_choice' / 'function_call' are not supported (no tool support)")
-        if self.modalities not in (None, ["text"]):
+    @field_validator("tools", "functions", "audio")
+    @classmethod
+    def _no_tools(cls, value, info):
+        if value:
+            raise ValueError(f"'{info.field_name}' is not supported: these models have no tool or audio support")
+        return value
+
+    @field_validator("tool_choice", "function_call")
+    @classmethod
+    def _no_tool_choice(cls, value, info):
+        if value not in (None, "none"):
+            raise ValueError(f"'{info.field_name}' is not supported (no tool support)")
+        return value
+
+    @field_validator("modalities")
+    @classmethod
+    def _text_modality(cls, value):
+        if value not in (None, ["text"]):
             raise ValueError("only the 'text' modality is supported")
-        if self.logit_bias:
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_logit_bias(cls, value):
+        if value:
             raise ValueError("'logit_bias' is not supported")
-        if self.top_logprobs is not None and not self.logprobs:
+        return value
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _needs_logprobs(cls, value, info):
+        if value is not None and not info.data.get("logprobs"):
             raise ValueError("'top_logprobs' needs 'logprobs': true")
-        return self
+        return value
 
     @property
     def token_limit(self) -> int | None:

@@ -10,9 +10,10 @@ import asyncio
 import logging
 from pathlib import Path
 
-from model import CheckpointError, is_checkpoint, load
+from model import CheckpointError, is_model_dir, load_model
 from model.config import DTYPES
 from model.int8 import quantize_int8_
+from model.manifest import ManifestError, is_manifest_dir, locate, read_manifest
 from service.encoder_engine import EncoderEngine
 from service.engine import BaseEngine, GenerativeEngine
 from service.engine_errors import EngineStoppedError, InvalidRequestError, ModelNotFoundError
@@ -32,29 +33,55 @@ class EngineRegistry:
         self.error: str | None = None
         self.started = False
 
-    def discover(self) -> list[Path]:
+    def discover(self) -> list[tuple[str, Path]]:
+        """(name, path) of each model to load. ``TSERVE_MODELS`` entries are names in the weights
+        directory or paths (a model directory or a ``.gguf`` file); without it, every model
+        directory there, skipping (with a warning) manifests whose weight package is missing."""
         root = self.settings.weights_dir
-        found = {p.name: p for p in sorted(root.iterdir())} if root.is_dir() else {}
-        found = {name: p for name, p in found.items() if is_checkpoint(p)}
+        found = {p.name: p for p in sorted(root.iterdir()) if is_model_dir(p)} if root.is_dir() else {}
         wanted = self.settings.model_names()
-        missing = [m for m in wanted if m not in found]
+        if not wanted:
+            found = {name: p for name, p in found.items() if self._installed(p)}
+            if not found:
+                raise CheckpointError(f"no model directories (config.json + model.safetensors, or manifest.json) "
+                                      f"in {root.resolve()}")
+            return list(found.items())
+        chosen, missing = [], []
+        for entry in wanted:
+            path = Path(entry)
+            if entry in found:
+                chosen.append((entry, found[entry]))
+            elif ("/" in entry or entry.endswith(".gguf")) and path.exists():
+                chosen.append((path.name.removesuffix(".gguf"), path))
+            else:
+                missing.append(entry)
         if missing:
-            raise CheckpointError(f"TSERVE_MODELS names {missing}, not found in {root} (found: {sorted(found)})")
-        if not found:
-            raise CheckpointError(f"no checkpoints (config.json + model.safetensors) in {root.resolve()}")
-        return [found[m] for m in wanted] if wanted else list(found.values())
+            raise CheckpointError(f"TSERVE_MODELS names {missing}: neither a model in {root} (found: {sorted(found)}) "
+                                  "nor an existing path")
+        return chosen
+
+    @staticmethod
+    def _installed(path: Path) -> bool:
+        if not is_manifest_dir(path):
+            return True
+        try:
+            locate(read_manifest(path))
+        except ManifestError as exc:
+            log.warning("skipping %s: %s", path.name, exc)
+            return False
+        return True
 
     async def start(self) -> None:
         try:
-            for path in self.discover():
-                ckpt = await asyncio.to_thread(load, path, self.settings.device, DTYPES[self.settings.dtype])
+            for name, path in self.discover():
+                ckpt = await asyncio.to_thread(load_model, path, self.settings.device, DTYPES[self.settings.dtype])
                 if self.settings.quantize == "int8":
                     await asyncio.to_thread(quantize_int8_, ckpt.model)
                 else:
                     ckpt.model.optimize_for_inference()  # prepacked CPU weights: faster small-batch decoding
                 cls = EncoderEngine if ckpt.config.family == "encoder" else GenerativeEngine
-                engine = cls(path.name, ckpt, self.settings, self.metrics)
-                self.engines[path.name] = engine
+                engine = cls(name, ckpt, self.settings, self.metrics)
+                self.engines[name] = engine
                 await engine.start()
         except Exception as exc:
             self.error = f"{type(exc).__name__}: {exc}"

@@ -142,10 +142,10 @@ def test_block_quants_match_an_independent_reference(qtype, reference_fn, tolera
 
 
 def _random_k_blocks(rng: np.random.Generator, rows: int, size: int, scale_at: list[int]) -> np.ndarray:
-    raw = rng.integers(0, 256, (rows * 256 // 256, size), dtype=np.uint8)
+    raw = rng.integers(0, 256, (rows, size), dtype=np.uint8)  # one 256-value super-block per row
     for at in scale_at:  # small finite f16 scales, so the values are finite and comparable
         raw[:, at:at + 2] = np.frombuffer(np.float16(0.01).tobytes(), dtype=np.uint8)
-    return raw.reshape(rows, size)
+    return raw
 
 
 @pytest.mark.parametrize("qtype, size, scale_at, reference_fn", [
@@ -222,7 +222,7 @@ def test_linear_rope_scaling_is_read_and_applied(tmp_path, bpe):
     _logits_match(g.model, reference, g.config.vocab_size)
 
 
-@pytest.mark.parametrize("qtype, bound", [(Q.Q8_0, 0.05), (Q.Q4_1, 0.5)])
+@pytest.mark.parametrize("qtype, bound", [(Q.Q8_0, 0.05), (Q.Q4_1, 0.5), (Q.Q5_0, 0.3), (Q.Q5_1, 0.3)])
 def test_quantized_files_give_close_logits(qtype, bound, tmp_path, reference, bpe):
     g = load_gguf(write_llama_gguf(tmp_path / f"{qtype.name}.gguf", reference, bpe, GGUFSpec(qtype=qtype)))
     ids = torch.randint(0, g.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(6))

@@ -98,3 +98,35 @@ def test_cache_holds_kv_heads_only_and_cached_decoding_equals_recomputation(fres
                 seq.append(int(model(torch.tensor([seq]))[0, -1].argmax()))
         assert res.token_ids == seq[len(prompt):]
         assert generate(model, [prompt], params)[0].token_ids == res.token_ids  # alone == batched
+
+
+def test_engine_features_on_llama_chunked_prefill_int8_bf16(fresh_seed):
+    """Continuous batching with chunked prefill gives what each request gets alone; int8 and
+    bfloat16 weights run through the same engine and stay close to float32."""
+    from model.engine import EngineCore, EngineRequest
+    from model.int8 import quantize_int8_
+
+    cfg = llama_config(max_positions=128)
+    model = build_model(cfg).init_weights(fresh_seed).eval()
+    g = torch.Generator().manual_seed(fresh_seed)
+    prompts = [torch.randint(3, cfg.vocab_size, (n,), generator=g).tolist() for n in (30, 3, 17)]
+    params = SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True)
+    core = EngineCore(model, None, n_slots=2, max_len=64, max_prefill_tokens=7)  # 30 tokens: 5 chunks
+    for i, p in enumerate(prompts):
+        core.add(EngineRequest(str(i), p, params))
+    out: dict[str, list[int]] = {}
+    while core.has_work:
+        for e in core.step().events:
+            out.setdefault(e.request_id, []).extend(e.token_ids)
+    alone = [generate(model, [p], params)[0].token_ids for p in prompts]
+    assert [out[str(i)] for i in range(3)] == alone
+
+    ids = torch.tensor([prompts[0]])
+    with torch.no_grad():
+        ref = model(ids).float()
+        half = build_model(cfg).to(torch.bfloat16)
+        half.load_state_dict(model.state_dict())
+        assert (half.eval()(ids).float() - ref).abs().max() < 0.1 * ref.abs().max()
+        quantize_int8_(model)
+        assert (model(ids).float() - ref).abs().max() < 0.1 * ref.abs().max()
+    assert len(generate(model, [prompts[1]], params)[0].token_ids) == 8

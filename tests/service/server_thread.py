@@ -13,8 +13,8 @@ from service.settings import Settings
 
 
 class ServerThread:
-    def __init__(self, settings: Settings):
-        self.app = create_app(settings)
+    def __init__(self, settings: Settings, ready_timeout: float = 60.0):
+        self.app, self.ready_timeout = create_app(settings), ready_timeout
         config = uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning", lifespan="on",
                                 timeout_graceful_shutdown=max(1, int(settings.shutdown_grace_s)))
         self.server = uvicorn.Server(config)
@@ -22,7 +22,7 @@ class ServerThread:
 
     def __enter__(self) -> ServerThread:
         self.thread.start()
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + self.ready_timeout
         while not self.server.started:
             if time.monotonic() > deadline or not self.thread.is_alive():
                 raise RuntimeError("uvicorn did not start")
