@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import attention, chat_model, decode, gpu, kv_cache, service_load, translation
+from benchmarks import attention, chat_model, decode, embeddings, gpu, kv_cache, service_load, translation
 from benchmarks.config import BenchConfig
 from benchmarks.machine import load_average, machine_info
 from benchmarks.report import RunReport, SectionSkipped, loud, markdown_table, say
@@ -41,6 +41,7 @@ SECTIONS = {  # name on the command line -> (label in the report, runner)
     "service": ("5. service", service_load.run),
     "gpu": ("6. GPU", gpu.run),
     "chat": ("7. chat model", chat_model.run),
+    "embeddings": ("8. embeddings", embeddings.run),
 }
 
 

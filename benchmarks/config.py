@@ -70,6 +70,13 @@ class BenchConfig:
     gpu_dtype: str = "bfloat16"
     gpu_compile: bool = True
 
+    # 7. sentence embeddings: all-MiniLM-L6-v2 (manifest of the pinned package) vs sentence-transformers.
+    embed_manifest: Path = Path("weights/all-minilm-l6-v2")
+    embed_batches: tuple[int, ...] = (1, 32)
+    embed_lengths: tuple[int, ...] = (4, 8, 16, 32, 48)  # made-up words per text (48 words: ~200 tokens)
+    embed_concurrency: int = 32  # concurrent /v1/embeddings clients, against one at a time
+    embed_requests: int = 192  # one-text requests per service measurement (each workload)
+
     # Peak-memory probe of the attention section (CPU): one fresh subprocess per measurement.
     attention_probe_timeout_s: float = 300.0
 
@@ -87,6 +94,7 @@ class BenchConfig:
             service_concurrency=(1, 8), service_duration_s=3.0, service_max_tokens=16,
             service_prompt_lengths=(8, 32),
             chat_prompt_len=16, chat_new_tokens=8, chat_prefill_len=64, chat_streams=4,
+            embed_requests=64,
             gpu_compile=False,
         )
 

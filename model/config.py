@@ -25,7 +25,7 @@ MLPS = ("standard", "gated")
 ROPE_SCALINGS = ("linear", "llama3")
 SINUSOIDAL_LAYOUTS = ("interleaved", "split")
 NORM_PLACEMENTS = ("post", "pre")
-POOLINGS = ("mean", "cls")
+POOLINGS = ("mean", "cls", "max")
 
 
 # The floating-point types weights can be stored or served in, by the names configs and flags use.
@@ -72,7 +72,10 @@ class ModelConfig:
     type_vocab_size: int = 0  # >0 adds token-type (segment) embeddings (BERT: 2)
     lm_head_bias: bool = False  # bias on the output projection (BERT decoder bias, Marian final_logits_bias)
     mlm_transform: bool = False  # dense -> act -> LayerNorm before the MLM output projection (BERT)
-    pooling: str = "mean"  # sentence embedding of the encoder: mean over tokens or the first ([CLS]) token
+    pooling: str = "mean"  # sentence embedding of the encoder: mean or max over real tokens, or the first ([CLS])
+    normalize_embeddings: bool = True  # L2-normalise sentence embeddings (sentence-transformers' Normalize module)
+    max_input_tokens: int | None = None  # sentence-transformers' max_seq_length: the longest input it was trained on
+    mlm_head: bool = True  # encoder family: False for an embedding model (BertModel) that has no masked-LM head
     pad_token_id: int = 0
     bos_token_id: int | None = None
     eos_token_id: int | None = None
@@ -145,6 +148,9 @@ class ModelConfig:
             need(self.n_encoder_layers >= 1, "config field 'n_encoder_layers' must be >= 1")
         if self.has_decoder:
             need(self.n_decoder_layers >= 1, "config field 'n_decoder_layers' must be >= 1")
+        if self.max_input_tokens is not None:
+            need(isinstance(self.max_input_tokens, int) and 1 <= self.max_input_tokens <= self.max_positions,
+                 f"config field 'max_input_tokens' ({self.max_input_tokens}) must be in [1, max_positions]")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             need(0.0 <= getattr(self, name) < 1.0, f"config field '{name}' must be in [0, 1)")
         for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "mask_token_id"):

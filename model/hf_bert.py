@@ -1,4 +1,4 @@
-"""BertForMaskedLM -> MaskedLM.
+"""BertForMaskedLM -> MaskedLM, and BertModel (no head: sentence embeddings) -> MaskedLM(mlm_head=False).
 
 BERT is a post-norm encoder: word + position + token-type embeddings summed and
 LayerNorm-ed, separate query/key/value projections (stacked into our fused one here), and
@@ -8,6 +8,7 @@ tied decoder with its own bias.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from model.config import ModelConfig
@@ -34,7 +35,7 @@ def bert_config(hf: HFConfig, tokenizer: Tokenizer, directory: Path) -> ModelCon
         raise hf.unsupported("embedding_size", hf.get("embedding_size"), f"equal to hidden_size ({d_model})")
     mask_text = special_token(directory, "mask_token") or "[MASK]"
     mask_id = tokenizer.token_to_id(mask_text)
-    if mask_id is None:
+    if mask_id is None and hf.architecture == "BertForMaskedLM":
         raise HFImportError(f"{directory / 'tokenizer.json'}: no mask token {mask_text!r} (fill-mask needs one)")
     return ModelConfig(
         family="encoder",
@@ -61,6 +62,12 @@ def bert_config(hf: HFConfig, tokenizer: Tokenizer, directory: Path) -> ModelCon
     )
 
 
+def bert_model_config(hf: HFConfig, tokenizer: Tokenizer, directory: Path) -> ModelConfig:
+    """BertModel: the encoder alone (what sentence-transformers wraps), no masked-LM head."""
+    cfg = bert_config(hf, tokenizer, directory)
+    return dataclasses.replace(cfg, mlm_head=False, mlm_transform=False, lm_head_bias=False)
+
+
 def bert_tensors(weights: HFWeights, cfg: ModelConfig) -> TensorMap:
     p = weights.prefix("embeddings.word_embeddings.weight", ("bert.", ""))
     out = TensorMap()
@@ -77,6 +84,8 @@ def bert_tensors(weights: HFWeights, cfg: ModelConfig) -> TensorMap:
         out.linear(f"{ours}.ffn.up", weights, f"{theirs}.intermediate.dense")
         out.linear(f"{ours}.ffn.down", weights, f"{theirs}.output.dense")
         out.layer_norm(f"{ours}.ffn_norm", weights, f"{theirs}.output.LayerNorm")
+    if not cfg.mlm_head:
+        return out
     out.linear("lm_head.dense", weights, "cls.predictions.transform.dense")
     out.layer_norm("lm_head.norm", weights, "cls.predictions.transform.LayerNorm")
     # The decoder bias is tied to cls.predictions.bias; newer files store only the latter.
@@ -96,4 +105,14 @@ BERT = Importer(
     # The pooler and next-sentence head of pre-training checkpoints; position-id buffers; tied copies.
     ignored=(r"(bert\.)?pooler\..*", r"cls\.seq_relationship\..*", r"(bert\.)?embeddings\.position_ids",
              r"cls\.predictions\.decoder\.(weight|bias)"),
+)
+
+BERT_MODEL = Importer(
+    architecture="BertModel",
+    model_type="bert",
+    tokenizer=fast_tokenizer,
+    config=bert_model_config,
+    tensors=bert_tensors,
+    # The pooler (dense + tanh on [CLS]): sentence-transformers does not use it.
+    ignored=(r"(bert\.)?pooler\..*", r"(bert\.)?embeddings\.position_ids"),
 )

@@ -241,9 +241,14 @@ def fast_tokenizer(directory: Path) -> Tokenizer:
         raise HFImportError(f"{path}: file not found; save the tokenizer with a fast (tokenizers-backed) HF "
                             "tokenizer so that tokenizer.json is written")
     try:
-        return Tokenizer.from_file(path)
+        tokenizer = Tokenizer.from_file(path)
     except Exception as exc:  # noqa: BLE001 - tokenizers raises plain Exception on bad files
         raise HFImportError(f"{path}: cannot read tokenizer ({exc})") from None
+    # Some files save padding/truncation settings (all-MiniLM-L6-v2: pad and cut to 128); we pad
+    # batches ourselves and check lengths against the model's limit, so both are switched off.
+    tokenizer.tk.no_padding()
+    tokenizer.tk.no_truncation()
+    return tokenizer
 
 
 def eos_token_ids(config: dict[str, Any], directory: Path) -> list[int]:

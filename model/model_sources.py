@@ -12,6 +12,7 @@ never need to know which format a model came in.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -20,12 +21,14 @@ from model.checkpoint import Checkpoint, CheckpointError, is_checkpoint, load
 from model.gguf_import import GGUFModel, is_gguf_file, load_gguf
 from model.hf_import import HFModel, is_hf_model_dir, load_hf
 from model.manifest import is_manifest_dir, locate, read_manifest
+from model.sentence_import import is_sentence_transformer_dir, load_sentence_transformer
 
 
 def is_model_dir(path: str | Path) -> bool:
     """A directory ``load_model`` reads: our checkpoint, a manifest, or a Hugging Face model."""
     path = Path(path)
-    return path.is_dir() and (is_checkpoint(path) or is_manifest_dir(path) or is_hf_model_dir(path))
+    return path.is_dir() and (is_checkpoint(path) or is_manifest_dir(path) or is_sentence_transformer_dir(path)
+                              or is_hf_model_dir(path))
 
 
 def as_checkpoint(imported: HFModel | GGUFModel, path: Path | None = None) -> Checkpoint:
@@ -45,8 +48,12 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
         raise CheckpointError(f"{path}: no such file or directory")
     if is_manifest_dir(path):
         manifest = read_manifest(path)
-        file = locate(manifest)  # format is checked by read_manifest; "gguf" is the only one
+        file = locate(manifest)  # format is checked by read_manifest
+        if manifest.format == "sentence-transformers":
+            return dataclasses.replace(load_sentence_transformer(file.parent, device, dtype), path=path)
         return as_checkpoint(load_gguf(file, device, dtype), path)
+    if is_sentence_transformer_dir(path):  # before is_hf_model_dir: its config.json is a HF BertModel's
+        return load_sentence_transformer(path, device, dtype)
     if is_hf_model_dir(path):  # before is_checkpoint: a HF directory also has config.json + model.safetensors
         return as_checkpoint(load_hf(path, device, dtype))
     if is_checkpoint(path):

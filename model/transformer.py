@@ -29,6 +29,22 @@ def _padded(seqs: Sequence[Sequence[int]], pad: int, device: torch.device) -> tu
     return ids.to(device), lengths
 
 
+def length_groups(lengths: Sequence[int], max_padding: float = 0.25) -> list[list[int]]:
+    """Indices of ``lengths`` in groups, longest first, each padded to its first (longest) row
+    with at most ``max_padding`` x its real tokens added as padding."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    total = 0
+    for i in order:
+        if groups and lengths[groups[-1][0]] * (len(groups[-1]) + 1) <= (1 + max_padding) * (total + lengths[i]):
+            groups[-1].append(i)
+            total += lengths[i]
+        else:
+            groups.append([i])
+            total = lengths[i]
+    return groups
+
+
 class LMHead(nn.Module):
     """Hidden states -> vocabulary logits (optionally through BERT's dense/act/LayerNorm)."""
 
@@ -54,11 +70,12 @@ class TransformerModel(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed = Embeddings(cfg)
-        self.lm_head = LMHead(cfg)
+        # An embedding-only encoder (sentence-transformers' BertModel) has no output head.
+        self.lm_head = LMHead(cfg) if cfg.family != "encoder" or cfg.mlm_head else None
         self.tie_weights()
 
     def tie_weights(self) -> None:
-        if self.cfg.tie_word_embeddings:
+        if self.cfg.tie_word_embeddings and self.lm_head is not None:
             self.lm_head.proj.weight = self.embed.tokens.weight
 
     def reset_buffers(self) -> None:
@@ -295,16 +312,46 @@ class MaskedLM(TransformerModel):
 
     def forward(self, ids: Tensor, attention_mask: Tensor | None = None,
                 token_type_ids: Tensor | None = None) -> Tensor:
+        if self.lm_head is None:
+            raise ValueError("this encoder has no masked-LM head (an embedding model, mlm_head=false); "
+                             "use hidden_states() / embed()")
         return self.lm_head(self.hidden_states(ids, attention_mask, token_type_ids))  # (B, T, V)
 
     def pool(self, hidden: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-        """Sentence embedding (B, d): mean over real tokens, or the first ([CLS]) token."""
+        """Sentence embedding (B, d): mean or max over real tokens, or the first ([CLS]) token."""
         if self.cfg.pooling == "cls":
             return hidden[:, 0]
         if attention_mask is None:
-            return hidden.mean(dim=1)
-        w = attention_mask.to(hidden.dtype)[:, :, None]  # (B, T, 1)
-        return (hidden * w).sum(1) / w.sum(1).clamp(min=1.0)
+            return hidden.amax(dim=1) if self.cfg.pooling == "max" else hidden.mean(dim=1)
+        real = attention_mask.bool()[:, :, None]  # (B, T, 1)
+        if self.cfg.pooling == "max":  # sentence-transformers sets padding to -1e9 before the max
+            return hidden.masked_fill(~real, -1e9).amax(dim=1)
+        w = real.to(hidden.dtype)
+        return (hidden * w).sum(1) / w.sum(1).clamp(min=1e-9)
+
+    def encode_rows(self, rows: Sequence[Sequence[int]], max_padding: float = 0.25) -> tuple[list[Tensor], Tensor]:
+        """Token-id rows of mixed lengths -> (each row's hidden states (T_i, d), pooled (B, d) float32,
+        not normalised). Rows run longest first in groups whose padding stays under ``max_padding``
+        of their real tokens: one padded batch of mixed lengths spends most of its time on padding."""
+        hidden: list[Tensor] = [None] * len(rows)  # type: ignore[list-item]
+        pooled = torch.empty(len(rows), self.cfg.d_model, dtype=torch.float32, device=self.device)
+        for group in length_groups([len(r) for r in rows], max_padding):
+            ids, lengths = _padded([rows[i] for i in group], self.cfg.pad_token_id, self.device)
+            real = torch.arange(ids.size(1), device=self.device)[None, :] < to_device(lengths, torch.long,
+                                                                                     self.device)[:, None]
+            h = self.hidden_states(ids, real if min(lengths) < ids.size(1) else None)  # (b, T, d)
+            pooled[group] = self.pool(h, real).float()
+            for j, i in enumerate(group):
+                hidden[i] = h[j, : lengths[j]]
+        return hidden, pooled
+
+    def embed_sentences(self, ids: Tensor, attention_mask: Tensor | None = None,
+                        normalize: bool | None = None) -> Tensor:
+        """ids (B, T) -> sentence embeddings (B, d) in float32: pooled, then L2-normalised when
+        ``normalize`` (default: the config's ``normalize_embeddings``)."""
+        pooled = self.pool(self.hidden_states(ids, attention_mask), attention_mask).float()
+        normalize = self.cfg.normalize_embeddings if normalize is None else normalize
+        return torch.nn.functional.normalize(pooled, dim=-1) if normalize else pooled
 
 
 MODEL_CLASSES: dict[str, type[TransformerModel]] = {

@@ -21,7 +21,7 @@ from service.logging_config import configure_logging
 from service.metrics import Metrics
 from service.middleware import BodyLimitMiddleware, RequestLogMiddleware
 from service.registry import EngineRegistry
-from service.routes import chat, completions, docs, encoder, generate, playground, system, translate
+from service.routes import chat, compat, completions, docs, encoder, generate, playground, system, translate
 from service.settings import Settings
 
 DESCRIPTION = """Transformer inference: translation (encoder-decoder), generation (decoder-only),
@@ -66,7 +66,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for module in (generate, completions, chat, translate, encoder):
         api.include_router(module.router)
     api.include_router(system.models)
+    for router in compat.BEARER_AUTH:  # TGI, TEI, InferenceClient: Authorization: Bearer, like ours
+        api.include_router(router)
     app.include_router(api)
+    for router in compat.OWN_AUTH:  # LibreTranslate's api_key field, DeepL's DeepL-Auth-Key header
+        app.include_router(router)
 
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     origins = settings.cors_origin_list()

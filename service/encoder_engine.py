@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from model import Checkpoint
+from model.sentence_import import truncating
 from service.engine import BaseEngine
 from service.engine_errors import EngineStoppedError, InvalidRequestError, QueueFullError, RequestFailedError
 from service.metrics import Metrics
@@ -28,7 +29,7 @@ log = logging.getLogger("tserve.engine")
 
 @dataclass(eq=False)
 class _Job:
-    kind: str  # "fill_mask" | "embed"
+    kind: str  # "fill_mask" | "embed" | "embed_raw" (not normalised)
     rows: list[list[int]]
     top_k: int
     future: asyncio.Future
@@ -38,7 +39,10 @@ class _Job:
 class EncoderEngine(BaseEngine):
     def __init__(self, name: str, ckpt: Checkpoint, settings: Settings, metrics: Metrics):
         super().__init__(name, ckpt, settings, metrics)
-        self.mask_id = self.cfg.mask_token_id
+        if self.cfg.max_input_tokens:  # an embedding model's trained length (sentence-transformers' max_seq_length)
+            self.max_len = min(self.max_len, self.cfg.max_input_tokens)
+        self._truncating = truncating(self.tokenizer, self.max_len)  # for clients that ask to truncate
+        self.mask_id = self.cfg.mask_token_id if self.cfg.mlm_head else None
         self.mask_token = self.tokenizer.id_to_token(self.mask_id) if self.mask_id is not None else None
         self._jobs: deque[_Job] = deque()
         self._active = 0
@@ -49,6 +53,21 @@ class EncoderEngine(BaseEngine):
     def _input_limit(self) -> int | None:
         return self.max_len
 
+    def tokenize(self, texts: list[str], field_name: str, truncate: bool = False) -> list[list[int]]:
+        """Token ids of each text; too long is an error, or (``truncate``) cut to the limit as
+        sentence-transformers and TEI do."""
+        if truncate:
+            return self._truncating.encode_batch(texts)
+        return super().tokenize(texts, field_name)
+
+    @property
+    def pooling(self) -> str:
+        return self.cfg.pooling
+
+    @property
+    def task(self) -> str:
+        return "fill-mask" if self.mask_id is not None else "feature-extraction"
+
     def check_dimensions(self, dimensions: int | None) -> None:
         """OpenAI's ``dimensions``: only the model's own width (no truncation)."""
         if dimensions is not None and dimensions != self.cfg.d_model:
@@ -57,14 +76,18 @@ class EncoderEngine(BaseEngine):
 
     async def fill_mask(self, rows: list[list[int]], top_k: int) -> list[list[list[dict[str, Any]]]]:
         """Per text, per mask position: the top_k candidates (HF fill-mask fields)."""
+        if self.mask_id is None:
+            raise InvalidRequestError(f"model '{self.name}' is an embedding model without a masked-LM head; "
+                                      "fill-mask needs a fill-mask model", "model")
         for i, ids in enumerate(rows):
             if self.mask_id not in ids:
                 raise InvalidRequestError(f"text[{i}] must contain the mask token {self.mask_token}", "text")
         return await self._submit("fill_mask", rows, top_k)
 
-    async def embed(self, rows: list[list[int]]) -> list[list[float]]:
-        """L2-normalised sentence embeddings (the config's pooling over real tokens)."""
-        return await self._submit("embed", rows, 0)
+    async def embed(self, rows: list[list[int]], normalize: bool = True) -> list[list[float]]:
+        """Sentence embeddings (the config's pooling over real tokens), L2-normalised unless
+        ``normalize`` is false."""
+        return await self._submit("embed" if normalize else "embed_raw", rows, 0)
 
     async def _submit(self, kind: str, rows: list[list[int]], top_k: int):
         self._check_accepting()
@@ -146,28 +169,21 @@ class EncoderEngine(BaseEngine):
     @torch.inference_mode()
     def _forward(self, batch: list[_Job]) -> list[Any]:
         rows = [r for job in batch for r in job.rows]
-        width = max(map(len, rows))
-        ids = torch.full((len(rows), width), self.cfg.pad_token_id, dtype=torch.long)
-        for i, r in enumerate(rows):
-            ids[i, : len(r)] = torch.tensor(r)
-        lengths = torch.tensor([len(r) for r in rows])
-        real = torch.arange(width)[None, :] < lengths[:, None]  # (B, T)
-        ids, real = ids.to(self.model.device), real.to(self.model.device)
-        hidden = self.model.hidden_states(ids, real)  # (B, T, d)
+        hidden, pooled = self.model.encode_rows(rows)  # per row (T_i, d); (B, d)
         results, start = [], 0
         for job in batch:
             part = slice(start, start + len(job.rows))
             start += len(job.rows)
-            if job.kind == "embed":
-                pooled = F.normalize(self.model.pool(hidden[part], real[part]).float(), dim=-1)
-                results.append(pooled.tolist())
+            if job.kind in ("embed", "embed_raw"):
+                results.append((F.normalize(pooled[part], dim=-1) if job.kind == "embed" else pooled[part]).tolist())
             else:
-                results.append(self._fill(job, ids[part], hidden[part]))
+                results.append(self._fill(job, hidden[part]))
         return results
 
-    def _fill(self, job: _Job, ids: torch.Tensor, hidden: torch.Tensor) -> list[list[list[dict[str, Any]]]]:
-        where = (ids == self.mask_id).nonzero().tolist()  # [[row, pos], ...]
-        logits = self.model.lm_head(hidden[ids == self.mask_id]).float()  # (n_masks, V)
+    def _fill(self, job: _Job, hidden: list[torch.Tensor]) -> list[list[list[dict[str, Any]]]]:
+        where = [(row, pos) for row, ids in enumerate(job.rows) for pos, t in enumerate(ids) if t == self.mask_id]
+        at_masks = torch.stack([hidden[row][pos] for row, pos in where])  # (n_masks, d)
+        logits = self.model.lm_head(at_masks).float()  # (n_masks, V)
         logits[:, self._special] = float("-inf")
         scores, tokens = logits.softmax(-1).topk(job.top_k, dim=-1)
         out: list[list[list[dict[str, Any]]]] = [[] for _ in job.rows]

@@ -114,6 +114,14 @@ class BaseEngine:
                 raise InvalidRequestError(f"{field_name} token ids must be in [0, {vocab})", field_name)
         self._check_lengths(rows, field_name, len(rows) > 1)
 
+    def is_special(self, token_id: int) -> bool:
+        """A special token ([CLS], </s>, ...): APIs such as TGI flag them in their token lists."""
+        return token_id in self.tokenizer.special_ids
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.cfg.eos_token_id
+
     def detokenize(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids))
 
@@ -147,9 +155,13 @@ class BaseEngine:
     def family(self) -> str:
         return self.cfg.family
 
+    @property
+    def task(self) -> str:
+        return TASKS[self.family]
+
     def info(self) -> dict[str, Any]:
         return {"id": self.name, "object": "model", "created": self.created, "owned_by": "transformer-serve",
-                "family": self.family, "task": TASKS[self.family], "max_seq_len": self.max_len,
+                "family": self.family, "task": self.task, "max_seq_len": self.max_len,
                 "parameters": self.model.num_parameters(), "metrics": self.ckpt.metrics}
 
     async def start(self) -> None:

@@ -77,8 +77,7 @@ class EngineRegistry:
                 ckpt = await asyncio.to_thread(load_model, path, self.settings.device, DTYPES[self.settings.dtype])
                 if self.settings.quantize == "int8":
                     await asyncio.to_thread(quantize_int8_, ckpt.model)
-                else:
-                    ckpt.model.optimize_for_inference()  # prepacked CPU weights: faster small-batch decoding
+                ckpt.model.optimize_for_inference()  # prepacked CPU weights (those left in float)
                 cls = EncoderEngine if ckpt.config.family == "encoder" else GenerativeEngine
                 engine = cls(name, ckpt, self.settings, self.metrics)
                 self.engines[name] = engine
@@ -101,14 +100,24 @@ class EngineRegistry:
         return {"ready": self.ready, "error": self.error,
                 "models": {name: ("ready" if e.ready else "starting") for name, e in self.engines.items()}}
 
-    def get(self, name: str | None, family: str, endpoint: str) -> BaseEngine:
-        """The engine for ``name`` (or the first of ``family``), checked against the endpoint."""
+    def get(self, name: str | None, family: str, endpoint: str, task: str | None = None,
+            only_one: bool = False) -> BaseEngine:
+        """The engine for ``name``; without a name, the first loaded model of ``family`` (of ``task``
+        where models of other tasks could answer too). With ``only_one`` (the drop-in APIs, which
+        have no model field) several candidates are a 400 listing them instead."""
         if name is None:
-            engine = next((e for e in self.engines.values() if e.family == family), None)
-            if engine is None:
+            candidates = [e for e in self.engines.values() if e.family == family]
+            if task is not None and any(e.task == task for e in candidates):
+                candidates = [e for e in candidates if e.task == task]
+            if not candidates:
                 if not self.started:
                     raise EngineStoppedError("models are still loading")
                 raise ModelNotFoundError(f"no {FAMILY_NAMES[family]} model is loaded", "model")
+            if only_one and len(candidates) > 1:
+                raise InvalidRequestError(f"{endpoint}: several models could answer "
+                                          f"{sorted(e.name for e in candidates)}; name one in the request's `model` "
+                                          f"field, or serve only one (TSERVE_MODELS / --models)", "model")
+            engine = candidates[0]
         else:
             engine = self.engines.get(name)
             if engine is None:

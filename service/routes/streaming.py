@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -80,19 +80,22 @@ def sse_event(data: dict[str, Any] | str) -> bytes:
     return f"data: {payload}\n\n".encode()
 
 
-def sse_response(chunks: AsyncIterator[dict[str, Any]], streams: list[RequestStream]) -> StreamingResponse:
-    """One ``data: {json}`` per chunk, then ``data: [DONE]``. Errors become an error chunk."""
+def sse_response(chunks: AsyncIterator[dict[str, Any]], streams: list[RequestStream], done: bool = True,
+                 error_chunk: Callable[[RequestFailedError], dict[str, Any]] | None = None) -> StreamingResponse:
+    """One ``data: {json}`` per chunk, then ``data: [DONE]`` (unless ``done`` is false: TGI sends
+    none). Errors become an error chunk (OpenAI's shape unless ``error_chunk`` gives another)."""
 
     async def body() -> AsyncIterator[bytes]:
         try:
             async for chunk in chunks:
                 yield sse_event(chunk)
         except RequestFailedError as exc:
-            yield sse_event(exc.body())
+            yield sse_event(error_chunk(exc) if error_chunk else exc.body())
         finally:
             for s in streams:
                 s.abort()
-        yield sse_event("[DONE]")
+        if done:
+            yield sse_event("[DONE]")
 
     return StreamingResponse(body(), media_type="text/event-stream", headers=SSE_HEADERS)
 

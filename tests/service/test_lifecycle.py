@@ -37,7 +37,7 @@ async def test_failed_start_up_is_reported(tmp_path, weights_dir):
     async with app.router.lifespan_context(app), asgi_client(app) as c:
         await app.state.loading
         ready = await c.get("/ready")
-        assert ready.status_code == 503 and "no checkpoints" in ready.json()["error"]
+        assert ready.status_code == 503 and "no model directories" in ready.json()["error"]
         assert (await c.get("/health")).status_code == 503
     app = create_app(settings_for(weights_dir, models="generate-tiny,typo"))
     async with app.router.lifespan_context(app), asgi_client(app) as c:

@@ -1,0 +1,139 @@
+"""``POST /`` and ``GET /info``: the two paths TGI and TEI both define, and where
+``huggingface_hub.InferenceClient(base_url=...)`` sends every task.
+
+``POST /`` picks the task from the payload (the client sends each task's own fields):
+1. ``parameters.src_lang`` / ``tgt_lang`` -> translation, ``[{"translation_text"}]``;
+2. ``normalize`` / ``truncate`` / ``truncation_direction`` / ``prompt_name``, or no ``parameters`` at
+   all (what ``feature_extraction`` sends; the other tasks always send one) -> embeddings (TEI ``/embed``);
+3. ``stream`` or a text-generation parameter -> generation (TGI ``POST /``: a list of one result,
+   or the SSE token stream);
+4. a fill-mask model's mask token in ``inputs``, or only ``top_k`` / ``targets`` -> fill-mask;
+5. otherwise the task of the loaded models, in the order text generation, embeddings,
+   translation, fill-mask (TGI answers ``POST /`` with generation).
+``GET /info`` answers as TGI when a text-generation model is loaded (what TGI clients and
+``InferenceClient.get_endpoint_info`` read), otherwise as TEI when an embedding model is,
+otherwise in TGI's shape for the first model loaded.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from service.dependencies import RegistryDep, SettingsDep
+from service.encoder_engine import EncoderEngine
+from service.engine import MAX_STOP_STRINGS
+from service.engine_errors import InvalidRequestError
+from service.registry import EngineRegistry
+from service.routes.compat import tei, tgi
+from service.routes.compat.common import error_route, read_params, translate_texts, translation_pairs
+from service.routes.inputs import input_ids, text_list
+from service.routes.streaming import mark, unless_disconnected
+
+router = APIRouter(tags=["Hugging Face Inference (TGI / TEI)"], route_class=error_route(tgi.render))
+
+VERSION = "transformer-serve 0.1.0"
+GENERATION_KEYS = {"max_new_tokens", "do_sample", "temperature", "top_p", "repetition_penalty", "stop", "seed",
+                   "details", "return_full_text", "decoder_input_details", "top_n_tokens", "watermark", "best_of",
+                   "grammar", "typical_p", "frequency_penalty", "truncate", "adapter_id"}
+EMBED_KEYS = {"normalize", "truncate", "truncation_direction", "prompt_name", "dimensions"}
+
+
+def _loaded_task(registry: EngineRegistry) -> str:
+    tasks = {e.task for e in registry.engines.values()}
+    for task in ("text-generation", "feature-extraction", "translation", "fill-mask"):
+        if task in tasks:
+            return task
+    raise InvalidRequestError("no model is loaded")
+
+
+def pick_task(body: dict[str, Any], registry: EngineRegistry) -> str:
+    params = body.get("parameters") if isinstance(body.get("parameters"), dict) else {}
+    if "src_lang" in params or "tgt_lang" in params:
+        return "translation"
+    if EMBED_KEYS & set(body) or ("parameters" not in body and not body.get("stream") and any(
+            e.task == "feature-extraction" for e in registry.engines.values())):
+        return "feature-extraction"  # TEI's fields, or no "parameters" at all (the client's feature_extraction)
+    if body.get("stream") or GENERATION_KEYS & set(params):
+        return "text-generation"
+    texts = body.get("inputs") if isinstance(body.get("inputs"), list) else [body.get("inputs")]
+    masks = [e.mask_token for e in registry.engines.values() if isinstance(e, EncoderEngine) and e.mask_token]
+    if any(isinstance(t, str) and m in t for t in texts for m in masks) or (params and set(params) <= {"top_k",
+                                                                                                     "targets"}):
+        return "fill-mask"
+    return _loaded_task(registry)
+
+
+@router.post("/", summary="TGI/TEI/HF Inference: the task is read from the payload (see the module docs)")
+async def root(request: Request, registry: RegistryDep, settings: SettingsDep):
+    body = await read_params(request)
+    task = pick_task(body, registry)
+    if task == "text-generation":
+        req = tgi.TGIRequest.model_validate(body)
+        if req.stream:
+            return tgi.stream_response(req, request, registry, settings)
+        return [await tgi.generate_one(req, request, registry, settings)]
+    if task == "feature-extraction":
+        return await tei.embed(tei.EmbedRequest.model_validate(body), request, registry, settings)
+    if task == "translation":
+        return await _translation(body, request, registry, settings)
+    return await _fill_mask(body, request, registry, settings)
+
+
+async def _translation(body: dict, request: Request, registry: EngineRegistry, settings) -> list[dict]:
+    params = body.get("parameters") or {}
+    src, tgt = params.get("src_lang"), params.get("tgt_lang")
+    pairs = translation_pairs(registry)
+    if src or tgt:
+        found = [e for (s, t), e in pairs.items() if src in (None, s) and tgt in (None, t)]
+        if not found:
+            raise InvalidRequestError(f"no translation model for {src or '?'} -> {tgt or '?'}; loaded pairs: "
+                                      f"{sorted('-'.join(p) for p in pairs)}", "parameters.tgt_lang")
+        engine = found[0]
+    else:
+        engine = registry.get(None, "encoder-decoder", "/", only_one=True)
+    texts = text_list(body.get("inputs") or "", "inputs", settings)
+    translated, _ = await translate_texts(request, engine, texts, "inputs", settings)
+    return [{"translation_text": t} for t in translated]
+
+
+async def _fill_mask(body: dict, request: Request, registry: EngineRegistry, settings) -> list:
+    params = body.get("parameters") or {}
+    if params.get("targets"):
+        raise InvalidRequestError("parameters.targets is not supported", "parameters.targets")
+    top_k = params.get("top_k") or 5
+    if not isinstance(top_k, int) or not 1 <= top_k <= 100:
+        raise InvalidRequestError("parameters.top_k must be an integer in [1, 100]", "parameters.top_k")
+    engine: EncoderEngine = registry.get(None, "encoder", "/", "fill-mask", only_one=True)
+    mark(request, engine.name)
+    inputs = body.get("inputs")
+    if not isinstance(inputs, (str, list)):
+        raise InvalidRequestError("inputs must be a string or a list of strings", "inputs")
+    rows = input_ids(inputs, "inputs", engine, settings)
+    results = await unless_disconnected(request, engine.fill_mask(rows, top_k))
+    mark(request, usage=engine.usage(rows))
+    shaped = [per_text[0] if len(per_text) == 1 else per_text for per_text in results]
+    return shaped[0] if isinstance(inputs, str) else shaped
+
+
+@router.get("/info", summary="TGI's /info when a generation model is loaded, else TEI's")
+async def info(registry: RegistryDep, settings: SettingsDep):
+    engines = list(registry.engines.values())
+    decoder = next((e for e in engines if e.task == "text-generation"), None)
+    embedder = next((e for e in engines if e.task == "feature-extraction"), None)
+    common = {"max_concurrent_requests": settings.max_queue + settings.max_batch, "max_client_batch_size":
+              settings.max_texts, "version": VERSION, "sha": None, "docker_label": None}
+    if decoder is None and embedder is not None:
+        return {"model_id": embedder.name, "model_sha": None, "model_dtype": settings.dtype,
+                "model_type": {"embedding": {"pooling": embedder.pooling}},
+                "max_input_length": embedder.max_len, "max_batch_tokens": settings.max_encoder_batch * embedder.max_len,
+                "max_batch_requests": settings.max_encoder_batch, "tokenization_workers": 1, **common}
+    model = decoder or (engines[0] if engines else None)
+    if model is None:
+        raise InvalidRequestError("no model is loaded")
+    return {"model_id": model.name, "model_sha": None, "model_dtype": settings.dtype,
+            "model_device_type": settings.device, "model_pipeline_tag": model.task, "max_best_of": 1,
+            "max_stop_sequences": MAX_STOP_STRINGS, "max_input_tokens": model.max_len - 1,
+            "max_total_tokens": model.max_len, "validation_workers": 1, "router": "text-generation-router",
+            **common}

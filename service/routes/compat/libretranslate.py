@@ -1,0 +1,149 @@
+"""LibreTranslate: POST /translate, GET /languages, POST /detect, GET /frontend/settings.
+
+As LibreTranslate serves them (https://libretranslate.com/docs): parameters as JSON, form or
+query string; ``q`` a string or a list; ``source`` may be ``auto``; errors are
+``{"error": message}`` with 400 (bad request), 403 (API key), 429 (busy), 500.
+A language pair is served by the translation model named ``*-<source>-<target>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from service.dependencies import RegistryDep, SettingsDep
+from service.engine_errors import EngineError, InvalidRequestError
+from service.language_id import detect as identify
+from service.routes.compat.common import (
+    CompatError,
+    error_route,
+    key_matches,
+    language_name,
+    read_params,
+    translate_html,
+    translate_texts,
+    translation_pairs,
+)
+from service.routes.inputs import text_list
+from service.routes.streaming import mark
+
+
+def _render(exc: EngineError) -> JSONResponse:
+    status = exc.status if exc.status in (400, 403, 429, 500, 503) else (400 if exc.status < 500 else 500)
+    headers = {"Retry-After": str(getattr(exc, "retry_after", 1))} if status == 429 else None
+    return JSONResponse({"error": exc.message}, status_code=status, headers=headers)
+
+
+router = APIRouter(tags=["LibreTranslate"], route_class=error_route(_render))
+
+
+def _check_key(settings, params: dict) -> None:
+    if not key_matches(settings, params.get("api_key")):
+        raise CompatError(403, "Invalid API key", "invalid_api_key")
+
+
+def _need(params: dict, name: str):
+    value = params.get(name)
+    if value is None or value == "" or value == []:
+        raise InvalidRequestError(f"Invalid request: missing {name} parameter", name)
+    return value
+
+
+def _detect_all(texts: list[str], among: set[str]) -> list[dict]:
+    out = []
+    for text in texts:
+        code, p = identify(text, among, top=1)[0]
+        out.append({"confidence": round(p * 100, 1), "language": code})
+    return out
+
+
+@router.post("/translate", summary="LibreTranslate: translate text (JSON, form or query parameters)")
+async def translate(request: Request, registry: RegistryDep, settings: SettingsDep):
+    params = await read_params(request)
+    _check_key(settings, params)
+    q, source, target = _need(params, "q"), _need(params, "source"), _need(params, "target")
+    fmt = params.get("format") or "text"
+    if fmt not in ("text", "html"):
+        raise InvalidRequestError(f"{fmt} format is not supported", "format")
+    try:
+        alternatives = int(params.get("alternatives") or 0)
+    except (TypeError, ValueError):
+        raise InvalidRequestError("Invalid request: alternatives must be an integer", "alternatives") from None
+    if not 0 <= alternatives <= 3:
+        raise InvalidRequestError("Invalid request: alternatives must be between 0 and 3", "alternatives")
+    texts = text_list(q, "q", settings)
+    pairs = translation_pairs(registry)
+    sources = {s for s, _ in pairs}
+    targets = {t for _, t in pairs}
+    detected = None
+    if source == "auto":
+        detected = await asyncio.to_thread(_detect_all, texts, sources | targets)
+        langs = {d["language"] for d in detected}
+        if len(langs) > 1:
+            raise InvalidRequestError("Texts in more than one language cannot be translated in one request "
+                                      f"(detected {sorted(langs)})", "q")
+        source = detected[0]["language"]
+    if source not in sources and source not in targets:
+        raise InvalidRequestError(f"{source} is not supported", "source")
+    if target not in targets and target not in sources:
+        raise InvalidRequestError(f"{target} is not supported", "target")
+    engine = pairs.get((source, target))
+    if engine is None:
+        raise InvalidRequestError(f"{language_name(target)} ({target}) is not available as a target language from "
+                                  f"{language_name(source)} ({source})", "target")
+    if fmt == "html":
+        translated = await translate_html(request, engine, texts, "q", settings)
+    else:
+        translated, _ = await translate_texts(request, engine, texts, "q", settings)
+    single = isinstance(q, str)
+    body: dict = {"translatedText": translated[0] if single else translated}
+    if alternatives and fmt == "text":
+        # Sampled translations that differ from the best one (the model gives one beam result).
+        options = await asyncio.gather(*(translate_texts(request, engine, texts, "q", settings, beam_size=1,
+                                                         temperature=0.8, seed=seed) for seed in range(alternatives)))
+        alts = [list(dict.fromkeys(o[0][i] for o in options if o[0][i] != translated[i]))[:alternatives]
+                for i in range(len(texts))]
+        body["alternatives"] = alts[0] if single else alts
+    elif alternatives:
+        body["alternatives"] = [] if single else [[] for _ in texts]
+    if detected is not None:
+        body["detectedLanguage"] = detected[0] if single else detected
+    return body
+
+
+@router.get("/languages", summary="LibreTranslate: languages and the targets each can be translated to")
+async def languages(registry: RegistryDep):
+    pairs = translation_pairs(registry)
+    codes = sorted({c for pair in pairs for c in pair})
+    return [{"code": c, "name": language_name(c), "targets": sorted(t for s, t in pairs if s == c)} for c in codes]
+
+
+@router.post("/detect", summary="LibreTranslate: identify the language of a text (langid)")
+async def detect(request: Request, registry: RegistryDep, settings: SettingsDep):
+    params = await read_params(request)
+    _check_key(settings, params)
+    q = _need(params, "q")
+    texts = text_list(q, "q", settings)
+    among = {c for pair in translation_pairs(registry) for c in pair}
+    mark(request, "langid")
+
+    def run() -> list[list[dict]]:
+        return [[{"confidence": round(p * 100, 1), "language": code} for code, p in identify(t, among, top=3)]
+                for t in texts]
+
+    ranked = await asyncio.to_thread(run)
+    return ranked[0] if isinstance(q, str) else ranked
+
+
+@router.get("/frontend/settings", summary="LibreTranslate: the settings its web front end reads")
+async def frontend_settings(registry: RegistryDep, settings: SettingsDep):
+    pairs = translation_pairs(registry)
+    source, target = next(iter(pairs), ("en", "en"))
+    return {"charLimit": settings.max_text_chars, "frontendTimeout": 500, "apiKeys": settings.api_key is not None,
+            "keyRequired": settings.api_key is not None, "suggestions": False, "filesTranslation": False,
+            "supportedFilesFormat": [],
+            "language": {"source": {"code": "auto", "name": "Auto Detect"},
+                         "target": {"code": target, "name": language_name(target)}},
+            "defaultSource": source}
