@@ -3,13 +3,14 @@
 import { apiKey, onUnauthorized, request, setApiKey, startLoadPanel } from "./api.js";
 import { setupChat, setupEmbeddings, setupFillMask, setupGenerate, setupTranslate } from "./tabs.js";
 
-// A tab is shown when at least one loaded model serves it. Encoder ("fill-mask") models also embed.
+// A tab is shown when at least one loaded model serves it. Every encoder embeds: masked-LM
+// ("fill-mask") ones and embedding-only ("feature-extraction") ones.
 const TABS = [
   { name: "chat", serves: (m) => m.task === "text-generation" && m.chat === true, setup: setupChat },
   { name: "generate", serves: (m) => m.task === "text-generation", setup: setupGenerate },
   { name: "translate", serves: (m) => m.task === "translation", setup: setupTranslate },
   { name: "fill-mask", serves: (m) => m.task === "fill-mask", setup: setupFillMask },
-  { name: "embeddings", serves: (m) => m.task === "fill-mask", setup: setupEmbeddings },
+  { name: "embeddings", serves: (m) => m.task === "fill-mask" || m.task === "feature-extraction", setup: setupEmbeddings },
 ];
 const tab = (name) => document.getElementById(`tab-${name}`);
 const panel = (name) => document.getElementById(`panel-${name}`);
