@@ -3,7 +3,8 @@
 The page (``service/playground/``: HTML, CSS and JavaScript modules, no build step) loads
 nothing from another host; the Content-Security-Policy below makes the browser refuse to.
 The page itself is public, like /docs: with TSERVE_API_KEY set it asks for the key and sends
-it on every API call. ``TSERVE_PLAYGROUND=false`` leaves these routes out (``/`` is a 404).
+it on every API call. ``TSERVE_PLAYGROUND=false`` leaves these routes out (``/playground`` is
+then a 404; ``GET /`` a 405, as ``POST /`` is the Hugging Face Inference route).
 """
 
 from __future__ import annotations

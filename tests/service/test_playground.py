@@ -78,9 +78,12 @@ def test_playground_false_turns_the_page_off(tmp_path, monkeypatch):
     settings = Settings(_env_file=None, weights_dir=tmp_path)
     assert settings.playground is False
     client = TestClient(create_app(settings))
-    for path in ("/", "/playground", "/playground/assets/main.js"):
+    for path in ("/playground", "/playground/assets/main.js"):
         r = client.get(path)
         assert r.status_code == 404 and r.json()["error"]["code"] == "not_found", path
+    # `/` only takes POST then (the Hugging Face Inference API route): GET is a 405, not the page
+    r = client.get("/")
+    assert r.status_code == 405 and r.headers["content-type"] == "application/json"
     assert client.get("/docs").status_code == 200  # the API and its docs stay
 
 
