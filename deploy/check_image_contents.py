@@ -38,6 +38,12 @@ elif importlib.util.find_spec("service.__main__") is None:
     problems.append("service has no __main__ (python -m service)")
 else:
     print("image: service package installed")
+    from importlib.resources import files
+
+    page = files("service") / "playground"
+    missing = [n for n in ("index.html", "main.js", "api.js", "tabs.js", "playground.css") if not (page / n).is_file()]
+    if missing:
+        problems.append(f"the playground page lacks {missing} (package data in pyproject.toml)")
 if shutil.which("transformer-serve") is None:
     problems.append("no transformer-serve console script on PATH")
 

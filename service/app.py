@@ -21,7 +21,7 @@ from service.logging_config import configure_logging
 from service.metrics import Metrics
 from service.middleware import ApiKeyFirstMiddleware, BodyLimitMiddleware, RequestLogMiddleware
 from service.registry import EngineRegistry
-from service.routes import chat, compat, completions, docs, encoder, generate, system, translate
+from service.routes import chat, compat, completions, docs, encoder, generate, playground, system, translate
 from service.settings import Settings
 
 DESCRIPTION = """Transformer inference: translation (encoder-decoder), generation (decoder-only),
@@ -60,6 +60,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     probe_deps = auth if settings.protect_health_and_metrics else []
     app.include_router(system.probes, dependencies=probe_deps)
     app.include_router(docs.router)
+    if settings.playground:
+        app.include_router(playground.router)
     api = APIRouter(dependencies=auth)
     api_routers = [module.router for module in (generate, completions, chat, translate, encoder)] + [system.models]
     api_routers += list(compat.BEARER_AUTH)  # TGI, TEI, InferenceClient: Authorization: Bearer, like ours

@@ -45,6 +45,7 @@ class Settings(BaseSettings):
     max_text_chars: int = Field(20_000, ge=1, description="characters per input text")
     api_key: SecretStr | None = None
     protect_health_and_metrics: bool = False
+    playground: bool = Field(True, description="serve the web playground at / and /playground")
     cors_origins: str = Field("", description="comma-separated allowed origins; '*' for any; empty = no CORS")
     shutdown_grace_s: float = Field(10.0, ge=0, description="in-flight requests get this long on shutdown")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
