@@ -64,8 +64,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(playground.router)
     api = APIRouter(dependencies=auth)
     api_routers = [module.router for module in (generate, completions, chat, translate, encoder)] + [system.models]
-    api_routers += list(compat.BEARER_AUTH)  # TGI, TEI, InferenceClient: Authorization: Bearer, like ours
-    for router in api_routers:
+    # TGI, TEI, InferenceClient: Authorization: Bearer like ours, but their own error shapes, so
+    # the key-first middleware (OpenAI-shaped 401 before the body is read) covers only ours.
+    for router in api_routers + list(compat.BEARER_AUTH):
         api.include_router(router)
     app.include_router(api)
     for router in compat.OWN_AUTH:  # LibreTranslate's api_key field, DeepL's DeepL-Auth-Key header
