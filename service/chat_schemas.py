@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from service.engine import MAX_TOP_LOGPROBS
 from service.openai_schemas import StreamOptions
-from service.schemas import MAX_SEED, RequestModel, Usage, check_stop, normalise_stop
+from service.schemas import MAX_SEED, RequestModel, StopStrings, Usage
 
 
 class TextPart(RequestModel):
@@ -65,7 +65,7 @@ class ResponseFormat(RequestModel):
         return value
 
 
-class ChatCompletionRequest(RequestModel):
+class ChatCompletionRequest(StopStrings):
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1, le=4096)
@@ -75,7 +75,6 @@ class ChatCompletionRequest(RequestModel):
     n: int = Field(1, ge=1, le=8)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: list[str] = Field(default_factory=list)
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
@@ -102,16 +101,6 @@ class ChatCompletionRequest(RequestModel):
             {"role": "system", "content": "You are a concise assistant."},
             {"role": "user", "content": "Name three primary colours."}]},
     ]})
-
-    @field_validator("stop", mode="before", json_schema_input_type=str | list[str] | None)
-    @classmethod
-    def _stop_list(cls, value):
-        return normalise_stop(value)
-
-    @field_validator("stop")
-    @classmethod
-    def _stop(cls, value):
-        return check_stop(value)
 
     @field_validator("tools", "functions", "audio")
     @classmethod

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from service.schemas import MAX_SEED, RequestModel, Usage, check_stop, normalise_stop
+from service.schemas import MAX_SEED, RequestModel, StopStrings, Usage
 
 
 class StreamOptions(RequestModel):
     include_usage: bool = False
 
 
-class CompletionRequest(RequestModel):
+class CompletionRequest(StopStrings):
     model: str
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(16, ge=1, le=4096)
@@ -29,7 +29,6 @@ class CompletionRequest(RequestModel):
     stream_options: StreamOptions | None = None
     logprobs: int | None = Field(None, ge=0, le=5)
     echo: bool = False
-    stop: list[str] = Field(default_factory=list)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     best_of: int | None = Field(None, ge=1, le=8)
@@ -47,16 +46,6 @@ class CompletionRequest(RequestModel):
         {"model": "generate-en", "prompt": "HAMLET:", "max_tokens": 48, "stream": True, "stop": ["\n\n"],
          "logprobs": 2, "seed": 7},
     ]})
-
-    @field_validator("stop", mode="before", json_schema_input_type=str | list[str] | None)
-    @classmethod
-    def _stop_list(cls, value):
-        return normalise_stop(value)
-
-    @field_validator("stop")
-    @classmethod
-    def _stop(cls, value):
-        return check_stop(value)
 
     @model_validator(mode="after")
     def _unsupported(self) -> CompletionRequest:

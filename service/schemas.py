@@ -125,18 +125,10 @@ def check_stop(stops: list[str]) -> list[str]:
     return stops
 
 
-class SamplingFields(RequestModel):
-    """Sampling parameters shared by /v1/generate and /v1/completions."""
+class StopStrings(RequestModel):
+    """A ``stop`` field: one string or a list of them, always checked as a list."""
 
-    max_tokens: int = Field(64, ge=1, le=4096, validation_alias=AliasChoices("max_tokens", "max_new_tokens"),
-                            description="tokens to generate; prompt + max_tokens must fit the model")
-    temperature: float = Field(1.0, ge=0.0, le=100.0, description="0 = greedy")
-    top_k: int = Field(0, ge=0, le=100_000, description="0 = no limit")
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0, description="> 1 discourages repeats (CTRL rule)")
     stop: list[str] = Field(default_factory=list, description=f"up to {MAX_STOP_STRINGS} stop strings")
-    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="same seed + same request = same output")
-    ignore_eos: bool = False
 
     @field_validator("stop", mode="before", json_schema_input_type=str | list[str] | None)
     @classmethod
@@ -147,6 +139,20 @@ class SamplingFields(RequestModel):
     @classmethod
     def _stop(cls, value):
         return check_stop(value)
+
+
+class SamplingFields(StopStrings):
+    """Sampling parameters shared by /v1/generate and /v1/completions."""
+
+    max_tokens: int = Field(64, ge=1, le=4096, validation_alias=AliasChoices("max_tokens", "max_new_tokens"),
+                            description="tokens to generate; prompt + max_tokens must fit the model")
+    temperature: float = Field(1.0, ge=0.0, le=100.0, description="0 = greedy")
+    top_k: int = Field(0, ge=0, le=100_000, description="0 = no limit")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0, description="> 1 discourages repeats (CTRL rule)")
+    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="same seed + same request = same output")
+    ignore_eos: bool = False
+
 
 
 class GenerateRequest(SamplingFields):
