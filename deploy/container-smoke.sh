@@ -24,6 +24,8 @@ CACHE_DIR=${TSERVE_CACHE_DIR:-/var/cache/transformer-serve}
 IMAGE=${TSERVE_IMAGE:-transformer-serve:smoke}
 DEPS_IMAGE=transformer-serve-deps:cache
 READY_TIMEOUT_S=${READY_TIMEOUT_S:-180}
+# Runtime dependencies PyPI has only as an sdist (pure Python): wheels are built locally.
+SOURCE_ONLY_DEPS="langid==1.1.6"
 DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 PYTHON=${PYTHON:-python3}
 # The local base: minimal Debian with python3. Changing the recipe changes the tag.
@@ -148,9 +150,13 @@ prepare_wheelhouse() {
         platforms+=(--platform "manylinux2014_$WHEEL_PLATFORM" --platform "manylinux1_$WHEEL_PLATFORM")
         log "downloading wheels for python $pyver into $dir"
         rm -rf "$dir" && mkdir -p "$dir"
-        "$PYTHON" -m pip download --quiet --dest "$dir" --only-binary=:all: \
+        # Dependencies published only as source (pure Python) are built into wheels first, so
+        # the cross-platform download below (binary only) finds them in the same folder.
+        "$PYTHON" -m pip wheel --quiet --no-deps --wheel-dir "$dir" $SOURCE_ONLY_DEPS \
+            || fail "building wheels of $SOURCE_ONLY_DEPS failed"
+        "$PYTHON" -m pip download --quiet --dest "$dir" --only-binary=:all: --find-links "$dir" \
             --python-version "$pyver" --implementation cp "${platforms[@]}" \
-            -c constraints.txt -r "$WORK/requirements.txt" "setuptools>=68" wheel \
+            -c constraints.txt -r "$WORK/requirements.txt" "setuptools>=77" wheel \
             2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
         # pip's status is lost in the pipe above: the torch wheel is the proof of a full download.
         compgen -G "$dir/torch-*.whl" > /dev/null || fail "pip download of the serving wheels failed"
