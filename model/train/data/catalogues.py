@@ -22,20 +22,12 @@ from pathlib import Path
 
 import polib
 
+from model.placeholders import PLACEHOLDER, placeholders
+
 MAX_SOURCE_CHARS = 200
 MAX_TARGET_CHARS = 260
 MAX_LENGTH_RATIO = 3.0  # target/source (or inverse) character ratio beyond which a pair is dropped
 
-# Alternatives are tried in order: LibreOffice's %NAME before printf's %A, positional %1$s before %1.
-PLACEHOLDER = re.compile(
-    r"%[A-Z][A-Z0-9_]{2,}"  # LibreOffice: %PRODUCTNAME, %EXTENSION_NAME
-    r"|%\(\w+\)[-+ #0]*\d*(?:\.\d+)?[a-zA-Z]"  # Python/Django: %(name)s, %(count)d
-    r"|%\d+\$[-+ #0]*\d*(?:\.\d+)?(?:hh|h|ll|l|L|j|z|t)?[a-zA-Z]"  # positional printf: %1$s
-    r"|%[-+ #0]*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|h|ll|l|L|q|j|z|t)?[diouxXeEfFgGcsSpaAn]"  # printf
-    r"|%\d+"  # Qt / LibreOffice: %1
-    r"|\$\(\w+\)|\$\{\w+\}|\$\d+"  # $(ARG1), ${name}, $1
-    r"|\{\w*(?:![rsa])?(?::[^{}\s]*)?\}"  # str.format: {0}, {name}, {}, {0:>3}
-)
 MNEMONIC_MARKERS = "~_&"
 
 
@@ -58,11 +50,6 @@ class CatalogueStats:
 
     def to_dict(self) -> dict:
         return {"entries": self.entries, "pairs": self.pairs, "dropped": dict(sorted(self.dropped.items()))}
-
-
-def placeholders(text: str) -> list[str]:
-    """The format placeholders in ``text``, sorted (order may legitimately change in German)."""
-    return sorted(PLACEHOLDER.findall(text.replace("%%", "")))
 
 
 def _mask_placeholders(text: str) -> str:
