@@ -5,10 +5,16 @@ run time (fbgemm kernels). Measured 2-10x faster than prepacked fp32 for decodin
 products at ~2% relative error per layer. Opt-in (``TSERVE_QUANTIZE=int8``): quality must
 be checked per model (the embeddings and LayerNorms stay fp32).
 
-The output projection of a gated (SwiGLU) feed-forward stays in floating point: the
-product ``act(gate x) * up x`` has outliers that one per-batch activation scale cannot
-represent. Measured on SmolLM2-135M-Instruct (perplexity on 512 tokens of
-docs/ARCHITECTURE.md): float32 64.9; everything int8 162.3; int8 but those projections 81.8.
+The input of a gated (SwiGLU) feed-forward's output projection, ``act(gate x) * up x``,
+has a few channels with outliers hundreds of times larger than the rest, which one
+per-batch activation scale cannot represent (SmolLM2-135M-Instruct, perplexity on 512
+tokens of docs/ARCHITECTURE.md: float32 64.9; everything int8 162.3). ``smooth_gated_ffn_``
+moves that range from the activations into the weights before quantizing (SmoothQuant,
+Xiao et al. 2022): channel j of the product is divided by s_j, folded exactly into row j
+of ``up``, and column j of ``down`` is multiplied by s_j, with
+s_j = max|x_j| ** alpha / max|W_down[:, j]| ** (1 - alpha) from a calibration text
+(``CALIBRATION``, not the text perplexity is measured on). The float model computes the
+same function before and after; only the int8 rounding changes.
 
 Uses ``torch.ao.quantization``, which PyTorch has deprecated in favour of torchao but
 still ships in the pinned 2.13; the deprecation warning is silenced here on purpose.
@@ -17,20 +23,65 @@ still ships in the pinned 2.13; the deprecation warning is silenced here on purp
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
 from model.layers import FeedForward, Linear
 
+CALIBRATION = Path(__file__).with_name("calibration.txt")  # mixed prose, chat and code, written for this
+SMOOTH_ALPHA = 0.5
 
-def quantize_int8_(model: nn.Module) -> int:
+
+@torch.no_grad()
+def smooth_gated_ffn_(model: nn.Module, calibration_ids: Tensor, alpha: float = SMOOTH_ALPHA) -> int:
+    """Rescale every gated feed-forward of ``model`` in place so the input of its ``down``
+    projection has no outlier channels (see the module docstring); returns how many were
+    rescaled. ``calibration_ids`` (1, T): token ids run through the model once."""
+    ffns = [m for m in model.modules() if isinstance(m, FeedForward) and m.gate is not None]
+    if not ffns:
+        return 0
+    amax: dict[FeedForward, Tensor] = {}
+
+    def record(ffn: FeedForward):
+        def hook(_module, args):
+            x = args[0].detach().abs().reshape(-1, args[0].size(-1)).amax(0).float()
+            amax[ffn] = torch.maximum(amax[ffn], x) if ffn in amax else x
+        return hook
+
+    handles = [f.down.register_forward_pre_hook(record(f)) for f in ffns]
+    try:
+        model.eval()
+        model(calibration_ids.to(model.device))
+    finally:
+        for h in handles:
+            h.remove()
+    for f in ffns:
+        w_max = f.down.weight.abs().amax(0).float().clamp(min=1e-5)  # (d_ff,)
+        scale = (amax[f].clamp(min=1e-5) ** alpha / w_max ** (1 - alpha)).clamp(min=1e-3)
+        f.up.weight.div_(scale[:, None].to(f.up.weight.dtype))
+        if f.up.bias is not None:
+            f.up.bias.div_(scale.to(f.up.bias.dtype))
+        f.down.weight.mul_(scale[None, :].to(f.down.weight.dtype))
+        f.up.packed = f.down.packed = None  # prepacked copies are stale
+    return len(ffns)
+
+
+def calibration_ids(tokenizer, limit: int = 512) -> Tensor:
+    """The calibration text as (1, <= limit) token ids."""
+    return torch.tensor([tokenizer.encode(CALIBRATION.read_text(encoding="utf-8"))[:limit]])
+
+
+def quantize_int8_(model: nn.Module, smoothed: bool = False) -> int:
     """Swap every projection of ``model`` for a dynamic int8 one, in place.
 
     The trailing underscore says so, as in torch (``add_``, ``zero_``): ``model`` itself is
     changed (put in eval mode, its ``Linear`` layers replaced) and nothing new is built. The
     return value is only a count of the replaced projections, for logs and tests; there is
     no quantized copy to use. CPU only; the embeddings, norms and the output projection of
-    gated feed-forwards (see the module docstring) stay in floating point.
+    gated feed-forwards stay in floating point unless ``smoothed`` says that
+    ``smooth_gated_ffn_`` has been applied (see the module docstring).
     """
     import torch.ao.nn.quantized.dynamic as nnqd
     from torch.ao.quantization import per_channel_dynamic_qconfig
@@ -40,7 +91,7 @@ def quantize_int8_(model: nn.Module) -> int:
     model.eval()
     targets = [(parent, name, child) for parent in model.modules()
                for name, child in parent.named_children() if isinstance(child, Linear)
-               and not (isinstance(parent, FeedForward) and parent.gate is not None and name == "down")]
+               and (smoothed or not (isinstance(parent, FeedForward) and parent.gate is not None and name == "down"))]
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*deprecated.*")
         for parent, name, child in targets:

@@ -91,3 +91,12 @@ def unmask(text: str, originals: Sequence[str]) -> str | None:
     if sorted(numbers) != list(range(1, len(originals) + 1)):
         return None
     return SENTINEL.sub(lambda m: originals[int(m.group(1)) - 1], text)
+
+
+def restore(text: str, originals: Sequence[str]) -> str:
+    """Best effort when ``unmask`` fails: known sentinels are put back, unknown ones dropped."""
+    def back(m: re.Match) -> str:
+        k = int(m.group(1))
+        return originals[k - 1] if 1 <= k <= len(originals) else ""
+
+    return " ".join(SENTINEL.sub(back, text).split())

@@ -57,6 +57,8 @@ class ScheduleConfig:
     eval_every: int = 200  # validation loss every N steps
     checkpoint_every: int = 200  # resumable training state every N steps
     log_every: int = 20  # loss-curve resolution
+    average_last: int = 0  # >1: export the mean weights of the last N snapshots (checkpoint averaging)
+    snapshot_every: int = 1000  # steps between those snapshots
     seed: int = 1234
     threads: int | None = None  # torch CPU threads (None: torch's default)
 
@@ -66,6 +68,9 @@ class EvalConfig:
     beam_size: int = 4  # translation: beam search on the first beam_sentences test sentences
     beam_sentences: int = 200
     max_new_tokens: int = 96
+    heldout: bool = False  # translation: also score the corpora's `heldout` split (whole packages)
+    # translation: other checkpoints scored on the same test and held-out records, {name: directory}
+    compare_with: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

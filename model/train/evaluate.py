@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from collections import Counter, defaultdict
@@ -21,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from model import beam_search, generate
+from model.placeholders import mask, placeholders, restore, same_placeholders, unmask
 from model.sampling import SamplingParams
 from model.tokenizer import Tokenizer
 from model.train.batches import IGNORE, encode_documents, encode_sentences, lm_blocks, pad
@@ -51,6 +53,24 @@ class Glossary:
 
 def translate_all(model: EncoderDecoder, tok: Tokenizer, sources: Sequence[str], max_new_tokens: int,
                   beam_size: int = 1, batch_size: int = 64) -> list[str]:
+    """Translations of ``sources``. A checkpoint trained on masked placeholders sees them
+    masked; an output that lost a sentinel is decoded again with beam search (4), and if
+    that fails too its placeholders are restored as far as they survived."""
+    if not model.cfg.mask_placeholders:
+        return _translate(model, tok, sources, max_new_tokens, beam_size, batch_size)
+    masked = [mask(s) for s in sources]
+    outs = _translate(model, tok, [m for m, _ in masked], max_new_tokens, beam_size, batch_size)
+    done = [unmask(o, found) for o, (_, found) in zip(outs, masked)]
+    retry = [i for i, d in enumerate(done) if d is None]
+    if retry and beam_size == 1:
+        again = _translate(model, tok, [masked[i][0] for i in retry], max_new_tokens, 4, batch_size)
+        for i, o in zip(retry, again):
+            done[i] = unmask(o, masked[i][1])
+    return [d if d is not None else restore(o, found) for d, o, (_, found) in zip(done, outs, masked)]
+
+
+def _translate(model: EncoderDecoder, tok: Tokenizer, sources: Sequence[str], max_new_tokens: int,
+               beam_size: int, batch_size: int) -> list[str]:
     limit = min(max_new_tokens, model.cfg.max_positions - 1)
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))  # similar lengths batch well
     texts: dict[int, str] = {}
@@ -65,6 +85,38 @@ def translate_all(model: EncoderDecoder, tok: Tokenizer, sources: Sequence[str],
         for i, r in zip(idx, results):
             texts[i] = tok.decode(r.token_ids, skip_special_tokens=True).strip()
     return [texts[i] for i in range(len(sources))]
+
+
+def eval_subset(records: Sequence[dict], limit: int | None) -> list[dict]:
+    """At most ``limit`` records, chosen by the sha256 of their source (a spread over every
+    package, not the first ones in corpus order), in that hash order."""
+    ranked = sorted(records, key=lambda r: hashlib.sha256(r["source"].encode("utf-8")).digest())
+    return ranked[:limit] if limit else ranked
+
+
+def placeholder_preservation(sources: Sequence[str], outputs: Sequence[str]) -> dict[str, Any]:
+    """Share of strings whose output has exactly the source's placeholders: over the strings
+    that have any, and over all strings (an invented placeholder counts as a failure)."""
+    same = [same_placeholders(s, o) for s, o in zip(sources, outputs)]
+    having = [ok for s, ok in zip(sources, same) if placeholders(s)]
+    return {"strings_with_placeholders": len(having),
+            "preserved": round(sum(having) / len(having), 4) if having else None,
+            "preserved_all_strings": round(sum(same) / max(1, len(same)), 4)}
+
+
+def heldout_metrics(model: EncoderDecoder, tok: Tokenizer, records: Sequence[dict], max_new_tokens: int,
+                    others: dict[str, tuple[EncoderDecoder, Tokenizer]]) -> dict[str, Any]:
+    """Greedy BLEU/chrF and placeholder preservation of this model, of each model in
+    ``others`` (e.g. the previous version) and of copying the source, on the same records."""
+    sources, refs = [p["source"] for p in records], [p["target"] for p in records]
+    systems = {"model_greedy": (model, tok), **others}
+    out: dict[str, Any] = {"sentences": len(records)}
+    for name, (m, t) in systems.items():
+        m.eval()
+        hyps = translate_all(m, t, sources, max_new_tokens)
+        out[name] = {**bleu_chrf(hyps, refs), "placeholders": placeholder_preservation(sources, hyps)}
+    out["copy_source"] = bleu_chrf(sources, refs)
+    return out
 
 
 def translation_metrics(model: EncoderDecoder, tok: Tokenizer, test: Sequence[dict], train: Sequence[dict],
@@ -82,6 +134,7 @@ def translation_metrics(model: EncoderDecoder, tok: Tokenizer, test: Sequence[di
             "most_frequent_translation": {**bleu_chrf([most_frequent] * len(refs), refs), "output": most_frequent},
             "word_for_word_glossary": bleu_chrf([glossary.translate(s) for s in sources], refs),
         },
+        "placeholders": placeholder_preservation(sources, greedy),
         "examples": [{"source": s, "reference": r, "model": h} for s, r, h in list(zip(sources, refs, greedy))[:8]],
     }
     if beam_size > 1 and beam_sentences > 0:

@@ -12,9 +12,17 @@ from typing import Any
 import torch
 
 from model.checkpoint import WEIGHTS_FILE, save
+from model.checkpoint import load as load_checkpoint
 from model.tokenizer import Tokenizer
 from model.train.config import TrainConfig
-from model.train.evaluate import lm_metrics, mlm_metrics, sample_text, translation_metrics
+from model.train.evaluate import (
+    eval_subset,
+    heldout_metrics,
+    lm_metrics,
+    mlm_metrics,
+    sample_text,
+    translation_metrics,
+)
 from model.train.loop import load_records
 from model.train.model_card import model_card
 from model.train.objectives import Objective
@@ -59,16 +67,35 @@ def plot_loss_curve(history: dict[str, list], path: Path, title: str) -> None:
 
 def task_metrics(cfg: TrainConfig, model: TransformerModel, tok: Tokenizer, objective: Objective,
                  train_records: Sequence[dict]) -> dict[str, Any]:
-    test = load_records(cfg, "test")[: cfg.data.max_eval_records or None]
     if cfg.task == "translation":
-        return translation_metrics(model, tok, test, train_records, cfg.eval.max_new_tokens,
-                                   cfg.eval.beam_size, cfg.eval.beam_sentences)
+        return translation_eval(cfg, model, tok, train_records)
+    test = load_records(cfg, "test")[: cfg.data.max_eval_records or None]
     texts = [r["text"] for r in test]
     if cfg.task == "causal-lm":
         out = lm_metrics(model, tok, texts, objective.train_stream, cfg.data.max_len)
         out["samples"] = sample_text(model, tok, LM_PROMPTS)
         return out
     return mlm_metrics(model, tok, texts, objective.train, cfg.data.max_len, cfg.schedule.mask_prob)
+
+
+def translation_eval(cfg: TrainConfig, model: TransformerModel, tok: Tokenizer,
+                     train_records: Sequence[dict]) -> dict[str, Any]:
+    """The test split (and the package-held-out split), raw strings, next to the checkpoints
+    named in ``eval.compare_with``."""
+    test = eval_subset(load_records(cfg, "test", raw=True), cfg.data.max_eval_records)
+    out = translation_metrics(model, tok, test, train_records, cfg.eval.max_new_tokens,
+                              cfg.eval.beam_size, cfg.eval.beam_sentences)
+    others = {}
+    for name, path in cfg.eval.compare_with.items():
+        ckpt = load_checkpoint(path)
+        others[name] = (ckpt.model, ckpt.tokenizer)
+    sets = {"test": test}
+    if cfg.eval.heldout:
+        sets["heldout_packages"] = eval_subset(load_records(cfg, "heldout", raw=True), cfg.data.max_eval_records)
+    out["comparison"] = {name: heldout_metrics(model, tok, recs, cfg.eval.max_new_tokens, others)
+                         for name, recs in sets.items()}
+    out["comparison"]["systems"] = {"model_greedy": cfg.out_dir, **cfg.eval.compare_with}
+    return out
 
 
 def export(cfg: TrainConfig, model: TransformerModel, tok: Tokenizer, objective: Objective,

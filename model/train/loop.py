@@ -22,6 +22,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
+from model.placeholders import mask, mask_target
 from model.tokenizer import Tokenizer
 from model.train.config import ScheduleConfig, TrainConfig
 from model.train.data.corpus import load_split
@@ -68,13 +69,60 @@ def make_optimizer(model: nn.Module, s: ScheduleConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=s.lr, betas=s.betas, eps=1e-8)
 
 
-def load_records(cfg: TrainConfig, split: str) -> list[dict]:
+def mask_pairs(records: Sequence[dict]) -> list[dict]:
+    """Translation pairs with placeholders masked to sentinels on both sides (model.placeholders);
+    a pair whose sides do not hold the same placeholders is dropped."""
+    out = []
+    for rec in records:
+        source, found = mask(rec["source"])
+        target = mask_target(rec["target"], found)
+        if target is not None:
+            out.append({**rec, "source": source, "target": target})
+    return out
+
+
+def load_records(cfg: TrainConfig, split: str, raw: bool = False) -> list[dict]:
+    """The records of ``split`` from every corpus; translation pairs masked when the model is
+    trained on masked placeholders, unless ``raw`` (evaluation scores the raw strings)."""
     records: list[dict] = []
     for corpus in cfg.data.corpora:
         recs = load_split(corpus, split)
         cap = cfg.data.max_train_records if split == "train" else None
         records += recs[:cap] if cap else recs
+    if cfg.task == "translation" and cfg.model.get("mask_placeholders") and not raw:
+        records = mask_pairs(records)
     return records
+
+
+def snapshot_paths(cfg: TrainConfig) -> list[Path]:
+    """Saved weight snapshots for checkpoint averaging, oldest first."""
+    found = Path(cfg.work_dir).glob("snapshot-*.pt")
+    return sorted(found, key=lambda p: int(p.stem.split("-")[1]))
+
+
+def save_snapshot(cfg: TrainConfig, model: nn.Module, step: int) -> None:
+    """Keep the weights of the last ``schedule.average_last`` snapshots (float32, no optimizer)."""
+    path = Path(cfg.work_dir) / f"snapshot-{step}.pt"
+    torch.save({k: v.detach().float().clone() for k, v in model.state_dict().items()}, path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").replace(path)
+    for old in snapshot_paths(cfg)[:-cfg.schedule.average_last]:
+        old.unlink()
+
+
+def average_snapshots(cfg: TrainConfig, model: nn.Module, log: Callable[[str], None]) -> list[int]:
+    """Load the mean of the kept snapshots into ``model``; returns their steps ([] when none)."""
+    paths = snapshot_paths(cfg)[-cfg.schedule.average_last:] if cfg.schedule.average_last > 1 else []
+    if len(paths) < 2:
+        return []
+    total: dict[str, torch.Tensor] = {}
+    for path in paths:
+        for k, v in torch.load(path, map_location="cpu", weights_only=True).items():
+            total[k] = total[k] + v if k in total else v.clone()
+    current = model.state_dict()
+    model.load_state_dict({k: (v / len(paths)).to(current[k].dtype) for k, v in total.items()})
+    steps = [int(p.stem.split("-")[1]) for p in paths]
+    log(f"[{cfg.name}] exporting the average of {len(paths)} snapshots (steps {steps})")
+    return steps
 
 
 def prepare_tokenizer(cfg: TrainConfig, objective_cls: type[Objective], train: Sequence[dict],
@@ -248,6 +296,8 @@ def _steps(run: _Run, stop_after: int | None, time_limit_s: float | None, stop_a
     bar = tqdm(total=s.max_steps, initial=run.start, disable=not (progress and dist.is_main), dynamic_ncols=True,
                mininterval=2.0 if sys.stderr.isatty() else 60.0, file=sys.stderr)
     window, done = _LossWindow(), run.start
+    if stop_at_step is not None and run.start >= stop_at_step:  # resumed at the stop: export only
+        return done, True
     run.model.train()
     try:
         for step in range(run.start, s.max_steps):
@@ -263,6 +313,8 @@ def _steps(run: _Run, stop_after: int | None, time_limit_s: float | None, stop_a
             stop_now = stop_now or (stop_at_step is not None and done >= stop_at_step)
             if done % s.checkpoint_every == 0 or done == stop_after or stop_now:
                 _save(run, done)
+            if s.average_last > 1 and done % s.snapshot_every == 0 and dist.is_main:
+                save_snapshot(run.cfg, run.model, done)
             if done == stop_after:
                 return done, None
             if stop_now:
@@ -293,6 +345,8 @@ def train(cfg: TrainConfig, resume: bool = True, stop_after: int | None = None,
     metrics = None
     if run.dist.is_main:
         from model.train.export import export  # evaluation + model card: rank 0 only
+
+        run.history["averaged_snapshots"] = average_snapshots(cfg, run.model, run.say)
 
         metrics = export(cfg, run.model, run.tok, run.objective, run.history, run.train_records, command=command,
                          train_seconds=run.wall_time(), stopped_early=stopped_early, log=run.say, steps_done=done)

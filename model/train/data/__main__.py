@@ -1,4 +1,5 @@
-"""``python -m model.train.data prepare [--out DIR] [--cache DIR] [--corpus NAME ...]``"""
+"""``python -m model.train.data prepare [--out DIR] [--cache DIR] [--corpus NAME ...]``
+and ``python -m model.train.data packages`` (refresh the Debian package list of v2)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from model.train.data.prepare import CORPORA, prepare
+from model.train.data.debian_l10n import refresh_package_list
+from model.train.data.prepare import CORPORA, V2, prepare
 from model.train.data.sources import SourceError
 
 
@@ -17,10 +19,14 @@ def main(argv: list[str] | None = None) -> int:
     prep = sub.add_parser("prepare", help="fetch sources, clean, de-duplicate, split, write a manifest")
     prep.add_argument("--out", type=Path, default=Path("data/corpora"), help="where the corpora go")
     prep.add_argument("--cache", type=Path, default=Path("data/cache"), help="where raw downloads go")
-    prep.add_argument("--corpus", action="append", choices=CORPORA, help="build only these (repeatable)")
+    prep.add_argument("--corpus", action="append", choices=(*CORPORA, V2), help="build only these (repeatable)")
     prep.add_argument("--no-system-catalogues", action="store_true",
                       help="leave out the German catalogues installed on this system")
+    sub.add_parser("packages", help="re-read Debian's Contents indexes and rewrite debian-de-packages.txt")
     args = parser.parse_args(argv)
+    if args.command == "packages":
+        print(f"{len(refresh_package_list())} packages listed")
+        return 0
     try:
         prepare(args.out, args.cache, tuple(args.corpus or CORPORA), not args.no_system_catalogues)
     except SourceError as exc:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 SPLITS = ("train", "valid", "test")
+EXTRA_SPLITS = ("heldout",)  # translation-en-de-v2: whole packages kept out of training
 TEST_PER_MILLE = 20  # 2% of the records
 VALID_PER_MILLE = 10  # 1%
 
@@ -91,6 +92,6 @@ def write_corpus(out_dir: Path, records: list[dict[str, str]], split_field: str,
 
 
 def load_split(corpus_dir: str | Path, split: str) -> list[dict[str, Any]]:
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if split not in SPLITS + EXTRA_SPLITS:
+        raise ValueError(f"split must be one of {SPLITS + EXTRA_SPLITS}, got {split!r}")
     return read_jsonl_gz(Path(corpus_dir) / f"{split}.jsonl.gz")

