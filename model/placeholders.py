@@ -91,3 +91,19 @@ def unmask(text: str, originals: Sequence[str]) -> str | None:
     if sorted(numbers) != list(range(1, len(originals) + 1)):
         return None
     return SENTINEL.sub(lambda m: originals[int(m.group(1)) - 1], text)
+
+
+def restore(text: str, originals: Sequence[str]) -> str:
+    """Put back as many placeholders as the translation kept: the first occurrence of each known
+    sentinel gets its placeholder; repeated and invented sentinels are dropped. What ``unmask``
+    refused, as far as it goes (a lost placeholder stays lost)."""
+    used: set[int] = set()
+
+    def swap(m: re.Match) -> str:
+        n = int(m.group(1))
+        if 1 <= n <= len(originals) and n not in used:
+            used.add(n)
+            return originals[n - 1]
+        return ""
+
+    return SENTINEL.sub(swap, text)

@@ -209,6 +209,8 @@ class Translation(BaseModel):
     text: str
     finish_reason: Literal["stop", "length", "eos"]
     tokens: int
+    placeholders_ok: bool = Field(description="the translation has the source's format placeholders (%s, {0}, "
+                                  "%(name)s, $1, ...), each as often; false: check it before use")
 
 
 class TranslateResponse(BaseModel):
