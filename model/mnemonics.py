@@ -44,13 +44,15 @@ def strip_marker(text: str, other: str, marker: str) -> str:
 def find_mnemonic(text: str) -> tuple[str, str, str] | None:
     """(text without its accelerator marker, the marker, the accelerator character), or None
     when ``text`` has no mnemonic. Without another side to compare with, a marker inside a word
-    counts only in a phrase (``Print Pre_view``), not in a lone word (``file_name``, an identifier)."""
+    counts in a phrase (``Print Pre_view``) or a capitalised word (``A_ppearance``), not in a lone
+    lowercase word (``file_name``, an identifier)."""
     for marker in MNEMONIC_MARKERS:
         stripped = strip_marker(text, "", marker)
         if stripped == text:
             continue
         i = next((i for i, (a, b) in enumerate(zip(text, stripped)) if a != b), len(stripped))
-        if i > 0 and text[i - 1].isalnum() and not re.search(r"\s", text.strip()):
+        lone_word = not re.search(r"\s", text.strip())
+        if i > 0 and text[i - 1].isalnum() and lone_word and text == text.lower():
             continue
         return stripped, marker, stripped[i]
     return None

@@ -245,3 +245,16 @@ class FillMaskCandidate(BaseModel):
 # a list of texts -> one of those per text (texts may differ in their number of masks).
 FillMaskPerText = list[FillMaskCandidate] | list[list[FillMaskCandidate]]
 FillMaskResponse = FillMaskPerText | list[FillMaskPerText]
+
+
+class TranslatePoOptions(BaseModel):
+    """Options of POST /v1/translate/po: query parameters, or form fields beside ``file``."""
+
+    model: str | None = Field(None, description="a loaded encoder-decoder model; default: the first one")
+    include_fuzzy: bool = Field(False, description="also retranslate entries already flagged fuzzy")
+    beam_size: int = Field(4, ge=1, le=16, description="beam search width; 1 = greedy")
+    max_tokens: int = Field(128, ge=1, le=1024, description="tokens to generate per text at most")
+    max_entries: int | None = Field(None, ge=1, description="translate at most this many entries (in file "
+                                    "order); send the returned file again for the rest")
+
+    model_config = ConfigDict(extra="ignore")
