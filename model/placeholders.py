@@ -94,9 +94,16 @@ def unmask(text: str, originals: Sequence[str]) -> str | None:
 
 
 def restore(text: str, originals: Sequence[str]) -> str:
-    """Best effort when ``unmask`` fails: known sentinels are put back, unknown ones dropped."""
-    def back(m: re.Match) -> str:
-        k = int(m.group(1))
-        return originals[k - 1] if 1 <= k <= len(originals) else ""
+    """Put back as many placeholders as the translation kept: the first occurrence of each known
+    sentinel gets its placeholder; repeated and invented sentinels are dropped. What ``unmask``
+    refused, as far as it goes (a lost placeholder stays lost)."""
+    used: set[int] = set()
 
-    return " ".join(SENTINEL.sub(back, text).split())
+    def swap(m: re.Match) -> str:
+        n = int(m.group(1))
+        if 1 <= n <= len(originals) and n not in used:
+            used.add(n)
+            return originals[n - 1]
+        return ""
+
+    return SENTINEL.sub(swap, text)

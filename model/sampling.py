@@ -36,6 +36,7 @@ class SamplingParams:
     logprobs: int | None = None  # None: none; n >= 0: chosen token's logprob + top-n alternatives
     beam_size: int = 1  # encoder-decoder only
     length_penalty: float = 1.0  # beam score = sum logprob / length ** length_penalty
+    n_best: int = 1  # beam search: also return the texts of this many best hypotheses (a fallback's choices)
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
@@ -59,6 +60,7 @@ class SamplingParams:
             (self.logprobs is None or 0 <= self.logprobs <= MAX_TOP_LOGPROBS, "logprobs",
              f"in [0, {MAX_TOP_LOGPROBS}]"),
             (self.beam_size >= 1, "beam_size", ">= 1"),
+            (1 <= self.n_best <= self.beam_size, "n_best", "in [1, beam_size]"),
         ]
         for ok, name, rule in checks:
             if not ok:

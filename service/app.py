@@ -21,7 +21,18 @@ from service.logging_config import configure_logging
 from service.metrics import Metrics
 from service.middleware import ApiKeyFirstMiddleware, BodyLimitMiddleware, RequestLogMiddleware
 from service.registry import EngineRegistry
-from service.routes import chat, compat, completions, docs, encoder, generate, playground, system, translate
+from service.routes import (
+    chat,
+    compat,
+    completions,
+    docs,
+    encoder,
+    generate,
+    playground,
+    system,
+    translate,
+    translate_po,
+)
 from service.settings import Settings
 
 DESCRIPTION = """Transformer inference: translation (encoder-decoder), generation (decoder-only),
@@ -63,7 +74,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if settings.playground:
         app.include_router(playground.router)
     api = APIRouter(dependencies=auth)
-    api_routers = [module.router for module in (generate, completions, chat, translate, encoder)] + [system.models]
+    own = (generate, completions, chat, translate, translate_po, encoder)
+    api_routers = [module.router for module in own] + [system.models]
     # TGI, TEI, InferenceClient: Authorization: Bearer like ours, but their own error shapes, so
     # the key-first middleware (OpenAI-shaped 401 before the body is read) covers only ours.
     for router in api_routers + list(compat.BEARER_AUTH):

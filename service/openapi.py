@@ -124,7 +124,8 @@ def _ref(name: str) -> dict:
 def _chunk(obj: str, **props: Any) -> dict:
     common = {"id": {"type": "string"}, "object": {"const": obj}, "created": {"type": "integer"},
               "model": {"type": "string"}}
-    return {"type": "object", "required": [*common, *(k for k in props if k not in ("usage", "logprobs"))],
+    optional = ("usage", "logprobs", "placeholders_ok")  # on the last chunk only, or only when asked for
+    return {"type": "object", "required": [*common, *(k for k in props if k not in optional)],
             "properties": common | props}
 
 
@@ -134,7 +135,7 @@ CHUNKS = {
                             token_ids={"type": "array", "items": {"type": "integer"}}, finish_reason=FINISH,
                             logprobs={"type": "array", "items": _ref("TokenLogprob")}, usage=_ref("Usage")),
     "TranslateChunk": _chunk("translation.chunk", text={"type": "string"}, finish_reason=FINISH,
-                             usage=_ref("Usage")),
+                             usage=_ref("Usage"), placeholders_ok={"type": "boolean"}),
     "CompletionChunk": _chunk("text_completion", usage=_ref("Usage"), choices={"type": "array", "items": {
         "type": "object", "required": ["index", "text", "logprobs", "finish_reason"], "properties": {
             "index": {"type": "integer"}, "text": {"type": "string"},

@@ -209,6 +209,8 @@ class Translation(BaseModel):
     text: str
     finish_reason: Literal["stop", "length", "eos"]
     tokens: int
+    placeholders_ok: bool = Field(description="the translation has the source's format placeholders (%s, {0}, "
+                                  "%(name)s, $1, ...), each as often; false: check it before use")
 
 
 class TranslateResponse(BaseModel):
@@ -243,3 +245,16 @@ class FillMaskCandidate(BaseModel):
 # a list of texts -> one of those per text (texts may differ in their number of masks).
 FillMaskPerText = list[FillMaskCandidate] | list[list[FillMaskCandidate]]
 FillMaskResponse = FillMaskPerText | list[FillMaskPerText]
+
+
+class TranslatePoOptions(BaseModel):
+    """Options of POST /v1/translate/po: query parameters, or form fields beside ``file``."""
+
+    model: str | None = Field(None, description="a loaded encoder-decoder model; default: the first one")
+    include_fuzzy: bool = Field(False, description="also retranslate entries already flagged fuzzy")
+    beam_size: int = Field(4, ge=1, le=16, description="beam search width; 1 = greedy")
+    max_tokens: int = Field(128, ge=1, le=1024, description="tokens to generate per text at most")
+    max_entries: int | None = Field(None, ge=1, description="translate at most this many entries (in file "
+                                    "order); send the returned file again for the rest")
+
+    model_config = ConfigDict(extra="ignore")

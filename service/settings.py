@@ -43,6 +43,7 @@ class Settings(BaseSettings):
     max_headers: int = Field(100, ge=8, description="header lines per request; more get 431")
     max_texts: int = Field(64, ge=1, description="list inputs (translate, fill-mask, embeddings, prompts)")
     max_text_chars: int = Field(20_000, ge=1, description="characters per input text")
+    max_po_entries: int = Field(5_000, ge=1, description="entries in a .po file sent to /v1/translate/po")
     api_key: SecretStr | None = None
     protect_health_and_metrics: bool = False
     playground: bool = Field(True, description="serve the web playground at / and /playground")

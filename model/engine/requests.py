@@ -43,6 +43,7 @@ class EngineEvent:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     score: float | None = None  # beam search: length-normalised log probability
+    hypotheses: list[str] = field(default_factory=list)  # beam search with n_best > 1: the n best texts, best first
 
     @property
     def finished(self) -> bool:
@@ -89,9 +90,12 @@ class BeamDecoding:
         seq.generated += 1
         if not self.search.live:
             score, tokens, reason = self.search.best(0)
-            text = self.tokenizer.decode(tokens) if self.tokenizer is not None else ""
-            return EngineEvent(seq.req.request_id, text, tokens, finish_reason=reason, score=score,
-                               prompt_tokens=len(seq.req.prompt_ids), completion_tokens=len(tokens))
+            decode = self.tokenizer.decode if self.tokenizer is not None else (lambda ids: "")
+            n_best = seq.req.params.n_best
+            hypotheses = [decode(h[1]) for h in self.search.finished[0][:n_best]] if n_best > 1 else []
+            return EngineEvent(seq.req.request_id, decode(tokens), tokens, finish_reason=reason, score=score,
+                               prompt_tokens=len(seq.req.prompt_ids), completion_tokens=len(tokens),
+                               hypotheses=hypotheses)
         seq.beam_moves = (step.copy_src, step.copy_dst)  # beam indices: slots may move before the next step
         seq.next_tokens = step.tokens
         return None

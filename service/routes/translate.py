@@ -1,18 +1,21 @@
-"""POST /v1/translate: en->de (or any encoder-decoder checkpoint), beam search or sampling."""
+"""POST /v1/translate: en->de (or any encoder-decoder checkpoint), beam search or sampling.
+Placeholders are masked and checked in ``service.translation``."""
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 
+from service import translation
 from service.dependencies import RegistryDep, SettingsDep
 from service.engine import GenerativeEngine, RequestStream, SamplingParams
 from service.engine_errors import InvalidRequestError
 from service.errors import ERROR_RESPONSES
-from service.routes.inputs import input_ids
-from service.routes.streaming import check_event, collect, mark, sse_response
+from service.routes.inputs import text_list
+from service.routes.streaming import check_event, mark, sse_response
 from service.schemas import TranslateRequest, TranslateResponse, Translation, Usage
 
 router = APIRouter(tags=["translation"])
@@ -25,33 +28,36 @@ async def translate(body: TranslateRequest, request: Request, registry: Registry
     mark(request, engine.name)
     if body.stream and not isinstance(body.text, str):
         raise InvalidRequestError("stream=true needs a single text, not a list", "stream")
-    sources = input_ids(body.text, "text", engine, settings)
+    texts = text_list(body.text, "text", settings)
+    sources = translation.sources(engine, texts)
+    ids = translation.source_ids(engine, sources, "text")
     params = SamplingParams(max_new_tokens=body.max_tokens, beam_size=body.beam_size,
                             length_penalty=body.length_penalty, temperature=body.temperature, seed=body.seed)
-    streams = engine.submit_all(
-        [(ids, params, "text" if len(sources) == 1 else f"text[{i}]") for i, ids in enumerate(sources)], "text")
-    rid, created = f"tr-{streams[0].request_id}", int(time.time())
+    rid, created = f"tr-{uuid.uuid4().hex}", int(time.time())
     if body.stream:
-        return sse_response(_chunks(engine, streams[0], request, rid, created, sources), streams, request)
-    results = await collect(request, streams)
-    finals = [events[-1] for events in results]
-    usage = engine.usage(sources, finals)
+        streamed = translation.StreamedTranslation(engine, sources[0])
+        stream = engine.submit_all([(ids[0], streamed.params(params), "text")], "text")[0]
+        rid = f"tr-{stream.request_id}"
+        return sse_response(_chunks(engine, stream, streamed, request, rid, created, ids), [stream], request)
+    fields = ["text" if isinstance(body.text, str) else f"text[{i}]" for i in range(len(texts))]
+    results, usage = await translation.translate(request, engine, sources, ids, params, fields, "text")
     mark(request, usage=usage)
     return TranslateResponse(
         id=rid, created=created, model=engine.name,
-        translations=[Translation(text="".join(e.text for e in events).strip(), finish_reason=events[-1].finish_reason,
-                                  tokens=engine.completion_tokens(events[-1])) for events in results],
+        translations=[Translation(text=r.text, finish_reason=r.finish_reason, tokens=r.tokens,
+                                  placeholders_ok=r.placeholders_ok) for r in results],
         usage=Usage(**usage.as_dict()))
 
 
-async def _chunks(engine: GenerativeEngine, stream: RequestStream, request: Request, rid: str, created: int,
-                  sources: list[list[int]]) -> AsyncIterator[dict]:
+async def _chunks(engine: GenerativeEngine, stream: RequestStream, streamed: translation.StreamedTranslation,
+                  request: Request, rid: str, created: int, ids: list[list[int]]) -> AsyncIterator[dict]:
     async for event in stream:
         check_event(event)
         chunk = {"id": rid, "object": "translation.chunk", "created": created, "model": engine.name,
-                 "text": event.text, "finish_reason": event.finish_reason}
+                 "text": streamed.feed(event), "finish_reason": event.finish_reason}
         if event.finished:
-            usage = engine.usage(sources, [event])
+            usage = engine.usage(ids, [event])
             mark(request, usage=usage)
             chunk["usage"] = usage.as_dict()
+            chunk["placeholders_ok"] = streamed.placeholders_ok
         yield chunk

@@ -22,13 +22,12 @@ from pathlib import Path
 
 import polib
 
-from model.placeholders import PLACEHOLDER, placeholders
+from model.mnemonics import MNEMONIC_MARKERS, strip_marker
+from model.placeholders import placeholders
 
 MAX_SOURCE_CHARS = 200
 MAX_TARGET_CHARS = 260
 MAX_LENGTH_RATIO = 3.0  # target/source (or inverse) character ratio beyond which a pair is dropped
-
-MNEMONIC_MARKERS = "~_&"
 
 
 @dataclass(frozen=True)
@@ -52,35 +51,10 @@ class CatalogueStats:
         return {"entries": self.entries, "pairs": self.pairs, "dropped": dict(sorted(self.dropped.items()))}
 
 
-def _mask_placeholders(text: str) -> str:
-    return PLACEHOLDER.sub(lambda m: "\0" * len(m.group()), text)
-
-
-def _strip_marker(text: str, other: str, marker: str) -> str:
-    """Remove ``marker`` where it is a mnemonic: the only such marker in the text, directly
-    before a letter or digit, and not part of an identifier shared verbatim with the other
-    side (``debug_dump``) or an HTML entity (``&amp;``)."""
-    masked = _mask_placeholders(text)
-    spots = [i for i, ch in enumerate(masked) if ch == marker]
-    if len(spots) != 1:
-        return text
-    i = spots[0]
-    if i + 1 >= len(text) or not text[i + 1].isalnum():
-        return text
-    if marker == "&" and re.match(r"&#?\w+;", text[i:]):
-        return text
-    start = max(text.rfind(" ", 0, i), text.rfind("\n", 0, i)) + 1
-    end_match = re.search(r"\s", text[i:])
-    word = text[start: i + end_match.start() if end_match else len(text)]
-    if word in other.split():  # an identifier both sides spell the same way
-        return text
-    return text[:i] + text[i + 1:]
-
-
 def strip_mnemonics(source: str, target: str) -> tuple[str, str]:
     """Strip accelerator markers from both sides of a pair, judging each side against the other."""
     for marker in MNEMONIC_MARKERS:
-        source, target = _strip_marker(source, target, marker), _strip_marker(target, source, marker)
+        source, target = strip_marker(source, target, marker), strip_marker(target, source, marker)
     return source, target
 
 

@@ -1,0 +1,118 @@
+"""POST /v1/translate/po: fill the untranslated entries of a gettext .po file (see
+``service.po_catalogue`` for what is changed and what is kept).
+
+The file comes as multipart/form-data (field ``file``; options as form fields or query
+parameters) or as the raw body (``Content-Type: text/x-gettext-translation``, ``text/x-po``,
+``application/x-po`` or ``application/octet-stream``; options as query parameters). The
+answer is the file (UTF-8), with what was done in ``X-Entries-*`` headers.
+"""
+
+from __future__ import annotations
+
+import email.parser
+import email.policy
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
+from pydantic import ValidationError
+
+from service import po_catalogue
+from service.dependencies import RegistryDep, SettingsDep
+from service.engine import GenerativeEngine, SamplingParams
+from service.engine_errors import InvalidRequestError
+from service.errors import ERROR_RESPONSES
+from service.routes.streaming import mark
+from service.schemas import TranslatePoOptions
+
+router = APIRouter(tags=["translation"])
+
+PO_MEDIA_TYPE = "text/x-gettext-translation"
+RAW_MEDIA_TYPES = (PO_MEDIA_TYPE, "text/x-po", "application/x-po", "application/octet-stream")
+FILE_SCHEMA = {"type": "string", "format": "binary", "description": "a gettext .po file (UTF-8 or the charset its "
+               "header declares); at most TSERVE_MAX_BODY_BYTES and TSERVE_MAX_PO_ENTRIES entries"}
+
+
+def _options_schema() -> dict[str, Any]:
+    props = {name: {k: v for k, v in schema.items() if k != "title"}
+             for name, schema in TranslatePoOptions.model_json_schema()["properties"].items()}
+    return {"type": "object", "required": ["file"], "properties": {"file": FILE_SCHEMA, **props}}
+
+
+OPENAPI_EXTRA = {"requestBody": {"required": True, "content": {
+    "multipart/form-data": {"schema": _options_schema()},
+    **{media: {"schema": FILE_SCHEMA} for media in RAW_MEDIA_TYPES}}}}
+RESPONSES: dict[int | str, dict[str, Any]] = {**ERROR_RESPONSES, 200: {
+    "description": "the .po file with untranslated entries filled and flagged fuzzy",
+    "content": {f"{PO_MEDIA_TYPE}": {"schema": {"type": "string"}}},
+    "headers": {name: {"description": doc, "schema": {"type": "integer", "minimum": 0}}
+                for name, doc in po_catalogue.HEADERS_DOC.items()}}}
+
+
+@router.post("/v1/translate/po", response_class=Response, responses=RESPONSES, openapi_extra=OPENAPI_EXTRA,
+             summary="Machine-translate the untranslated entries of a gettext .po file (flagged fuzzy)")
+async def translate_po(request: Request, registry: RegistryDep, settings: SettingsDep,
+                       query: Annotated[TranslatePoOptions, Query()]):
+    data, fields = await _upload(request)
+    body = _options(query, fields)
+    engine: GenerativeEngine = registry.get(body.model, "encoder-decoder", "/v1/translate/po")
+    mark(request, engine.name)
+    po = po_catalogue.parse(data, settings)
+    texts = po_catalogue.plan(po, body.include_fuzzy, body.max_entries)
+    capacity = settings.max_queue + settings.max_batch
+    if len(texts) > capacity:
+        entries = len({t.entry for t in texts})
+        raise InvalidRequestError(
+            f"file has {entries} entries to translate ({len(texts)} texts, plural forms included); one request "
+            f"translates at most {capacity} texts (TSERVE_MAX_QUEUE + TSERVE_MAX_BATCH): send max_entries "
+            f"(e.g. {max(1, capacity // 2)}) and send the returned file again for the rest", "max_entries",
+            code="body_too_large")
+    params = SamplingParams(max_new_tokens=body.max_tokens, beam_size=body.beam_size, temperature=0.0)
+    summary = await po_catalogue.translate_catalogue(request, engine, po, texts, params, settings.max_text_chars)
+    mark(request, usage=summary.usage)
+    return Response(po_catalogue.render(po), media_type=f"{PO_MEDIA_TYPE}; charset=utf-8",
+                    headers=summary.headers())
+
+
+async def _upload(request: Request) -> tuple[bytes, dict[str, str]]:
+    """(the file's bytes, the form's other fields)."""
+    content_type = request.headers.get("content-type", "")
+    media = content_type.split(";", 1)[0].strip().lower()
+    body = await request.body()
+    if media in RAW_MEDIA_TYPES:
+        return body, {}
+    if media != "multipart/form-data":
+        sent = f"Content-Type: {content_type}" if content_type else "no Content-Type"
+        raise InvalidRequestError(f"send the .po file as multipart/form-data (field `file`) or as the body with "
+                                  f"Content-Type: {' or '.join(RAW_MEDIA_TYPES)} (this request sent {sent})",
+                                  "Content-Type")
+    header = b"Content-Type: " + content_type.encode("latin-1", "replace") + b"\r\n\r\n"
+    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(header + body)
+    parts = list(message.iter_parts()) if message.is_multipart() else []
+    data, fields = None, {}
+    for part in parts:
+        name = part.get_param("name", header="content-disposition")
+        payload = part.get_payload(decode=True)
+        if not isinstance(name, str) or not isinstance(payload, bytes):
+            continue
+        if name == "file":
+            data = payload
+        else:
+            fields[name] = payload.decode("utf-8", "replace")
+    if data is None:
+        raise InvalidRequestError("multipart/form-data body has no `file` part; send the .po file in the form field "
+                                  "`file`", "file")
+    return data, fields
+
+
+def _options(query: TranslatePoOptions, fields: dict[str, str]) -> TranslatePoOptions:
+    """The query's options, overridden by the form's fields (checked the same way)."""
+    given = {k: v for k, v in fields.items() if k in TranslatePoOptions.model_fields}
+    if not given:
+        return query
+    try:
+        return TranslatePoOptions.model_validate({**query.model_dump(exclude_unset=True), **given})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        name = str(err["loc"][0]) if err.get("loc") else None
+        raise InvalidRequestError(f"{name}: {err['msg']}", name) from None

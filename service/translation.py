@@ -1,0 +1,162 @@
+"""Placeholder-safe translation, written once for /v1/translate and /v1/translate/po.
+
+A checkpoint trained with ``mask_placeholders`` (``model.placeholders``) sees each format
+placeholder (``%s``, ``{0}``, ``%(name)s``, ``$1``...) as a numbered sentinel ``⟪n⟫``: the
+source is masked before tokenisation and the sentinels of the output are mapped back.
+When the output lost, repeated or invented a sentinel, the fallback is defined:
+
+1. a beam search request already asks for its ``beam_size`` best hypotheses (``n_best``);
+   the first, best first, whose sentinels map back is taken;
+2. a greedy or sampled request (or a beam whose hypotheses all failed with fewer than
+   ``FALLBACK_BEAMS`` beams) is retried once with beam search of ``FALLBACK_BEAMS``
+   hypotheses (capped by the engine's slots), same rule;
+3. if none maps back, the best hypothesis is returned with the placeholders restored as far
+   as they survived (``model.placeholders.restore``) and ``placeholders_ok`` false.
+
+Every translation reports ``placeholders_ok``: for a checkpoint that does not mask, it
+compares the placeholders of the source and of the output (``same_placeholders``); its
+output is never retried.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+from fastapi import Request
+
+from model.placeholders import mask, restore, same_placeholders, unmask
+from service.engine import EngineEvent, GenerativeEngine, SamplingParams, TokenUsage
+from service.routes.streaming import collect
+
+FALLBACK_BEAMS = 4
+
+
+@dataclass(frozen=True)
+class Source:
+    """One text to translate: the client's text, what the model reads, the masked placeholders."""
+
+    text: str
+    masked: str
+    originals: tuple[str, ...] = ()
+
+
+@dataclass
+class Translated:
+    text: str
+    placeholders_ok: bool
+    finish_reason: str
+    tokens: int  # generated tokens of the request whose output was taken
+    retried: bool = False
+
+
+def masks_placeholders(engine: GenerativeEngine) -> bool:
+    return bool(getattr(engine.cfg, "mask_placeholders", False))
+
+
+def sources(engine: GenerativeEngine, texts: list[str]) -> list[Source]:
+    if not masks_placeholders(engine):
+        return [Source(t, t) for t in texts]
+    return [Source(t, masked, tuple(found)) for t in texts for masked, found in [mask(t)]]
+
+
+def source_ids(engine: GenerativeEngine, items: list[Source], field: str) -> list[list[int]]:
+    """Token ids of what the model reads, checked against its input limit (400 naming ``field``)."""
+    return engine.tokenize([s.masked for s in items], field)
+
+
+def _candidates(final: EngineEvent, streamed: str) -> list[str]:
+    return final.hypotheses or [streamed]
+
+
+def _choose(engine: GenerativeEngine, src: Source, candidates: list[str]) -> tuple[str, bool] | None:
+    """(text, placeholders_ok) of the first candidate that keeps the placeholders; for a checkpoint
+    that does not mask, the first candidate, checked. None: a masked source none of them kept."""
+    if not masks_placeholders(engine):
+        text = candidates[0].strip()
+        return text, same_placeholders(src.text, text)
+    for candidate in candidates:
+        text = unmask(candidate, src.originals)
+        if text is not None:
+            text = text.strip()
+            return text, same_placeholders(src.text, text)
+    return None
+
+
+async def translate(request: Request, engine: GenerativeEngine, items: list[Source], ids: list[list[int]],
+                    params: SamplingParams, fields: list[str], group_field: str) -> tuple[list[Translated], TokenUsage]:
+    """Translate every source in one group (``engine.submit_all``: all or nothing, errors name
+    ``fields[i]``), then retry, together, those whose placeholders did not survive."""
+    masking = masks_placeholders(engine)
+    first = [_with_n_best(params) if masking else params for _ in items]
+    finals, texts = await _run(request, engine, ids, first, fields, group_field)
+    usage = engine.usage(ids, finals)
+    results: list[Translated | None] = []
+    for src, final, streamed in zip(items, finals, texts):
+        chosen = _choose(engine, src, _candidates(final, streamed))
+        results.append(None if chosen is None else Translated(*chosen, final.finish_reason,
+                                                              engine.completion_tokens(final)))
+    retry = [i for i, r in enumerate(results) if r is None]
+    if retry:
+        beams = min(FALLBACK_BEAMS, engine.settings.max_batch)
+        again = replace(params, beam_size=beams, n_best=beams, temperature=0.0, seed=None)
+        finals2, texts2 = await _run(request, engine, [ids[i] for i in retry], [again] * len(retry),
+                                     [fields[i] for i in retry], group_field)
+        more = engine.usage([ids[i] for i in retry], finals2)
+        usage = TokenUsage(usage.prompt_tokens + more.prompt_tokens, usage.completion_tokens + more.completion_tokens)
+        for i, final, streamed in zip(retry, finals2, texts2):
+            src = items[i]
+            candidates = _candidates(final, streamed)
+            chosen = _choose(engine, src, candidates) or (restore(candidates[0], src.originals).strip(), False)
+            results[i] = Translated(*chosen, final.finish_reason, engine.completion_tokens(final), retried=True)
+    return [r for r in results if r is not None], usage
+
+
+def _with_n_best(params: SamplingParams) -> SamplingParams:
+    return replace(params, n_best=params.beam_size) if params.beam_size > 1 else params
+
+
+async def _run(request: Request, engine: GenerativeEngine, ids: list[list[int]], params: list[SamplingParams],
+               fields: list[str], group_field: str) -> tuple[list[EngineEvent], list[str]]:
+    streams = engine.submit_all([(row, p, f) for row, p, f in zip(ids, params, fields)], group_field)
+    results = await collect(request, streams)
+    return [events[-1] for events in results], ["".join(e.text for e in events) for events in results]
+
+
+_OPEN_SENTINEL = re.compile(r"⟪\d*$")
+
+
+class StreamedTranslation:
+    """A streamed translation of one masked source: sentinels are mapped back as they complete
+    (a partial ``⟪1`` is held back until its ``⟫`` arrives); no retry is possible once text
+    has been sent, so ``placeholders_ok`` only reports."""
+
+    def __init__(self, engine: GenerativeEngine, src: Source):
+        self.engine, self.src = engine, src
+        self.raw, self.pending, self.sent = "", "", ""
+        self.placeholders_ok: bool | None = None
+
+    def params(self, params: SamplingParams) -> SamplingParams:
+        return _with_n_best(params) if masks_placeholders(self.engine) else params
+
+    def feed(self, event: EngineEvent) -> str:
+        """The text to send for ``event`` (with the rest of the held-back text once it is the last)."""
+        if event.finished and event.hypotheses:  # beam search: one final event, hypotheses to choose from
+            chosen = _choose(self.engine, self.src, event.hypotheses)
+            text, self.placeholders_ok = chosen or (restore(event.hypotheses[0], self.src.originals).strip(), False)
+            return text
+        self.raw += event.text
+        if not masks_placeholders(self.engine):
+            out = event.text
+        else:
+            self.pending += event.text
+            hold = _OPEN_SENTINEL.search(self.pending)
+            cut = len(self.pending) if event.finished or hold is None else hold.start()
+            out, self.pending = restore(self.pending[:cut], self.src.originals), self.pending[cut:]
+        self.sent += out
+        if event.finished:
+            if masks_placeholders(self.engine):
+                self.placeholders_ok = unmask(self.raw, self.src.originals) is not None
+            else:
+                self.placeholders_ok = same_placeholders(self.src.text, self.sent)
+        return out
