@@ -158,18 +158,18 @@ def decode_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: 
     out = torch.empty((b, h, d), dtype=q.dtype, device=q.device)
     block_d = max(16, _next_power_of_2(d))
     split_kernel[(b, kv_heads, splits)](
-        qc, k_cache, v_cache, slots, lengths, part_o, part_m, part_l, scale * _LOG2E,
+        qc, k_cache, v_cache, slots, lengths, part_o, part_m, part_l, scale * _LOG2E, splits,
         *qc.stride(), *k_cache.stride(), *v_cache.stride(),
         GROUP=group, BLOCK_G=max(16, _next_power_of_2(group)),  # tl.dot wants >= 16 rows
-        BLOCK_N=block_n, HEAD_DIM=d, BLOCK_D=block_d, NUM_SPLITS=splits,
+        BLOCK_N=block_n, HEAD_DIM=d, BLOCK_D=block_d,
         # The interpreter computes bfloat16 arithmetic on the raw bits (it only converts them
         # correctly), so there the dot products take float32 operands; a GPU multiplies the
         # cache's own dtype on its tensor cores, accumulating in float32 either way.
         UPCAST=interpreting(),
     )
     combine_kernel[(b, h)](
-        part_o, part_m, part_l, out, *out.stride(),
-        NUM_SPLITS=splits, BLOCK_S=_next_power_of_2(splits), HEAD_DIM=d, BLOCK_D=block_d,
+        part_o, part_m, part_l, out, splits, *out.stride(),
+        BLOCK_S=_next_power_of_2(splits), HEAD_DIM=d, BLOCK_D=block_d,
     )
     return out
 
@@ -186,12 +186,12 @@ def _kernels(interpret: bool):  # noqa: ARG001 - the cache key: one pair of kern
 
     @triton.jit
     def split_kernel(
-        Q, K, V, Slots, Lengths, PartO, PartM, PartL, qk_scale,
+        Q, K, V, Slots, Lengths, PartO, PartM, PartL, qk_scale, num_splits,
         stride_qb, stride_qh, stride_qd,
         stride_ks, stride_kh, stride_kn, stride_kd,
         stride_vs, stride_vh, stride_vn, stride_vd,
         GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, UPCAST: tl.constexpr,
+        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST: tl.constexpr,
     ):
         row = tl.program_id(0)
         kv_head = tl.program_id(1)
@@ -200,7 +200,7 @@ def _kernels(interpret: bool):  # noqa: ARG001 - the cache key: one pair of kern
         slot = tl.load(Slots + row).to(tl.int64)
         length = tl.load(Lengths + row).to(tl.int32)
         # This split's piece of the row's history: equal pieces, whole blocks of keys.
-        piece = tl.cdiv(tl.cdiv(length, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        piece = (((length + num_splits - 1) // num_splits + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
         start = split * piece
         end = tl.minimum(start + piece, length)
 
@@ -239,23 +239,23 @@ def _kernels(interpret: bool):  # noqa: ARG001 - the cache key: one pair of kern
             m_i = m_new
 
         # (B, H, splits[, D]) partial results; an empty piece leaves m=-inf, l=0, acc=0.
-        at = (row * n_heads + heads) * NUM_SPLITS + split  # (G,)
+        at = (row * n_heads + heads) * num_splits + split  # (G,)
         tl.store(PartM + at, m_i, mask=g_ok)
         tl.store(PartL + at, l_i, mask=g_ok)
         tl.store(PartO + at[:, None] * HEAD_DIM + dims[None, :], acc, mask=g_ok[:, None] & d_ok[None, :])
 
     @triton.jit
     def combine_kernel(
-        PartO, PartM, PartL, Out, stride_ob, stride_oh, stride_od,
-        NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+        PartO, PartM, PartL, Out, num_splits, stride_ob, stride_oh, stride_od,
+        BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     ):
         row = tl.program_id(0)
         head = tl.program_id(1)
         splits = tl.arange(0, BLOCK_S)
         dims = tl.arange(0, BLOCK_D)
-        s_ok = splits < NUM_SPLITS
+        s_ok = splits < num_splits
         d_ok = dims < HEAD_DIM
-        at = (row * tl.num_programs(1) + head) * NUM_SPLITS + splits  # (S,)
+        at = (row * tl.num_programs(1) + head) * num_splits + splits  # (S,)
         m = tl.load(PartM + at, mask=s_ok, other=float("-inf"))
         l_part = tl.load(PartL + at, mask=s_ok, other=0.0)
         o = tl.load(PartO + at[:, None] * HEAD_DIM + dims[None, :], mask=s_ok[:, None] & d_ok[None, :], other=0.0)
