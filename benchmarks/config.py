@@ -70,6 +70,11 @@ class BenchConfig:
     gpu_dtype: str = "bfloat16"
     gpu_compile: bool = True
 
+    # 9. decode attention on the GPU: the Triton kernel vs SDPA (only when CUDA is present).
+    decode_attention_batches: tuple[int, ...] = (1, 8, 32)
+    decode_attention_histories: tuple[int, ...] = (128, 512, 2048)
+    decode_attention_calls: int = 100  # back-to-back calls per timed sample
+
     # 7. sentence embeddings: all-MiniLM-L6-v2 (manifest of the pinned package) vs sentence-transformers.
     embed_manifest: Path = Path("weights/all-minilm-l6-v2")
     embed_batches: tuple[int, ...] = (1, 32)

@@ -183,5 +183,15 @@ class CacheView:
             return k, v
         return self.cache.read(layer, self.batch, self.span)  # 2 x (B, nkv, span, hs)
 
+    def update_in_place(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """For a kernel that reads the slots where they lie (decode, one new token per row):
+        write k, v (B, nkv, 1, hs); return the layer's whole cache k, v (slots, nkv, max_len + 1,
+        hs), the batch's slot ids (B,) and how many positions each row sees (B,): up to and
+        including the token just written, the same positions the decode mask allows."""
+        if self.write_positions.size(1) != 1:
+            raise ValueError("update_in_place is for one new token per row")
+        self.cache.write(layer, self.batch, self.write_positions, k, v)
+        return self.cache.k[layer], self.cache.v[layer], self.batch.ids, self.write_positions[:, 0] + 1
+
     def cross(self, layer: int) -> tuple[Tensor, Tensor, Tensor | None]:
         return (*self.cache.read_cross(layer, self.batch, self.cross_len), self.cross_mask)

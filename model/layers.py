@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.config import ModelConfig
+from model.kernels.decode_attention import decode_attention_triton, kernel_failed, kernel_runs_on
 
 # --- linear layers that can be prepacked for CPU inference ----------------------------
 
@@ -100,6 +101,11 @@ class KVCacheView(Protocol):
         """Store the new tokens' k, v (B, nkv, T, hs); return the keys/values to attend over."""
         ...
 
+    def update_in_place(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Store one new token per row; return the layer's whole cache k, v, the rows' slots
+        and lengths, for the decode-attention kernel."""
+        ...
+
     def cross(self, layer: int) -> tuple[Tensor, Tensor, Tensor | None]:
         """Cross-attention memory k, v (B, nkv, S, hs) and its mask."""
         ...
@@ -119,13 +125,22 @@ class AttentionContext:
 
 # --- attention module ---------------------------------------------------------------
 
+DECODE_ATTENTION_MODES = ("auto", "sdpa", "triton")
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head (or grouped-query) attention with fused or separate Q/K/V projections.
 
     Self-attention projects q, k, v from one input; cross-attention projects q from the
     decoder and k, v from the encoder memory (computed once per request when serving).
     ``layer`` is this module's index in its stack: the KV cache row it owns.
+
+    ``decode_attention`` picks the decode path's attention (one new token per row over the
+    slot cache): ``sdpa`` always; ``triton`` the fused kernel of ``model.kernels``; ``auto``
+    the kernel on CUDA when triton is installed, else SDPA (so CPU runs exactly as before).
     """
+
+    decode_attention = "auto"  # set for a whole model by TransformerModel.set_decode_attention
 
     def __init__(self, cfg: ModelConfig, layer: int = 0, cross: bool = False):
         super().__init__()
@@ -178,9 +193,34 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self.project_qkv(x)
         if ctx.rope is not None:
             q, k = apply_rotary(q, *ctx.rope), apply_rotary(k, *ctx.rope)
+        if ctx.cache is not None and q.size(2) == 1 and self._decode_kernel(q):
+            y = self._kernel_attention(q, k, v, ctx.cache)
+            if y is not None:
+                return self.merge(y)
         if ctx.cache is not None:
             k, v = ctx.cache.update(self.layer, k, v)  # written in place; the span to attend over
         return self.attend(q, k, v, ctx.mask, ctx.causal)
+
+    def _decode_kernel(self, q: Tensor) -> bool:
+        if self.training or self.decode_attention == "sdpa":
+            return False
+        if self.decode_attention == "triton":
+            return True
+        return q.device.type == "cuda" and kernel_runs_on(q.device)
+
+    def _kernel_attention(self, q: Tensor, k: Tensor, v: Tensor, cache: KVCacheView) -> Tensor | None:
+        """Decode through the Triton kernel: it reads each row's slot in place, up to its own
+        length, instead of the padded span and its mask (which allow exactly those positions).
+        None where it failed under ``auto`` (SDPA takes over, for this step and every later one)."""
+        k_all, v_all, slots, lengths = cache.update_in_place(self.layer, k, v)
+        try:
+            y = decode_attention_triton(q[:, :, 0], k_all, v_all, slots, lengths, self.scale)  # (B, nh, hs)
+        except Exception as exc:
+            if self.decode_attention == "triton":
+                raise
+            kernel_failed(exc)
+            return None
+        return y[:, :, None]  # (B, nh, 1, hs)
 
     def cross_attention(self, x: Tensor, ctx: AttentionContext) -> Tensor:
         if ctx.cache is not None:

@@ -15,8 +15,18 @@ from torch import Tensor, nn
 
 from model.config import ModelConfig
 from model.host_transfer import to_device
+from model.kernels.decode_attention import c_compiler_found, kernel_runs_on, triton_available
 from model.kv_cache import CacheView, SlotKVCache, span_bucket
-from model.layers import ACTIVATION_FNS, AttentionContext, Embeddings, Linear, TransformerLayer, make_norm
+from model.layers import (
+    ACTIVATION_FNS,
+    DECODE_ATTENTION_MODES,
+    AttentionContext,
+    Embeddings,
+    Linear,
+    MultiHeadAttention,
+    TransformerLayer,
+    make_norm,
+)
 
 
 def _padded(seqs: Sequence[Sequence[int]], pad: int, device: torch.device) -> tuple[Tensor, list[int]]:
@@ -86,6 +96,26 @@ class TransformerModel(nn.Module):
         packed. Costs a second copy of each projection's weights; ``train()`` undoes it."""
         self.eval()
         return sum(m.pack() for m in self.modules() if isinstance(m, Linear))
+
+    def set_decode_attention(self, mode: str) -> None:
+        """How the cached decode step attends (``TSERVE_DECODE_ATTENTION``): ``auto`` (the
+        Triton kernel on CUDA when triton is installed, else SDPA), ``sdpa``, or ``triton``
+        (the kernel or an error now: it needs triton and a CUDA device, or TRITON_INTERPRET=1)."""
+        if mode not in DECODE_ATTENTION_MODES:
+            raise ValueError(f"decode attention must be one of {DECODE_ATTENTION_MODES}, got {mode!r}")
+        if mode == "triton" and not kernel_runs_on(self.device):
+            if not triton_available():
+                why = "triton is not installed"
+            elif self.device.type != "cuda":
+                why = f"the model is on {self.device} (the kernel needs CUDA, or TRITON_INTERPRET=1 on the CPU)"
+            elif not c_compiler_found():
+                why = "Triton finds no C compiler to build its CUDA launcher with (install gcc or set CC)"
+            else:
+                why = "the kernel failed earlier in this process"
+            raise ValueError(f"decode attention 'triton' cannot run here: {why}")
+        for m in self.modules():
+            if isinstance(m, MultiHeadAttention):
+                m.decode_attention = mode
 
     def train(self, mode: bool = True) -> TransformerModel:
         if mode:

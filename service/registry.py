@@ -79,6 +79,7 @@ class EngineRegistry:
                 if self.settings.quantize == "int8":
                     await asyncio.to_thread(quantize_int8_, ckpt.model)
                 ckpt.model.optimize_for_inference()  # prepacked CPU weights (those left in float)
+                ckpt.model.set_decode_attention(self.settings.decode_attention)
                 cls = EncoderEngine if ckpt.config.family == "encoder" else GenerativeEngine
                 engine = cls(name, ckpt, self.settings, self.metrics)
                 self.engines[name] = engine

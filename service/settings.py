@@ -27,6 +27,9 @@ class Settings(BaseSettings):
     torch_threads: int = Field(0, ge=0, description="intra-op threads; 0 = torch's default")
     quantize: Literal["none", "int8"] = Field("none", description="int8: dynamic int8 projections (CPU; "
                                               "faster, ~2% logit error: check quality per model)")
+    decode_attention: Literal["auto", "sdpa", "triton"] = Field(
+        "auto", description="decode-step attention: auto = the Triton kernel on CUDA when triton is installed, "
+                            "else SDPA; triton = the kernel or a start-up error")
 
     # --- engine limits (per model) -----------------------------------------------------
     max_batch: int = Field(32, ge=1, le=1024, description="KV-cache slots = sequences decoded together")

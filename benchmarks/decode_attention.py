@@ -1,0 +1,82 @@
+"""9. Decode attention on the GPU: the Triton kernel vs SDPA as the engine calls it.
+
+SmolLM2-135M's attention shapes (9 query heads, 3 K/V heads, head_dim 64) in ``gpu_dtype``,
+one layer of a slot cache sized for the longest history. Per (batch, history): each row's
+history length is drawn between half and all of ``history``; SDPA gets what the engine gives
+it (``CacheView.update``: the power-of-two span covering the longest row, read as a view,
+and the mask that hides each row's positions beyond its own), the kernel reads every slot in
+place up to its own length. A sample times ``decode_attention_calls`` back-to-back calls (one
+call is a few microseconds, below what one host-side timer read resolves); rows report
+microseconds per call and the kernel/SDPA ratio (below 1: the kernel is faster). The two
+outputs are compared on every workload.
+
+Without a CUDA device nothing is measured: the section says so in one line (the Triton
+interpreter that the tests use on the CPU is far too slow to say anything about speed).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from benchmarks.config import BenchConfig
+from benchmarks.report import Row, RunReport, SectionSkipped, say
+from benchmarks.timing import time_interleaved
+from benchmarks.workspace import Workspace
+
+SECTION = "9. decode attention (GPU)"
+HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64  # SmolLM2-135M
+TOLERANCE = 2e-2  # bf16 outputs: a few units of the last place
+
+
+def repeated(calls: int, fn, *args):
+    """One timed sample: ``calls`` back-to-back calls of fn(*args); returns the last result."""
+    def sample():
+        for _ in range(calls):
+            out = fn(*args)
+        return out
+    return sample
+
+
+def measure_decode_attention(cfg: BenchConfig, report: RunReport, device: str, dtype: torch.dtype) -> None:
+    from model.kernels.decode_attention import decode_attention_triton, triton_available
+    from model.kv_cache import span_bucket
+    from model.layers import attention
+
+    if not triton_available():
+        raise SectionSkipped("not measured: triton is not installed")
+    gen = torch.Generator().manual_seed(0)
+    max_len, calls = max(cfg.decode_attention_histories), cfg.decode_attention_calls
+    scale = HEAD_DIM ** -0.5
+    for batch in cfg.decode_attention_batches:
+        k_cache = torch.randn(batch, KV_HEADS, max_len + 1, HEAD_DIM, generator=gen).to(device, dtype)
+        v_cache = torch.randn(batch, KV_HEADS, max_len + 1, HEAD_DIM, generator=gen).to(device, dtype)
+        slots = torch.arange(batch, device=device)  # contiguous, as the scheduler keeps them: SDPA reads a view
+        key_positions = torch.arange(max_len + 1, device=device)
+        for history in cfg.decode_attention_histories:
+            lengths = torch.randint(history // 2, history + 1, (batch,), generator=gen).to(device)
+            span = span_bucket(int(lengths.max()), max_len + 1)
+            mask = (key_positions[:span][None, :] < lengths[:, None])[:, None, None, :]  # (B, 1, 1, span)
+            q = torch.randn(batch, HEADS, HEAD_DIM, generator=gen).to(device, dtype)
+            k_span, v_span = k_cache[:, :, :span], v_cache[:, :, :span]  # what CacheView.update returns
+            sides = {
+                "kernel": repeated(calls, decode_attention_triton, q, k_cache, v_cache, slots, lengths, scale),
+                "sdpa": repeated(calls, attention, q[:, :, None], k_span, v_span, mask, scale),  # (B, H, 1, D)
+            }
+            stats, outs = time_interleaved(sides, cfg.repetitions, device)
+            diff = (outs["kernel"].float() - outs["sdpa"][:, :, 0].float()).abs().max().item()
+            check = f"outputs agree (max |Δ| {diff:.1e})" if diff <= TOLERANCE else \
+                f"MISMATCH: max |Δ| {diff:.1e} > {TOLERANCE}"
+            per_call = {name: s.map(lambda x: x * 1e6 / calls) for name, s in stats.items()}
+            row = Row(SECTION, f"B={batch}, history {history} (span {span})", "µs per call", per_call["kernel"],
+                      higher_is_better=False, peer="SDPA over the engine's span + mask", peer_value=per_call["sdpa"],
+                      check=check)
+            report.rows.append(row)
+            say(f"{SECTION}: B={batch} history={history}: kernel {per_call['kernel'].median:.1f} µs, "
+                f"SDPA {per_call['sdpa'].median:.1f} µs, ratio {row.ratio:.2f}; {check}")
+
+
+def run(ws: Workspace, cfg: BenchConfig, report: RunReport) -> None:  # noqa: ARG001 - the sections' signature
+    if not torch.cuda.is_available():
+        raise SectionSkipped("not measured: no GPU present (torch.cuda.is_available() is False)")
+    measure_decode_attention(cfg, report, "cuda", getattr(torch, cfg.gpu_dtype))
+
