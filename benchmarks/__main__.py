@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import attention, chat_model, decode, embeddings, gpu, kv_cache, service_load, translation
+from benchmarks import attention, chat_model, decode, embeddings, gpu, kv_cache, prefix_cache, service_load, translation
 from benchmarks.config import BenchConfig
 from benchmarks.machine import load_average, machine_info
 from benchmarks.report import RunReport, SectionSkipped, loud, markdown_table, say
@@ -42,6 +42,7 @@ SECTIONS = {  # name on the command line -> (label in the report, runner)
     "gpu": ("6. GPU", gpu.run),
     "chat": ("7. chat model", chat_model.run),
     "embeddings": ("8. embeddings", embeddings.run),
+    "prefix-cache": ("9. prefix cache", prefix_cache.run),
 }
 
 
