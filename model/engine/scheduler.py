@@ -11,7 +11,7 @@ Each step's plan holds, in this order of execution:
 With a prefix cache (decoder-only), admission also copies the longest cached run of the
 prompt's blocks into the new slot (``PrefixLoad``) and starts the prefill after it, and the
 prompt blocks each chunk completes are offered to the cache (``PrefixStore``). A request
-whose next uncached block is being computed by a sequence already prefilling waits for it
+whose prompt is mostly blocks that a sequence already prefilling is computing waits for them
 (other requests are admitted past it), so a burst sharing a system prompt computes it once.
 """
 
@@ -132,13 +132,18 @@ class Scheduler:
 
     def _match(self, req: EngineRequest, pending: set[bytes]) -> tuple[list[bytes], int, bool]:
         """The prompt's block hashes, how many leading blocks the prefix cache holds, and
-        whether the next one that could match is still being computed (``pending``)."""
+        whether to wait: when the blocks that follow, up to half the prompt or more, are being
+        computed right now by a sequence prefilling (``pending``), waiting a step for them
+        saves more than it costs; a block or two is cheaper to compute again."""
         if self.prefix is None:
             return [], 0, False
         hashes = block_hashes(req.prompt_ids, self.prefix.block)
         hit = self.prefix.match(hashes, len(req.prompt_ids))
-        usable = (len(req.prompt_ids) - 1) // self.prefix.block  # the last token is always computed
-        return hashes, hit, hit < min(usable, len(hashes)) and hashes[hit] in pending
+        usable = min(len(hashes), (len(req.prompt_ids) - 1) // self.prefix.block)  # the last token is computed
+        coming = hit
+        while coming < usable and hashes[coming] in pending:
+            coming += 1
+        return hashes, hit, coming > hit and 2 * (coming - hit) * self.prefix.block >= len(req.prompt_ids)
 
     def _pending_blocks(self) -> set[bytes]:
         """Blocks that sequences still prefilling will store."""
