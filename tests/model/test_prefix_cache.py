@@ -164,3 +164,16 @@ def test_index_evicts_least_recently_used_leaves_first_and_never_pinned_blocks()
     assert [i for i, _ in index.insert(two, 2, 3)] == [2] and index.match(one, 3 * B + 1) == 0
     index.forget(two[2:])
     assert index.match(two, 3 * B + 1) == 2 and len(index.free) == 1
+
+
+def test_only_a_prompt_mostly_being_computed_waits_for_it(llama):
+    g = torch.Generator().manual_seed(4)
+    rand = lambda n: torch.randint(3, 61, (n,), generator=g).tolist()  # noqa: E731
+    common = rand(100)
+    core = EngineCore(llama, None, n_slots=4, max_len=200, max_prefill_tokens=512, prefix_cache_mb=4)
+    core.add(EngineRequest("a", common + rand(2), params()))
+    core.add(EngineRequest("b", common[:B] + rand(40), params()))  # one pending block of 72 tokens: go on
+    core.add(EngineRequest("c", common[:B] + rand(8), params()))  # one pending block of 40 tokens: wait
+    assert [r.request_id for r in core.step().admitted] == ["a", "b"]
+    assert [r.request_id for r in core.step().admitted] == ["c"]
+    assert {s.req.request_id: s.cached_tokens for s in core.scheduler.running} == {"a": 0, "b": 0, "c": B}
