@@ -47,10 +47,10 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, plan: StepPlan) -> StepOutput:
         self._apply_moves(plan)
-        for load in plan.prefix_loads:  # before any store of this step may reuse their pool blocks
+        for load in plan.prefix_loads:
             self.prefix_pool.load(self.cache, load.blocks, load.slot)
         logits, owners = self._forward(plan)
-        for store in plan.prefix_stores:
+        for store in plan.prefix_stores:  # after the forward pass has written their K/V
             self.prefix_pool.store(self.cache, store.slot, store.first, store.blocks)
         return self._choose(logits, owners) if logits is not None else StepOutput()
 
