@@ -35,6 +35,7 @@ from benchmarks import (
     embeddings,
     gpu,
     kv_cache,
+    prefix_cache,
     service_load,
     translation,
 )
@@ -53,6 +54,7 @@ SECTIONS = {  # name on the command line -> (label in the report, runner)
     "chat": ("7. chat model", chat_model.run),
     "embeddings": ("8. embeddings", embeddings.run),
     "decode-attention": (decode_attention.SECTION, decode_attention.run),
+    "prefix-cache": ("10. prefix cache", prefix_cache.run),
 }
 
 

@@ -34,6 +34,9 @@ class BenchConfig:
     chat_new_tokens: int = 64
     chat_prefill_len: int = 256
     chat_streams: int = 32
+    # 9. prefix cache (same model): a burst of chat requests sharing a system prompt.
+    prefix_system_len: int = 300
+    prefix_streams: int = 32
     cpu_compile: bool = False  # also time torch.compile(decode_step) on the CPU (compiling takes minutes)
 
     # 2. translation: a randomly initialised MarianMTModel with a SentencePiece vocabulary.
@@ -99,6 +102,7 @@ class BenchConfig:
             service_concurrency=(1, 8), service_duration_s=3.0, service_max_tokens=16,
             service_prompt_lengths=(8, 32),
             chat_prompt_len=16, chat_new_tokens=8, chat_prefill_len=64, chat_streams=4,
+            prefix_system_len=64, prefix_streams=4,
             embed_requests=64,
             gpu_compile=False,
         )

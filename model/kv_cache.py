@@ -195,3 +195,50 @@ class CacheView:
 
     def cross(self, layer: int) -> tuple[Tensor, Tensor, Tensor | None]:
         return (*self.cache.read_cross(layer, self.batch, self.cross_len), self.cross_mask)
+
+
+class PrefixKVPool(nn.Module):
+    """The K/V of cached prompt blocks (the prefix cache), apart from the slots:
+    (layers, blocks, nh, block_len, hs) for each of K and V.
+
+    Blocks are copied into a slot when a request whose prompt starts with them is admitted,
+    and copied out of a slot once a prompt has written them; which block holds what is the
+    scheduler's business (``model.engine.prefix_cache.PrefixIndex``). The buffers are
+    allocated empty: a block is only ever read after it was written, and on the host the
+    pages of blocks never written are never touched.
+    """
+
+    def __init__(self, n_layers: int, n_blocks: int, n_heads: int, head_dim: int, block_len: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+        super().__init__()
+        self.n_blocks, self.block_len = n_blocks, block_len
+        shape = (n_layers, n_blocks, n_heads, block_len, head_dim)
+        self.register_buffer("k", torch.empty(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.empty(shape, dtype=dtype, device=device), persistent=False)
+
+    @staticmethod
+    def block_bytes(n_layers: int, n_heads: int, head_dim: int, block_len: int, dtype: torch.dtype) -> int:
+        return 2 * n_layers * n_heads * block_len * head_dim * torch.empty((), dtype=dtype).element_size()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self.buffers())
+
+    def load(self, cache: SlotKVCache, blocks: Sequence[int], slot: int) -> None:
+        """Copy ``blocks`` (in order) into positions 0 .. len(blocks) * block_len of ``slot``."""
+        ids = to_device(blocks, torch.long, self.k.device)
+        n = len(blocks) * self.block_len
+        for pool, buf in ((self.k, cache.k), (self.v, cache.v)):
+            run = pool.index_select(1, ids)  # (layers, nb, nh, block_len, hs)
+            layers, nb, nh, bl, hs = run.shape
+            buf[:, slot, :, :n] = run.transpose(1, 2).reshape(layers, nh, nb * bl, hs)
+
+    def store(self, cache: SlotKVCache, slot: int, first: int, blocks: Sequence[int]) -> None:
+        """Copy the prompt blocks ``first``, ``first + 1``, ... of ``slot`` into pool ``blocks``."""
+        ids = to_device(blocks, torch.long, self.k.device)
+        start, end = first * self.block_len, (first + len(blocks)) * self.block_len
+        for pool, buf in ((self.k, cache.k), (self.v, cache.v)):
+            span = buf[:, slot, :, start:end]  # (layers, nh, nb * block_len, hs)
+            layers, nh, _, hs = span.shape
+            run = span.reshape(layers, nh, len(blocks), self.block_len, hs).transpose(1, 2)
+            pool.index_copy_(1, ids, run.to(pool.dtype))  # (layers, nb, nh, block_len, hs)

@@ -216,12 +216,18 @@ class GenerativeEngine(BaseEngine):
         self.encdec = self.family == "encoder-decoder"
         self.max_src_len = self.max_len if self.encdec else 0
         self.core = EngineCore(self.model, self.tokenizer, settings.max_batch, self.max_len, self.max_src_len,
-                               settings.max_prefill_tokens)
+                               settings.max_prefill_tokens, 0.0 if self.encdec else settings.prefix_cache_mb)
         self._inbox: list[EngineRequest] = []
         self._aborts: set[str] = set()
         self._streams: dict[str, RequestStream] = {}
         self._timing: dict[str, list[float]] = {}  # request id -> [arrival, last token time or 0]
         self.metrics.slots_total.labels(name).set(settings.max_batch)
+        prefix = self.core.prefix_cache_info()
+        if prefix is not None:
+            self.metrics.prefix_blocks.labels(name).set(prefix["blocks"])
+            self.metrics.prefix_blocks_used.labels(name).set(0)
+            self.metrics.prefix_hit_tokens.labels(name)  # the series exist (at 0) before the first request
+            self.metrics.prefix_query_tokens.labels(name)
         self.chat = None if ckpt.chat_template is None else ChatTemplate(
             ckpt.chat_template, bos_token=self._special(self.cfg.bos_token_id),
             eos_token=self._special(self.cfg.eos_token_id))
@@ -230,7 +236,13 @@ class GenerativeEngine(BaseEngine):
         return None if token_id is None else self.tokenizer.id_to_token(token_id)
 
     def info(self) -> dict[str, Any]:
-        return {**super().info(), "chat": self.chat is not None}
+        return {**super().info(), "chat": self.chat is not None, "prefix_cache": self.prefix_cache()}
+
+    def prefix_cache(self) -> dict[str, int] | None:
+        """The prefix cache's shape (None: off, or an encoder-decoder model)."""
+        info = self.core.prefix_cache_info()
+        return None if info is None else {"block_tokens": info["block_tokens"], "blocks": info["blocks"],
+                                          "bytes": info["bytes"]}
 
     # --- the async API --------------------------------------------------------------------
     def validate(self, prompt_ids: list[int], params: SamplingParams, prompt_field: str = "prompt",
@@ -387,8 +399,11 @@ class GenerativeEngine(BaseEngine):
         m, name, now = self.metrics, self.name, time.monotonic()
         for req in result.admitted:
             m.queue_time.labels(name).observe(now - req.arrival)
-        if result.prompt_tokens:
-            m.prompt_tokens.labels(name).inc(result.prompt_tokens)
+        if result.prompt_tokens or result.prefix_hit_tokens:  # every prompt token once, computed or cached
+            m.prompt_tokens.labels(name).inc(result.prompt_tokens + result.prefix_hit_tokens)
+        if result.prefix_query_tokens:
+            m.prefix_query_tokens.labels(name).inc(result.prefix_query_tokens)
+            m.prefix_hit_tokens.labels(name).inc(result.prefix_hit_tokens)
         if result.batch_size:
             m.steps.labels(name).inc()
             m.batch_size.labels(name).set(result.batch_size)
@@ -415,3 +430,5 @@ class GenerativeEngine(BaseEngine):
         m.waiting.labels(name).set(s.num_waiting + len(self._inbox))
         m.slots_used.labels(name).set(s.slots_used)
         m.kv_usage.labels(name).set(s.slots_used / s.n_slots)
+        if s.prefix is not None:
+            m.prefix_blocks_used.labels(name).set(len(s.prefix))

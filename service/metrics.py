@@ -50,6 +50,16 @@ class Metrics:
                                     ["model"], buckets=BATCH_BUCKETS, registry=r)
         self.steps = Counter(name("engine_steps"), "Engine steps (each one batched forward pass or two).",
                              ["model"], registry=r)
+        self.prefix_hit_tokens = Counter(name("prefix_cache_hit_tokens"),
+                                         "Prompt tokens copied from the prefix cache instead of computed.",
+                                         ["model"], registry=r)
+        self.prefix_query_tokens = Counter(name("prefix_cache_query_tokens"),
+                                           "Prompt tokens looked up in the prefix cache (hit rate: hit / query).",
+                                           ["model"], registry=r)
+        self.prefix_blocks_used = Gauge(name("prefix_cache_blocks_used"), "Prefix-cache blocks holding a prompt "
+                                        "block's K/V.", ["model"], registry=r)
+        self.prefix_blocks = Gauge(name("prefix_cache_blocks"), "Prefix-cache blocks allocated (capacity).",
+                                   ["model"], registry=r)
         self.rejected = Counter(name("rejected_requests"), "Requests refused before reaching the engine's queue.",
                                 ["model", "reason"], registry=r)
 

@@ -119,6 +119,7 @@ class ModelCard(BaseModel):
     max_seq_len: int
     parameters: int
     chat: bool = False  # serves /v1/chat/completions (the model has a chat template)
+    prefix_cache: dict[str, int] | None = None  # decoder models: block_tokens, blocks, bytes of the prefix cache
     metrics: dict[str, Any] = Field(default_factory=dict)
 
 

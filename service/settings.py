@@ -13,6 +13,8 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from model.engine.prefix_cache import DEFAULT_PREFIX_CACHE_MB
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TSERVE_", env_file=".env", extra="ignore")
@@ -36,6 +38,8 @@ class Settings(BaseSettings):
     max_seq_len: int = Field(512, ge=8, description="prompt + generated tokens; capped by the model's positions")
     max_queue: int = Field(128, ge=0, description="requests waiting for a slot before 429")
     max_prefill_tokens: int = Field(2048, ge=16, description="prompt tokens processed per engine step")
+    prefix_cache_mb: float = Field(DEFAULT_PREFIX_CACHE_MB, ge=0, le=1_048_576,
+                                   description="memory per decoder model for cached prompt blocks; 0 = off")
     max_encoder_batch: int = Field(64, ge=1, description="texts per fill-mask/embedding forward pass")
     request_timeout_s: float = Field(300.0, gt=0, description="a request still running after this fails with 504")
     warmup: bool = True

@@ -17,9 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from model.engine.families import prompts_for
+from model.engine.prefix_cache import PREFIX_BLOCK, PrefixIndex
 from model.engine.requests import EngineEvent, EngineRequest
 from model.engine.runner import ModelRunner, StepOutput
 from model.engine.scheduler import Scheduler
+from model.kv_cache import PrefixKVPool
 from model.tokenizer import Tokenizer
 from model.transformer import DecoderLM, EncoderDecoder
 
@@ -30,16 +32,32 @@ class StepResult:
     admitted: list[EngineRequest]
     batch_size: int  # rows in this step's forward passes
     prompt_tokens: int  # prompt (or source) tokens written this step
+    prefix_hit_tokens: int = 0  # prompt tokens of the admitted requests copied from the prefix cache
+    prefix_query_tokens: int = 0  # prompt tokens of the admitted requests looked up in it
 
 
 class EngineCore:
     def __init__(self, model: DecoderLM | EncoderDecoder, tokenizer: Tokenizer | None, n_slots: int, max_len: int,
-                 max_src_len: int = 0, max_prefill_tokens: int = 2048):
+                 max_src_len: int = 0, max_prefill_tokens: int = 2048, prefix_cache_mb: float = 0.0):
+        """``prefix_cache_mb``: memory for the prefix cache's pool of prompt blocks
+        (decoder-only; 0 or an encoder-decoder model: no prefix cache)."""
         self.model, self.tokenizer = model, tokenizer
         self.n_slots, self.max_len, self.max_src_len = n_slots, max_len, max_src_len
         prompts = prompts_for(model)
-        self.scheduler = Scheduler(prompts, tokenizer, model.cfg.eos_token_id, n_slots, max_prefill_tokens)
-        self.runner = ModelRunner(model, prompts, n_slots, max_len, max_src_len)
+        blocks = 0 if prompts.encodes_source else self._prefix_blocks(model, prefix_cache_mb)
+        self.prefix = PrefixIndex(blocks, PREFIX_BLOCK) if blocks else None
+        self.scheduler = Scheduler(prompts, tokenizer, model.cfg.eos_token_id, n_slots, max_prefill_tokens,
+                                   self.prefix)
+        self.runner = ModelRunner(model, prompts, n_slots, max_len, max_src_len, blocks, PREFIX_BLOCK)
+
+    @staticmethod
+    def _prefix_blocks(model: DecoderLM, budget_mb: float) -> int:
+        """Pool blocks that fit in ``budget_mb`` at the model's cache shape and dtype."""
+        if budget_mb <= 0:
+            return 0
+        per_block = PrefixKVPool.block_bytes(len(model.decoder_layers), model.cfg.kv_heads, model.cfg.head_dim,
+                                             PREFIX_BLOCK, model.dtype)
+        return int(budget_mb * 2**20) // per_block
 
     # --- requests in and out -----------------------------------------------------------
     @property
@@ -61,6 +79,14 @@ class EngineCore:
     @property
     def num_running(self) -> int:
         return len(self.scheduler.running) + len(self.scheduler.prefilling)
+
+    def prefix_cache_info(self) -> dict | None:
+        """The prefix cache's shape and counters; None when there is none."""
+        if self.prefix is None:
+            return None
+        pool = self.runner.prefix_pool
+        return {"block_tokens": self.prefix.block, "blocks": self.prefix.n_blocks, "blocks_used": len(self.prefix),
+                "bytes": pool.nbytes, "hit_tokens": self.prefix.hit_tokens, "query_tokens": self.prefix.query_tokens}
 
     def add(self, req: EngineRequest) -> None:
         self.scheduler.add(req)
@@ -85,10 +111,17 @@ class EngineCore:
     # --- one step: plan, run, apply ---------------------------------------------------------
     def step(self) -> StepResult:
         plan = self.scheduler.schedule(self.runner.device)
-        output = self.runner.run(plan) if not plan.empty else StepOutput()
+        try:
+            output = self.runner.run(plan) if not plan.empty else StepOutput()
+        except Exception:
+            if self.prefix is not None:  # blocks planned for this step were never written
+                self.prefix.forget([h for store in plan.prefix_stores for h in store.hashes])
+            raise
         self.scheduler.advance(plan)
         events = self._update(output)
-        return StepResult(events, [s.req for s in plan.admitted], plan.batch_size, plan.prompt_tokens)
+        query = sum(len(s.req.prompt_ids) for s in plan.admitted) if self.prefix is not None else 0
+        return StepResult(events, [s.req for s in plan.admitted], plan.batch_size, plan.prompt_tokens,
+                          plan.prefix_hit_tokens, query)
 
     def _update(self, output: StepOutput) -> list[EngineEvent]:
         events = []

@@ -39,14 +39,14 @@ def _result(events: list[EngineEvent]) -> GenerationResult:
 
 
 def _core(model: DecoderLM | EncoderDecoder, tokenizer: Tokenizer | None, prompts: Sequence[Sequence[int]],
-          params: list[SamplingParams]) -> EngineCore:
+          params: list[SamplingParams], prefix_cache_mb: float = 0.0) -> EngineCore:
     """A core with a slot for every sequence and room for every prompt in one prefill."""
     encdec = isinstance(model, EncoderDecoder)
     start = [1] * len(prompts) if encdec else [len(p) for p in prompts]
     max_len = max(s + p.max_new_tokens for s, p in zip(start, params))
     return EngineCore(model, tokenizer, n_slots=sum(p.beam_size for p in params), max_len=max_len,
                       max_src_len=max(len(p) for p in prompts) if encdec else 0,
-                      max_prefill_tokens=max(1, sum(len(p) for p in prompts)))
+                      max_prefill_tokens=max(1, sum(len(p) for p in prompts)), prefix_cache_mb=prefix_cache_mb)
 
 
 @torch.inference_mode()
@@ -55,15 +55,17 @@ def generate(
     prompts: Sequence[Sequence[int]],
     params: SamplingParams | Sequence[SamplingParams],
     tokenizer: Tokenizer | None = None,
+    prefix_cache_mb: float = 0.0,
 ) -> list[GenerationResult]:
     """Greedy or sampled generation for a batch of prompts (sources, for the encoder-decoder).
 
-    Finished sequences leave the batch; the rest keep stepping at their own positions.
+    Finished sequences leave the batch; the rest keep stepping at their own positions. With
+    ``prefix_cache_mb`` > 0 (decoder-only), prompts sharing leading blocks compute them once.
     """
     rows = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
     if any(r.beam_size > 1 for r in rows):
         raise ValueError("generate() samples or decodes greedily; use model.beam_search for beam_size > 1")
-    return [_result(e) for e in _run(_core(model, tokenizer, prompts, rows), prompts, rows)]
+    return [_result(e) for e in _run(_core(model, tokenizer, prompts, rows, prefix_cache_mb), prompts, rows)]
 
 
 @torch.inference_mode()

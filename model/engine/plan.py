@@ -1,8 +1,9 @@
 """The plan of one engine step (vLLM v1's ``SchedulerOutput``): what the runner must do.
 
 A plan is pure data. The scheduler makes it; the runner executes it on the model and the
-cache in this order: slot moves, beam reorders, then one forward pass over the decode rows
-and one over the prompt work; the core applies the outcome.
+cache in this order: slot moves, beam reorders, prefix-cache loads, then one forward pass
+over the decode rows and one over the prompt work, then prefix-cache stores; the core
+applies the outcome.
 """
 
 from __future__ import annotations
@@ -28,6 +29,25 @@ class BeamReorder:
     src: list[int]
     dst: list[int]
     length: int
+
+
+@dataclass
+class PrefixLoad:
+    """Copy cached prompt blocks ``blocks`` (pool indices, in order) into ``slot`` from position 0."""
+
+    slot: int
+    blocks: list[int]
+
+
+@dataclass
+class PrefixStore:
+    """After the forward pass: copy prompt blocks ``first``, ``first + 1``, ... of ``slot``
+    into pool ``blocks`` (named by ``hashes``, so a failed step can forget them)."""
+
+    slot: int
+    first: int
+    blocks: list[int]
+    hashes: list[bytes]
 
 
 @dataclass
@@ -58,13 +78,15 @@ class StepPlan:
     moves: list[SlotMove] = field(default_factory=list)
     reorders: list[BeamReorder] = field(default_factory=list)
     admitted: list[Sequence] = field(default_factory=list)
+    prefix_loads: list[PrefixLoad] = field(default_factory=list)
     decode: list[DecodeRow] = field(default_factory=list)
     chunks: list[PromptChunk] = field(default_factory=list)  # decoder-only prompts
     sources: list[Sequence] = field(default_factory=list)  # encoder-decoder: encoded whole
+    prefix_stores: list[PrefixStore] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
-        return not (self.decode or self.chunks or self.sources)
+        return not (self.decode or self.chunks or self.sources or self.prefix_loads)
 
     @property
     def batch_size(self) -> int:
@@ -74,3 +96,8 @@ class StepPlan:
     @property
     def prompt_tokens(self) -> int:
         return sum(len(c.tokens) for c in self.chunks) + sum(len(s.req.prompt_ids) for s in self.sources)
+
+    @property
+    def prefix_hit_tokens(self) -> int:
+        """Prompt tokens of the admitted requests copied from the prefix cache, not computed."""
+        return sum(s.cached_tokens for s in self.admitted)

@@ -107,6 +107,9 @@ class Sequence:
     slots: list[int]
     decoding: SampledDecoding | BeamDecoding
     prefilled: int = 0  # prompt tokens already in the cache (vLLM's num_computed_tokens)
+    cached_tokens: int = 0  # of those, copied from the prefix cache at admission
+    prefix_hashes: list[bytes] = field(default_factory=list)  # chained hashes of the prompt's full blocks
+    blocks_stored: int = 0  # leading prompt blocks already in (or offered to) the prefix cache
     next_pos: int = 0  # cache position of the next input token
     next_tokens: list[int] = field(default_factory=list)  # next input token of each slot
     beam_moves: tuple[list[int], list[int]] | None = None  # beam copies (src, dst indices) before the next step

@@ -1,5 +1,6 @@
 """Executes a ``StepPlan`` on the model: cache moves, the forward passes, and the choice of
-next tokens. It owns every tensor of the engine: the slot KV cache and, per slot, the set of
+next tokens. It owns every tensor of the engine: the slot KV cache, the prefix cache's pool of
+prompt blocks (decoder-only, when it has a budget) and, per slot, the set of
 tokens already in the sequence (repetition penalty) and how often each token has been
 generated (presence and frequency penalties).
 
@@ -19,6 +20,7 @@ from model.engine.plan import StepPlan
 from model.engine.requests import BeamDecoding, Sample, Sequence
 from model.generation import split_sample
 from model.host_transfer import to_device
+from model.kv_cache import PrefixKVPool
 from model.sampling import Sampler
 from model.transformer import DecoderLM, EncoderDecoder
 
@@ -31,10 +33,13 @@ class StepOutput:
 
 class ModelRunner:
     def __init__(self, model: DecoderLM | EncoderDecoder, prompts: DecoderPrompts | SourcePrompts, n_slots: int,
-                 max_len: int, max_src_len: int = 0):
+                 max_len: int, max_src_len: int = 0, prefix_blocks: int = 0, prefix_block_len: int = 0):
         self.model, self.prompts = model, prompts
         self.device = model.device
         self.cache = model.new_cache(n_slots, max_len, max_src_len if prompts.encodes_source else 0)
+        self.prefix_pool = (PrefixKVPool(self.cache.n_layers, prefix_blocks, self.cache.n_heads, self.cache.head_dim,
+                                         prefix_block_len, self.cache.k.dtype, self.device)
+                            if prefix_blocks else None)
         self.seen = torch.zeros(n_slots, model.cfg.vocab_size, dtype=torch.bool, device=self.device)
         self.counts = torch.zeros(n_slots, model.cfg.vocab_size, dtype=torch.float32, device=self.device)
         self.sampler = Sampler()
@@ -42,7 +47,11 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, plan: StepPlan) -> StepOutput:
         self._apply_moves(plan)
+        for load in plan.prefix_loads:
+            self.prefix_pool.load(self.cache, load.blocks, load.slot)
         logits, owners = self._forward(plan)
+        for store in plan.prefix_stores:  # after the forward pass has written their K/V
+            self.prefix_pool.store(self.cache, store.slot, store.first, store.blocks)
         return self._choose(logits, owners) if logits is not None else StepOutput()
 
     def _apply_moves(self, plan: StepPlan) -> None:

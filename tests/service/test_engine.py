@@ -64,6 +64,30 @@ async def test_a_group_is_admitted_whole_or_not_at_all(weights_dir):
         await engine.stop(1.0)
 
 
+async def test_prefix_cache_budget_comes_from_the_settings(weights_dir):
+    on, metrics = await started(GenerativeEngine, weights_dir, "generate-tiny", prefix_cache_mb=1)
+    off, _ = await started(GenerativeEngine, weights_dir, "generate-tiny", prefix_cache_mb=0)
+    mt, _ = await started(GenerativeEngine, weights_dir, "translate-tiny")
+    try:
+        shape = on.info()["prefix_cache"]
+        assert shape["block_tokens"] == 32 and 0 < shape["bytes"] <= 2**20
+        assert sample(metrics, "tserve_prefix_cache_blocks", model="generate-tiny") == shape["blocks"]
+        assert off.info()["prefix_cache"] is None and mt.info()["prefix_cache"] is None
+        # the same prompt twice, one after the other, in the same engine: the second copies 2 blocks
+        params = SamplingParams(max_new_tokens=2, temperature=0, ignore_eos=True)
+        prompt = [(11 * i) % 300 + 5 for i in range(80)]
+        outs = []
+        for engine in (on, on, off):
+            outs.append([t async for e in engine.submit(prompt, params) for t in e.token_ids])
+        assert outs[0] == outs[1] == outs[2]
+        assert sample(metrics, "tserve_prefix_cache_hit_tokens_total", model="generate-tiny") == 64
+        assert sample(metrics, "tserve_prefix_cache_query_tokens_total", model="generate-tiny") == 160
+        assert sample(metrics, "tserve_prompt_tokens_total", model="generate-tiny") == 160
+    finally:
+        for engine in (on, off, mt):
+            await engine.stop(1.0)
+
+
 async def test_concurrent_encoder_jobs_share_one_forward_pass(weights_dir):
     engine, metrics = await started(EncoderEngine, weights_dir, "fill-mask-tiny")
     try:
