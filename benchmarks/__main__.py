@@ -35,6 +35,7 @@ from benchmarks import (
     embeddings,
     gpu,
     kv_cache,
+    linear_kernels,
     prefix_cache,
     service_load,
     translation,
@@ -55,6 +56,7 @@ SECTIONS = {  # name on the command line -> (label in the report, runner)
     "embeddings": ("8. embeddings", embeddings.run),
     "decode-attention": (decode_attention.SECTION, decode_attention.run),
     "prefix-cache": ("10. prefix cache", prefix_cache.run),
+    "kernels": (linear_kernels.SECTION, linear_kernels.run),
 }
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from model import CheckpointError, is_model_dir, load_model
 from model.config import DTYPES
-from model.int8 import quantize_int8_
+from model.int8 import quantize_checkpoint_, wants_int8
 from model.manifest import ManifestError, is_manifest_dir, locate, read_manifest
 from service.encoder_engine import EncoderEngine
 from service.engine import BaseEngine, GenerativeEngine
@@ -76,8 +76,8 @@ class EngineRegistry:
         try:
             for name, path in self.discover():
                 ckpt = await asyncio.to_thread(load_model, path, self.settings.device, DTYPES[self.settings.dtype])
-                if self.settings.quantize == "int8":
-                    await asyncio.to_thread(quantize_int8_, ckpt.model)
+                if wants_int8(self.settings.quantize, ckpt.config, self.settings.device):
+                    await asyncio.to_thread(quantize_checkpoint_, ckpt.model, ckpt.tokenizer)
                 ckpt.model.optimize_for_inference()  # prepacked CPU weights (those left in float)
                 ckpt.model.set_decode_attention(self.settings.decode_attention)
                 cls = EncoderEngine if ckpt.config.family == "encoder" else GenerativeEngine

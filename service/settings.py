@@ -27,8 +27,9 @@ class Settings(BaseSettings):
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     torch_threads: int = Field(0, ge=0, description="intra-op threads; 0 = torch's default")
-    quantize: Literal["none", "int8"] = Field("none", description="int8: dynamic int8 projections (CPU; "
-                                              "faster, ~2% logit error: check quality per model)")
+    quantize: Literal["auto", "none", "int8"] = Field(
+        "auto", description="int8: decode steps through per-channel int8 projections and head (CPU; prompts "
+                            "stay float); auto: int8 for Llama-family models on the CPU, none for the others")
     decode_attention: Literal["auto", "sdpa", "triton"] = Field(
         "auto", description="decode-step attention: auto = the Triton kernel on CUDA when triton is installed, "
                             "else SDPA; triton = the kernel or a start-up error")

@@ -116,6 +116,7 @@ def heldout_metrics(model: EncoderDecoder, tok: Tokenizer, records: Sequence[dic
         hyps = translate_all(m, t, sources, max_new_tokens)
         out[name] = {**bleu_chrf(hyps, refs), "placeholders": placeholder_preservation(sources, hyps)}
     out["copy_source"] = bleu_chrf(sources, refs)
+    out["signatures"] = {"bleu": str(sacrebleu.BLEU().get_signature()), "chrf": str(sacrebleu.CHRF().get_signature())}
     return out
 
 

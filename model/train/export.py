@@ -24,7 +24,7 @@ from model.train.evaluate import (
     translation_metrics,
 )
 from model.train.loop import load_records
-from model.train.model_card import model_card
+from model.train.model_card import MAX_LISTED_SOURCES, model_card
 from model.train.objectives import Objective
 from model.transformer import TransformerModel
 
@@ -38,8 +38,12 @@ def corpus_manifest(corpus_dir: str) -> dict[str, Any]:
     if not path.is_file():
         return {}
     entry = json.loads(path.read_text()).get(Path(corpus_dir).name, {})
-    return {"splits": entry.get("splits", {}), "duplicates_removed": entry.get("duplicates_removed"),
-            "sources": [{k: s[k] for k in ("name", "version", "licence") if k in s} for s in entry.get("sources", [])]}
+    keep = ("name", "version", "licence", "heldout", "pairs")
+    out = {"splits": entry.get("splits", {}), "duplicates_removed": entry.get("duplicates_removed"),
+           "sources": [{k: s[k] for k in keep if k in s} for s in entry.get("sources", [])]}
+    if "filters" in entry:
+        out["filters"] = entry["filters"]
+    return out
 
 
 def plot_loss_curve(history: dict[str, list], path: Path, title: str) -> None:
@@ -130,6 +134,9 @@ def export(cfg: TrainConfig, model: TransformerModel, tok: Tokenizer, objective:
         "train_config": cfg.to_dict(),
     }
     save(out, model.float().cpu(), tok, metrics)
+    sources = [src for info in metrics["data"].values() for src in info.get("sources", []) if "licence" in src]
+    if len(sources) > MAX_LISTED_SOURCES:  # the card summarises; every package, version and licence here
+        (out / "sources.json").write_text(json.dumps(sources, indent=1, ensure_ascii=False) + "\n")
     plot_loss_curve(history, out / LOSS_CURVE_FILE, f"{cfg.name}: training loss")
     size_mb = (out / WEIGHTS_FILE).stat().st_size / 1e6
     (out / "README.md").write_text(model_card(cfg, metrics, size_mb))

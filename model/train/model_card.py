@@ -44,6 +44,52 @@ def _metric_rows(task: str, ev: dict[str, Any]) -> list[str]:
             f"\n{ev['masked_tokens']} masked tokens (15% of the held-out test tokens, all replaced by [MASK])."]
 
 
+MAX_LISTED_SOURCES = 60  # beyond this the card summarises and sources.json lists every one
+
+
+def _comparison_rows(ev: dict[str, Any]) -> list[str]:
+    """Each evaluation set: this model next to the compared checkpoints and copying the source."""
+    comp = ev.get("comparison")
+    if not comp:
+        return []
+    rows = ["", "### Next to the previous version, on the same records", ""]
+    for name, res in comp.items():
+        if name == "systems":
+            continue
+        rows += [f"**{name}** ({res['sentences']} sentences):", "",
+                 "| system | BLEU | chrF | placeholders kept (strings with any) | (all strings) |",
+                 "|---|---:|---:|---:|---:|"]
+        for system in [k for k in res if k not in ("sentences", "copy_source", "signatures")]:
+            r, ph = res[system], res[system]["placeholders"]
+            label = "**this model, greedy**" if system == "model_greedy" else f"{system}, greedy"
+            kept = f"{ph['preserved']:.1%} of {ph['strings_with_placeholders']}" if ph["preserved"] is not None else "-"
+            rows.append(f"| {label} | {r['bleu']} | {r['chrf']} | {kept} | {ph['preserved_all_strings']:.1%} |")
+        rows += [f"| copy the source | {res['copy_source']['bleu']} | {res['copy_source']['chrf']} | | |", ""]
+        sig = res.get("signatures", {})
+        if sig:
+            rows += [f"sacreBLEU signatures: BLEU `{sig['bleu']}`, chrF `{sig['chrf']}`", ""]
+    systems = comp.get("systems", {})
+    if systems:
+        rows.append("Systems: " + "; ".join(f"{k} = `{v}`" for k, v in systems.items()) + ".")
+    return rows
+
+
+def _filter_lines(info: dict[str, Any]) -> list[str]:
+    f = info.get("filters")
+    if not f:
+        return []
+    drops = ", ".join(f"{k} {v}" for k, v in f["dropped_by_filter"].items())
+    after = ", ".join(f"{k} {v}" for k, v in f["after_dedup_and_split"].items())
+    held = info.get("splits", {}).get("heldout", {})
+    lines = [f"  - corpus size through the filters: {f['catalogue_entries']} catalogue entries; dropped: {drops}; "
+             f"{f['pairs']} pairs kept; {info.get('duplicates_removed', 0)} duplicates removed; {after}"]
+    if held:
+        lines.append(f"  - held out by package ({len(held.get('packages', []))} packages, none of their strings in "
+                     f"training; {held.get('removed_as_seen_in_training_packages', 0)} of their pairs dropped because "
+                     f"the same source occurs in a training package): {', '.join(held.get('packages', []))}")
+    return lines
+
+
 def _data_lines(cfg: TrainConfig, metrics: dict[str, Any]) -> list[str]:
     unit = "source sentence" if cfg.task == "translation" else "paragraph"
     lines = []
@@ -51,8 +97,17 @@ def _data_lines(cfg: TrainConfig, metrics: dict[str, Any]) -> list[str]:
         splits = info.get("splits", {})
         counts = ", ".join(f"{k} {v['records']}" for k, v in splits.items())
         lines.append(f"- `{corpus}` ({counts}); de-duplicated, split by sha256 of the {unit}:")
-        lines += [f"  - {src['name']} {src.get('version', '')} — licence: {src['licence']}"
-                  for src in info.get("sources", []) if "licence" in src]
+        sources = [src for src in info.get("sources", []) if "licence" in src]
+        if len(sources) > MAX_LISTED_SOURCES:
+            licences: dict[str, int] = {}
+            for src in sources:
+                licences[src["licence"]] = licences.get(src["licence"], 0) + 1
+            common = ", ".join(f"{k} ({v})" for k, v in sorted(licences.items(), key=lambda kv: -kv[1])[:8])
+            lines.append(f"  - {len(sources)} sources, each with its version and licence in `sources.json`; "
+                         f"most common licences: {common}")
+        else:
+            lines += [f"  - {src['name']} {src.get('version', '')} — licence: {src['licence']}" for src in sources]
+        lines += _filter_lines(info)
         if splits:
             hashes = ", ".join(f"{k} `{v['sha256'][:16]}…`" for k, v in splits.items())
             lines.append(f"  - sha256 of the split files: {hashes}")
@@ -111,7 +166,8 @@ def model_card(cfg: TrainConfig, metrics: dict[str, Any], weights_mb: float) -> 
              "a general-purpose system.")
     lines = [f"# {cfg.name}", "", intro, "", "## Data", "", *_data_lines(cfg, metrics),
              "", "## Model", "", *_model_lines(cfg, metrics, weights_mb),
-             "", "## Evaluation (held-out test split)", "", *_metric_rows(cfg.task, metrics["eval"])]
+             "", "## Evaluation (held-out test split)", "", *_metric_rows(cfg.task, metrics["eval"]),
+             *_comparison_rows(metrics["eval"])]
     if cfg.task == "translation":
         lines += ["", "Examples (greedy):", ""]
         lines += [f"- `{e['source']}` → `{e['model']}` (reference: `{e['reference']}`)"
