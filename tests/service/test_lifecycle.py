@@ -8,6 +8,7 @@ import logging
 import httpx
 import pytest
 
+from model.int8 import DecodeInt8Linear
 from service.app import create_app
 from service.logging_config import JsonFormatter
 from tests.service.conftest import settings_for, wait_ready
@@ -116,7 +117,12 @@ async def test_int8_quantized_serving(weights_dir):
     async with app.router.lifespan_context(app), asgi_client(app) as c:
         await wait_ready(c)
         engine = app.state.registry.engines["generate-tiny"]
-        assert type(engine.model.lm_head.proj).__module__.startswith("torch.ao.nn.quantized")
+        head = engine.model.lm_head.proj  # generative models: int8 for decode steps, float prompts
+        assert isinstance(head, DecodeInt8Linear)
+        assert type(head.quantized).__module__.startswith("torch.ao.nn.quantized")
+        encoder = app.state.registry.engines["fill-mask-tiny"] if "fill-mask-tiny" in app.state.registry.engines \
+            else next(e for e in app.state.registry.engines.values() if e.model.cfg.family == "encoder")
+        assert any(type(m).__module__.startswith("torch.ao.nn.quantized") for m in encoder.model.modules())
         r = await c.post("/v1/generate", json={"prompt": "To be", "max_tokens": 5, "ignore_eos": True})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
         assert (await c.post("/v1/fill-mask", json={"text": "the [MASK] menu"})).status_code == 200
