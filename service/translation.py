@@ -1,4 +1,5 @@
-"""Placeholder-safe translation, written once for /v1/translate and /v1/translate/po.
+"""Placeholder-safe translation, written once for /v1/translate, /v1/translate/po and the
+drop-in APIs' translation (``routes/compat/common.translate_texts``).
 
 A checkpoint trained with ``mask_placeholders`` (``model.placeholders``) sees each format
 placeholder (``%s``, ``{0}``, ``%(name)s``, ``$1``...) as a numbered sentinel ``⟪n⟫``: the

@@ -248,6 +248,10 @@ def _setup(cfg: TrainConfig, resume: bool, device: str | None, log: Callable[[st
         optimizer.load_state_dict(state["optimizer"])
         start, history = state["step"], state["history"]
         say(f"[{cfg.name}] resuming at step {start} after {history.get('train_seconds', 0) / 60:.1f} min")
+    if dist.is_main:  # snapshots past the start belong to a run not being continued (or are re-made)
+        for path in snapshot_paths(cfg):
+            if int(path.stem.split("-")[1]) > start:
+                path.unlink()
     say(f"[{cfg.name}] {model.num_parameters() / 1e6:.2f}M parameters, vocab {tok.vocab_size}, "
         f"{len(train_records)} training records, world size {dist.world}")
     net: nn.Module = DistributedDataParallel(model) if dist.enabled else model
@@ -293,11 +297,11 @@ def _steps(run: _Run, stop_after: int | None, time_limit_s: float | None, stop_a
     """Run the optimisation steps; returns (steps done, stopped early), with None for
     "stopped early" when ``stop_after`` ended the run before export."""
     s, dist = run.cfg.schedule, run.dist
+    if stop_at_step is not None and run.start >= stop_at_step:  # resumed at the stop: export only
+        return run.start, True
     bar = tqdm(total=s.max_steps, initial=run.start, disable=not (progress and dist.is_main), dynamic_ncols=True,
                mininterval=2.0 if sys.stderr.isatty() else 60.0, file=sys.stderr)
     window, done = _LossWindow(), run.start
-    if stop_at_step is not None and run.start >= stop_at_step:  # resumed at the stop: export only
-        return done, True
     run.model.train()
     try:
         for step in range(run.start, s.max_steps):

@@ -146,7 +146,8 @@ def unpack_catalogues(package: str, cache: Path) -> DebCatalogues:
         with tarfile.open(fileobj=io.BytesIO(tar_bytes), mode="r:") as tf:
             for member in tf.getmembers():
                 name = member.name.lstrip("./")
-                keep = (MO_FILE.fullmatch(name) is not None
+                # A reserved catalogue (vlc.mo in any package) is not even written to the cache.
+                keep = ((MO_FILE.fullmatch(name) is not None and not is_reserved(package, Path(name).stem))
                         or re.fullmatch(r"usr/share/doc/[^/]+/copyright", name) is not None)
                 if keep and member.isfile():
                     target = root / name

@@ -22,11 +22,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
+from service import translation
 from service.engine import GenerativeEngine, SamplingParams
 from service.engine_errors import EngineError, InvalidRequestError
 from service.registry import EngineRegistry
-from service.routes.inputs import input_ids
-from service.routes.streaming import collect, mark
+from service.routes.inputs import text_list
+from service.routes.streaming import mark
 from service.settings import Settings
 
 Render = Callable[[EngineError], Response]
@@ -134,17 +135,19 @@ def language_name(code: str) -> str:
 async def translate_texts(request: Request, engine: GenerativeEngine, texts: list[str], field: str,
                           settings: Settings, beam_size: int = 4, temperature: float = 0.0,
                           seed: int | None = None) -> tuple[list[str], int]:
-    """Translations of ``texts`` (one engine request each, batched together), and the
-    tokens generated."""
+    """Translations of ``texts`` (one engine request each, batched together), and the tokens
+    generated. Placeholders go through ``service.translation`` as for /v1/translate: masked
+    for a checkpoint trained on sentinels, with its n-best / beam-retry fallback; the APIs'
+    response shapes have no ``placeholders_ok``, so only the text is returned."""
     mark(request, engine.name)
-    sources = input_ids(texts, field, engine, settings)
+    items = translation.sources(engine, text_list(texts, field, settings))
+    ids = translation.source_ids(engine, items, field)
     params = SamplingParams(max_new_tokens=min(256, engine.max_len - 1), beam_size=beam_size,
                             temperature=temperature, seed=seed)
-    streams = engine.submit_all([(ids, params, f"{field}[{i}]") for i, ids in enumerate(sources)], field)
-    results = await collect(request, streams)
-    usage = engine.usage(sources, [events[-1] for events in results])
+    fields = [f"{field}[{i}]" for i in range(len(items))]
+    results, usage = await translation.translate(request, engine, items, ids, params, fields, field)
     mark(request, usage=usage)
-    return ["".join(e.text for e in events).strip() for events in results], usage.completion_tokens
+    return [r.text for r in results], usage.completion_tokens
 
 
 class _Segments(HTMLParser):
