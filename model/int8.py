@@ -22,7 +22,9 @@ still ships in the pinned 2.13; the deprecation warning is silenced here on purp
 
 from __future__ import annotations
 
+import threading
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -73,23 +75,74 @@ def calibration_ids(tokenizer, limit: int = 512) -> Tensor:
     return torch.tensor([tokenizer.encode(CALIBRATION.read_text(encoding="utf-8"))[:limit]])
 
 
+_STEP = threading.local()
+
+
+@contextmanager
+def decode_step():
+    """Marks a decode step (one new token per sequence) on this thread: inside it,
+    ``DecodeInt8Linear`` layers take their int8 path. ``decode_step`` of the cached decoders
+    enters it; prompt chunks, full forward passes and training never do."""
+    previous = getattr(_STEP, "decoding", False)
+    _STEP.decoding = True
+    try:
+        yield
+    finally:
+        _STEP.decoding = previous
+
+
 class DecodeInt8Linear(nn.Module):
-    """A projection kept twice: dynamic int8 for decode-shaped inputs (one token per row:
-    (B, 1, d) or (B, d)), the float layer for everything longer (prefill chunks, full
-    recomputation). Decoding reads every weight once per token and is bound by memory
+    """A projection kept twice: dynamic int8 for decode steps (``decode_step``), the float
+    layer for everything else (prompt chunks, whatever their length, and full
+    recomputation), so a prompt's tokens give the same K/V and logits however they are
+    chunked or cached. Decoding reads every weight once per token and is bound by memory
     traffic, where int8 wins (measured 2x for SmolLM2's 576x1536 projections, ~25x for its
     576x49152 head at batch 1); a prefill chunk is bound by arithmetic, where the prepacked
     float kernel is as fast, and one per-chunk activation scale would be ruined by the
-    outlier tokens a prompt starts with. The prompt's K/V are therefore exact."""
+    outlier tokens a prompt starts with. The prompt's K/V are therefore exact.
 
-    def __init__(self, dense: nn.Module, quantized: nn.Module):
+    ``inv_scale`` (in_features,): the int8 path computes ``quantized(x * inv_scale)`` with
+    weights whose column j was multiplied by s_j = 1 / inv_scale_j (SmoothQuant with the
+    division explicit, one elementwise product per call), since the float path shares this
+    layer's input and its norms cannot absorb the scale."""
+
+    def __init__(self, dense: nn.Module, quantized: nn.Module, inv_scale: Tensor | None = None):
         super().__init__()
         self.dense, self.quantized = dense, quantized
+        self.register_buffer("inv_scale", inv_scale, persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.dim() == 2 or x.size(-2) == 1:
-            return self.quantized(x)
+        if getattr(_STEP, "decoding", False):
+            return self.quantized(x if self.inv_scale is None else x * self.inv_scale)
         return self.dense(x)
+
+
+@torch.no_grad()
+def input_maxima(model: nn.Module, calibration_ids: Tensor) -> dict[nn.Module, Tensor]:
+    """max |x_j| over the calibration tokens of the input of every ``Linear`` of ``model``."""
+    amax: dict[nn.Module, Tensor] = {}
+
+    def record(layer: nn.Module):
+        def hook(_module, args):
+            x = args[0].detach().abs().reshape(-1, args[0].size(-1)).amax(0).float()
+            amax[layer] = torch.maximum(amax[layer], x) if layer in amax else x
+        return hook
+
+    layers = [m for m in model.modules() if isinstance(m, Linear)]
+    handles = [m.register_forward_pre_hook(record(m)) for m in layers]
+    try:
+        model.eval()
+        model(calibration_ids.to(model.device))
+    finally:
+        for h in handles:
+            h.remove()
+    return amax
+
+
+def smoothing_scale(x_max: Tensor, weight: Tensor, alpha: float = SMOOTH_ALPHA) -> Tensor:
+    """SmoothQuant's per-input-channel s_j = max|x_j| ** alpha / max|W[:, j]| ** (1 - alpha)."""
+    w_max = weight.detach().abs().amax(0).float().clamp(min=1e-5)
+    return (x_max.clamp(min=1e-5) ** alpha / w_max ** (1 - alpha)).clamp(min=1e-3)
 
 
 def quantize_int8_(model: nn.Module, calibration: Tensor | None = None, decode_only: bool = False,
@@ -104,7 +157,8 @@ def quantize_int8_(model: nn.Module, calibration: Tensor | None = None, decode_o
     given: those projections are then smoothed with them (``smooth_gated_ffn_``) and
     quantized too, so every projection and the output head run in int8. ``decode_only``
     keeps the float layers as well and uses int8 only for decode steps (``DecodeInt8Linear``:
-    more memory, exact prompts).
+    more memory, exact prompts); with ``calibration`` every projection (the head included) is
+    then smoothed on its own input, the scale applied explicitly on the int8 path.
     """
     import torch.ao.nn.quantized.dynamic as nnqd
     from torch.ao.quantization import per_channel_dynamic_qconfig
@@ -112,7 +166,12 @@ def quantize_int8_(model: nn.Module, calibration: Tensor | None = None, decode_o
     if any(p.device.type != "cpu" for p in model.parameters()):
         raise ValueError("int8 dynamic quantization runs on the CPU only")
     model.eval()
-    smoothed = calibration is not None and smooth_gated_ffn_(model, calibration, alpha) > 0
+    if decode_only and calibration is not None:  # every projection smoothed on its own input
+        maxima = input_maxima(model, calibration)
+        smoothed = True
+    else:
+        maxima = {}
+        smoothed = calibration is not None and smooth_gated_ffn_(model, calibration, alpha) > 0
     targets = [(parent, name, child) for parent in model.modules()
                for name, child in parent.named_children() if isinstance(child, Linear)
                and (smoothed or not (isinstance(parent, FeedForward) and parent.gate is not None and name == "down"))]
@@ -121,9 +180,13 @@ def quantize_int8_(model: nn.Module, calibration: Tensor | None = None, decode_o
         for parent, name, child in targets:
             plain = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None)
             plain.weight, plain.bias = child.weight, child.bias  # shares storage: no copy
+            scale = smoothing_scale(maxima[child], child.weight, alpha) if child in maxima else None
+            if scale is not None:
+                plain.weight = nn.Parameter(child.weight.detach() * scale.to(child.weight.dtype)[None, :])
             plain.qconfig = per_channel_dynamic_qconfig
             quantized = nnqd.Linear.from_float(plain)
-            setattr(parent, name, DecodeInt8Linear(child, quantized) if decode_only else quantized)
+            inv = None if scale is None else (1.0 / scale).to(child.weight.dtype)
+            setattr(parent, name, DecodeInt8Linear(child, quantized, inv) if decode_only else quantized)
     return len(targets)
 
 
@@ -142,4 +205,5 @@ def quantize_checkpoint_(model: nn.Module, tokenizer) -> int:
     encoder-only models (no decode steps) run every projection in int8."""
     cfg = model.cfg
     gated = cfg.mlp == "gated" and tokenizer is not None
-    return quantize_int8_(model, calibration_ids(tokenizer) if gated else None, decode_only=cfg.has_decoder)
+    calibration = calibration_ids(tokenizer, limit=min(512, cfg.max_positions)) if gated else None
+    return quantize_int8_(model, calibration, decode_only=cfg.has_decoder)

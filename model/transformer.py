@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from model.config import ModelConfig
 from model.host_transfer import to_device
+from model.int8 import decode_step as int8_decode_step
 from model.kernels.decode_attention import c_compiler_found, kernel_runs_on, triton_available
 from model.kv_cache import CacheView, SlotKVCache, span_bucket
 from model.layers import (
@@ -227,7 +228,8 @@ class _CachedDecoder(TransformerModel):
 
         ``tokens`` may stay on the device (fed straight from the sampler, no host sync).
         """
-        return self.forward_cached(cache, tokens.view(-1, 1), slots, positions, [1] * len(slots))
+        with int8_decode_step():  # int8 layers (model.int8.DecodeInt8Linear) take their int8 path
+            return self.forward_cached(cache, tokens.view(-1, 1), slots, positions, [1] * len(slots))
 
 
 class DecoderLM(_CachedDecoder):

@@ -98,6 +98,11 @@ def test_decode_only_int8_keeps_prompts_exact_and_decodes_in_int8(fresh_seed):
         m.quantized.register_forward_hook(lambda *_: calls.__setitem__("int8", calls["int8"] + 1))
     out = generate(model, [prompt[0].tolist()], params)[0].token_ids
     assert len(out) == 6 and calls["int8"] > 0  # decode steps went through int8
+    calls["int8"] = 0
+    cache = model.new_cache(1, 32)
+    with torch.inference_mode():  # a one-token prompt chunk is still a prompt: float
+        model.forward_cached(cache, prompt[:, :1], [0], [0], [1])
+    assert calls["int8"] == 0
 
 
 def test_which_models_the_service_quantizes():
