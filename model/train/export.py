@@ -119,6 +119,7 @@ def export(cfg: TrainConfig, model: TransformerModel, tok: Tokenizer, objective:
         "train_steps": steps_done,
         "stopped_early": stopped_early,
         "averaged_snapshots": history.get("averaged_snapshots", []),  # steps whose mean weights were exported
+        "averaging": history.get("averaging"),  # validation loss of the mean and of the final weights
         "train_minutes": round(train_seconds / 60, 1),
         "hardware": f"{platform.machine()} CPU x{torch.get_num_threads()} threads" if model.device.type == "cpu"
         else torch.cuda.get_device_name(model.device),

@@ -329,6 +329,32 @@ def _steps(run: _Run, stop_after: int | None, time_limit_s: float | None, stop_a
         bar.close()
 
 
+def _average_if_better(run: _Run, done: int) -> list[int]:
+    """Checkpoint averaging, kept only if it helps: the final weights join the snapshots, and
+    the mean of the last ``average_last`` is exported when its validation loss is lower than
+    the final weights' (an undertrained model, still improving fast, is better left alone).
+    Both losses go into the history. Returns the averaged steps ([] when not averaged)."""
+    cfg = run.cfg
+    if cfg.schedule.average_last < 2:
+        return []
+    if not (Path(cfg.work_dir) / f"snapshot-{done}.pt").is_file():
+        save_snapshot(cfg, run.model, done)
+    final = {k: v.detach().clone() for k, v in run.model.state_dict().items()}
+    final_loss = validation_loss(run.model, run.objective, run.valid_batches, run.dist.device)
+    steps = average_snapshots(cfg, run.model, run.say)
+    if not steps:
+        return []
+    averaged_loss = validation_loss(run.model, run.objective, run.valid_batches, run.dist.device)
+    run.history["averaging"] = {"steps": steps, "valid_loss_averaged": round(averaged_loss, 4),
+                                "valid_loss_final": round(final_loss, 4), "kept": averaged_loss < final_loss}
+    if averaged_loss < final_loss:
+        return steps
+    run.model.load_state_dict(final)
+    run.say(f"[{cfg.name}] averaging not kept: validation loss {averaged_loss:.4f} vs {final_loss:.4f} "
+            f"for the final weights (step {done})")
+    return []
+
+
 def train(cfg: TrainConfig, resume: bool = True, stop_after: int | None = None,
           time_limit_s: float | None = None, progress: bool = True, device: str | None = None,
           command: str = "", log: Callable[[str], None] | None = None, stop_at_step: int | None = None
@@ -350,7 +376,7 @@ def train(cfg: TrainConfig, resume: bool = True, stop_after: int | None = None,
     if run.dist.is_main:
         from model.train.export import export  # evaluation + model card: rank 0 only
 
-        run.history["averaged_snapshots"] = average_snapshots(cfg, run.model, run.say)
+        run.history["averaged_snapshots"] = _average_if_better(run, done)
 
         metrics = export(cfg, run.model, run.tok, run.objective, run.history, run.train_records, command=command,
                          train_seconds=run.wall_time(), stopped_early=stopped_early, log=run.say, steps_done=done)

@@ -141,7 +141,16 @@ def _training_lines(cfg: TrainConfig, metrics: dict[str, Any]) -> list[str]:
             (f"- train loss {metrics['first_train_loss']} -> {metrics['final_train_loss']} (with dropout"
              f"{' and label smoothing' if cfg.task == 'translation' else ''}), validation loss "
              f"{metrics['final_valid_loss']}"),
-            "", "![loss curve](loss_curve.png)"]
+            *_averaging_lines(metrics), "", "![loss curve](loss_curve.png)"]
+
+
+def _averaging_lines(metrics: dict[str, Any]) -> list[str]:
+    a = metrics.get("averaging")
+    if not a:
+        return []
+    verdict = "exported" if a["kept"] else "not kept: the final weights are exported"
+    return [f"- checkpoint averaging: the mean of the snapshots at steps {a['steps']} has validation loss "
+            f"{a['valid_loss_averaged']} against {a['valid_loss_final']} for the final weights: {verdict}"]
 
 
 def _reproduce_lines(cfg: TrainConfig, metrics: dict[str, Any]) -> list[str]:

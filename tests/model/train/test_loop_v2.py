@@ -102,12 +102,18 @@ def test_training_exports_the_average_of_the_last_snapshots(tmp_path):
     assert [p.name for p in paths] == ["snapshot-4.pt", "snapshot-6.pt", "snapshot-8.pt"]
     snaps = [torch.load(p, weights_only=True) for p in paths]
     exported = load(tmp_path / "out").model.state_dict()
-    for key, value in exported.items():
-        assert torch.allclose(value, sum(s[key] for s in snaps) / 3, atol=1e-6), key
     last = torch.load(tmp_path / "work" / STATE_FILE, weights_only=True)["model"]
-    assert not all(torch.equal(exported[k], last[k]) for k in exported)  # not simply the step-8 weights
-    assert result.metrics["averaged_snapshots"] == [4, 6, 8]
-    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["averaged_snapshots"] == [4, 6, 8]
+    averaging = result.metrics["averaging"]
+    assert averaging["steps"] == [4, 6, 8]
+    # The mean is exported only when its validation loss is lower than the final weights'.
+    assert averaging["kept"] == (averaging["valid_loss_averaged"] < averaging["valid_loss_final"])
+    for key, value in exported.items():
+        expected = sum(s[key] for s in snaps) / 3 if averaging["kept"] else last[key]
+        assert torch.allclose(value, expected, atol=1e-6), key
+    assert result.metrics["averaged_snapshots"] == ([4, 6, 8] if averaging["kept"] else [])
+    saved = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert saved["averaged_snapshots"] == result.metrics["averaged_snapshots"]
+    assert saved["averaging"] == averaging
 
 
 def test_a_fresh_run_does_not_average_an_earlier_runs_snapshots(tmp_path):
@@ -118,7 +124,7 @@ def test_a_fresh_run_does_not_average_an_earlier_runs_snapshots(tmp_path):
         torch.save({"stale": torch.zeros(1)}, tmp_path / "work" / f"snapshot-{step}.pt")
     result = train(cfg, resume=False, **QUIET)
     assert [p.name for p in snapshot_paths(cfg)] == ["snapshot-2.pt", "snapshot-4.pt"]
-    assert result.metrics["averaged_snapshots"] == [2, 4]
+    assert result.metrics["averaging"]["steps"] == [2, 4]  # not the stale 6 and 8
 
 
 def test_resumed_at_the_stop_step_exports_without_another_step(tmp_path):
