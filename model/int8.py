@@ -44,24 +44,9 @@ def smooth_gated_ffn_(model: nn.Module, calibration_ids: Tensor, alpha: float = 
     ffns = [m for m in model.modules() if isinstance(m, FeedForward) and m.gate is not None]
     if not ffns:
         return 0
-    amax: dict[FeedForward, Tensor] = {}
-
-    def record(ffn: FeedForward):
-        def hook(_module, args):
-            x = args[0].detach().abs().reshape(-1, args[0].size(-1)).amax(0).float()
-            amax[ffn] = torch.maximum(amax[ffn], x) if ffn in amax else x
-        return hook
-
-    handles = [f.down.register_forward_pre_hook(record(f)) for f in ffns]
-    try:
-        model.eval()
-        model(calibration_ids.to(model.device))
-    finally:
-        for h in handles:
-            h.remove()
+    maxima = input_maxima(model, calibration_ids, [f.down for f in ffns])
     for f in ffns:
-        w_max = f.down.weight.abs().amax(0).float().clamp(min=1e-5)  # (d_ff,)
-        scale = (amax[f].clamp(min=1e-5) ** alpha / w_max ** (1 - alpha)).clamp(min=1e-3)
+        scale = smoothing_scale(maxima[f.down], f.down.weight, alpha)  # (d_ff,)
         f.up.weight.div_(scale[:, None].to(f.up.weight.dtype))
         if f.up.bias is not None:
             f.up.bias.div_(scale.to(f.up.bias.dtype))
@@ -118,8 +103,10 @@ class DecodeInt8Linear(nn.Module):
 
 
 @torch.no_grad()
-def input_maxima(model: nn.Module, calibration_ids: Tensor) -> dict[nn.Module, Tensor]:
-    """max |x_j| over the calibration tokens of the input of every ``Linear`` of ``model``."""
+def input_maxima(model: nn.Module, calibration_ids: Tensor,
+                 layers: list[nn.Module] | None = None) -> dict[nn.Module, Tensor]:
+    """max |x_j| over the calibration tokens of the input of each of ``layers`` (default:
+    every ``Linear`` of ``model``), from one forward pass."""
     amax: dict[nn.Module, Tensor] = {}
 
     def record(layer: nn.Module):
@@ -128,7 +115,8 @@ def input_maxima(model: nn.Module, calibration_ids: Tensor) -> dict[nn.Module, T
             amax[layer] = torch.maximum(amax[layer], x) if layer in amax else x
         return hook
 
-    layers = [m for m in model.modules() if isinstance(m, Linear)]
+    if layers is None:
+        layers = [m for m in model.modules() if isinstance(m, Linear)]
     handles = [m.register_forward_pre_hook(record(m)) for m in layers]
     try:
         model.eval()
