@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +13,16 @@ import torch
 from model import ModelConfig, build_model
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+def checkpoint_variant(src: Path, dst: Path, **config) -> Path:
+    """``dst``: the checkpoint ``src`` (weights and tokenizer linked, not copied) with
+    ``config.json`` fields overridden, e.g. ``mask_placeholders=True``."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in ("model.safetensors", "tokenizer.json"):
+        (dst / name).symlink_to(src / name)
+    (dst / "config.json").write_text(json.dumps(json.loads((src / "config.json").read_text()) | config))
+    return dst
 
 
 def tiny_config(family: str, **overrides) -> ModelConfig:

@@ -8,7 +8,6 @@ scripted ones replace the engine's output to check the unmasking and the beam re
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import httpx
@@ -18,6 +17,7 @@ import pytest_asyncio
 from model import EngineEvent
 from service import translation
 from service.app import create_app
+from tests.conftest import checkpoint_variant
 from tests.service.conftest import settings_for, wait_ready
 
 SHIPPED = Path(__file__).resolve().parents[2] / "weights" / "translate-en-de"
@@ -28,12 +28,7 @@ SOURCE = "Delete %s files"
 @pytest.fixture(scope="module")
 def masked_weights(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("compat-masked")
-    masked = root / MODEL
-    masked.mkdir()
-    for name in ("model.safetensors", "tokenizer.json"):
-        (masked / name).symlink_to(SHIPPED / name)
-    config = json.loads((SHIPPED / "config.json").read_text())
-    (masked / "config.json").write_text(json.dumps(config | {"mask_placeholders": True}))
+    checkpoint_variant(SHIPPED, root / MODEL, mask_placeholders=True)
     return root
 
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest_asyncio
 
 from service import translation
 from service.app import create_app
+from tests.conftest import checkpoint_variant
 from tests.service.conftest import settings_for, wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,12 +26,7 @@ def po_weights(tmp_path_factory) -> Path:
     """The shipped checkpoint, and a copy whose config says it was trained on masked placeholders."""
     root = tmp_path_factory.mktemp("po-weights")
     (root / "translate-en-de").symlink_to(SHIPPED)
-    masked = root / "translate-en-de-masked"
-    masked.mkdir()
-    for name in ("model.safetensors", "tokenizer.json"):
-        (masked / name).symlink_to(SHIPPED / name)
-    config = json.loads((SHIPPED / "config.json").read_text())
-    (masked / "config.json").write_text(json.dumps(config | {"mask_placeholders": True}))
+    checkpoint_variant(SHIPPED, root / "translate-en-de-masked", mask_placeholders=True)
     return root
 
 

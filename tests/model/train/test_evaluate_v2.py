@@ -4,7 +4,6 @@ hash-ordered evaluation subset, and placeholder preservation counts."""
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 from model.checkpoint import load
 from model.train import evaluate
 from model.train.evaluate import eval_subset, placeholder_preservation, translate_all
+from tests.conftest import checkpoint_variant
 
 SHIPPED = Path(__file__).resolve().parents[3] / "weights" / "translate-en-de"
 SOURCES = ["Delete %s files", "%1$s of %2$s", "Open the file", "100%% done"]
@@ -20,11 +20,7 @@ SOURCES = ["Delete %s files", "%1$s of %2$s", "Open the file", "100%% done"]
 
 @pytest.fixture(scope="module")
 def masked_checkpoint(tmp_path_factory):
-    root = tmp_path_factory.mktemp("masked")
-    for name in ("model.safetensors", "tokenizer.json"):
-        (root / name).symlink_to(SHIPPED / name)
-    config = json.loads((SHIPPED / "config.json").read_text())
-    (root / "config.json").write_text(json.dumps(config | {"mask_placeholders": True}))
+    root = checkpoint_variant(SHIPPED, tmp_path_factory.mktemp("masked") / "ckpt", mask_placeholders=True)
     ckpt = load(root)
     assert ckpt.model.cfg.mask_placeholders is True
     return ckpt.model.eval(), ckpt.tokenizer
