@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from model.train.data.sources import SourceError, _run, debian_licence
+from model.train.data.sources import SourceError, _run, debian_licence, fetch_deb
 
 PACKAGE_LIST = Path(__file__).with_name("debian-de-packages.txt")
 CONTENTS_URLS = ("http://deb.debian.org/debian/dists/bookworm/main/Contents-amd64.gz",
@@ -120,16 +120,6 @@ class DebCatalogues:
     catalogues: dict[str, Path] = field(default_factory=dict)  # domain -> unpacked .mo
 
 
-def _fetch_deb(package: str, debs: Path) -> Path:
-    found = sorted(debs.glob(f"{package}_*.deb"))
-    if not found:
-        _run(["apt-get", "download", package], debs)
-        found = sorted(debs.glob(f"{package}_*.deb"))
-        if not found:
-            raise SourceError(f"apt-get download {package} produced no .deb in {debs}")
-    return found[-1]
-
-
 def unpack_catalogues(package: str, cache: Path) -> DebCatalogues:
     """Fetch one package and unpack only its German catalogues and its copyright file."""
     if is_reserved(package):
@@ -139,7 +129,7 @@ def unpack_catalogues(package: str, cache: Path) -> DebCatalogues:
     root = cache.resolve() / "debian-de" / package
     done = root / ".done"
     if not done.is_file():
-        deb = _fetch_deb(package, debs)
+        deb = fetch_deb(package, debs)
         version = _run(["dpkg-deb", "-f", str(deb), "Version"], debs).strip()
         tar_bytes = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(deb)], capture_output=True, check=True).stdout
         root.mkdir(parents=True, exist_ok=True)

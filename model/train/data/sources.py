@@ -39,17 +39,22 @@ def _run(cmd: list[str], cwd: Path) -> str:
     return done.stdout
 
 
+def fetch_deb(package: str, cache: Path) -> Path:
+    """The package's .deb in ``cache``, fetched with ``apt-get download`` when not there yet."""
+    found = sorted(cache.glob(f"{package}_*.deb"))
+    if not found:
+        _run(["apt-get", "download", package], cache)
+        found = sorted(cache.glob(f"{package}_*.deb"))
+        if not found:
+            raise SourceError(f"apt-get download {package} produced no .deb in {cache}")
+    return found[-1]
+
+
 def debian_package(package: str, cache: Path) -> Fetched:
     """``apt-get download`` a .deb (once) and unpack it with ``dpkg-deb -x``."""
     cache = cache.resolve()
     cache.mkdir(parents=True, exist_ok=True)
-    debs = sorted(cache.glob(f"{package}_*.deb"))
-    if not debs:
-        _run(["apt-get", "download", package], cache)
-        debs = sorted(cache.glob(f"{package}_*.deb"))
-        if not debs:
-            raise SourceError(f"apt-get download {package} produced no .deb in {cache}")
-    deb = debs[-1]
+    deb = fetch_deb(package, cache)
     version = _run(["dpkg-deb", "-f", str(deb), "Version"], cache).strip()
     root = cache / f"{package}-unpacked"
     if not (root / ".done").is_file():
