@@ -120,6 +120,7 @@ class TransformerModel(nn.Module):
 
     def train(self, mode: bool = True) -> TransformerModel:
         if mode:
+            self.compiled_decode = None  # holds the kernels of the weights about to change
             for m in self.modules():
                 if isinstance(m, Linear):
                     m.packed = None  # weights are about to change
@@ -228,12 +229,30 @@ class _CachedDecoder(TransformerModel):
 
         ``tokens`` may stay on the device (fed straight from the sampler, no host sync).
         """
+        compiled = getattr(self, "compiled_decode", None)
+        if compiled is not None and not self.training:
+            return compiled(cache, tokens, slots, positions)
         with int8_decode_step():  # int8 layers (model.int8.DecodeInt8Linear) take their int8 path
             return self.forward_cached(cache, tokens.view(-1, 1), slots, positions, [1] * len(slots))
 
 
 class DecoderLM(_CachedDecoder):
     """Decoder-only language model (GPT style)."""
+
+    compiled_decode = None  # a model.compiled_decode.CompiledDecoder once compile_decode() attached one
+
+    def compile_decode(self, warm_up: bool = True):
+        """Attach a compiled decode step (``model.compiled_decode``; Llama family on the CPU,
+        else ValueError naming why). Call it once the weights are final (quantized, prepacked).
+        ``warm_up`` compiles its graphs now rather than on the first steps."""
+        from model.compiled_decode import CompiledDecoder
+
+        self.eval()
+        compiled = CompiledDecoder(self)
+        if warm_up:
+            compiled.warm_up()
+        self.compiled_decode = compiled
+        return compiled
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)

@@ -60,6 +60,9 @@ class Metrics:
                                         "block's K/V.", ["model"], registry=r)
         self.prefix_blocks = Gauge(name("prefix_cache_blocks"), "Prefix-cache blocks allocated (capacity).",
                                    ["model"], registry=r)
+        self.compile_seconds = Gauge(name("decode_compile_seconds"), "Seconds spent compiling the decode step "
+                                     "before the model became ready (TSERVE_COMPILE; absent: not compiled).",
+                                     ["model"], registry=r)
         self.rejected = Counter(name("rejected_requests"), "Requests refused before reaching the engine's queue.",
                                 ["model", "reason"], registry=r)
 
