@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from model.config import ModelConfig
+from model.decode_threads import decode_threads
 from model.host_transfer import to_device
 from model.int8 import decode_step as int8_decode_step
 from model.kernels.decode_attention import c_compiler_found, kernel_runs_on, triton_available
@@ -230,10 +231,11 @@ class _CachedDecoder(TransformerModel):
         ``tokens`` may stay on the device (fed straight from the sampler, no host sync).
         """
         compiled = getattr(self, "compiled_decode", None)
-        if compiled is not None and not self.training:
-            return compiled(cache, tokens, slots, positions)
-        with int8_decode_step():  # int8 layers (model.int8.DecodeInt8Linear) take their int8 path
-            return self.forward_cached(cache, tokens.view(-1, 1), slots, positions, [1] * len(slots))
+        with decode_threads(len(slots)):
+            if compiled is not None and not self.training and len(slots) <= compiled.max_batch:
+                return compiled(cache, tokens, slots, positions)
+            with int8_decode_step():  # int8 layers (model.int8.DecodeInt8Linear) take their int8 path
+                return self.forward_cached(cache, tokens.view(-1, 1), slots, positions, [1] * len(slots))
 
 
 class DecoderLM(_CachedDecoder):

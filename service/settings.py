@@ -31,8 +31,8 @@ class Settings(BaseSettings):
         "auto", description="int8: decode steps through per-channel int8 projections and head (CPU; prompts "
                             "stay float); auto: int8 for Llama-family models on the CPU, none for the others")
     compile: Literal["auto", "on", "off"] = Field(
-        "auto", description="compiled decode step (Llama family, CPU; compiled before /ready): auto = where decode "
-                            "steps run int8, on = every Llama-family model (else a start-up error), off = eager")
+        "off", description="compiled decode step (Llama family, CPU; compiled before /ready): auto = where decode "
+                           "steps run int8, on = every Llama-family model (else a start-up error), off = eager")
     decode_attention: Literal["auto", "sdpa", "triton"] = Field(
         "auto", description="decode-step attention: auto = the Triton kernel on CUDA when triton is installed, "
                             "else SDPA; triton = the kernel or a start-up error")
