@@ -263,8 +263,8 @@ class CompiledDecoder:
         in all). Returns the seconds spent."""
         start = time.perf_counter()
         # Spans 16, 32, 64, 128 and a cache length of 161: no two sizes equal, so the compiler
-        # does not guard on a coincidence.
-        cache = self.model.new_cache(3, min(160, self.model.cfg.max_positions))  # outside inference mode, as the engine's
+        # does not guard on a coincidence. Made outside inference mode, as the engine's is.
+        cache = self.model.new_cache(3, min(160, self.model.cfg.max_positions))
         for b, position in ((1, 4), (1, 20), (2, 40), (3, 100)):
             position = min(position, cache.max_len - 1)
             self(cache, torch.zeros(b, dtype=torch.long, device=cache.device), list(range(b)), [position] * b)

@@ -11,8 +11,8 @@ import logging
 from pathlib import Path
 
 from model import CheckpointError, is_model_dir, load_model
-from model.config import DTYPES
 from model.compiled_decode import wants_compile
+from model.config import DTYPES
 from model.int8 import quantize_checkpoint_, wants_int8
 from model.manifest import ManifestError, is_manifest_dir, locate, read_manifest
 from service.encoder_engine import EncoderEngine
@@ -84,8 +84,9 @@ class EngineRegistry:
                 if wants_compile(self.settings.compile, ckpt.model):
                     compiled = await asyncio.to_thread(ckpt.model.compile_decode)
                     self.metrics.compile_seconds.labels(name).set(compiled.compile_seconds)
-                    log.info("decode step compiled", extra={"model": name, "seconds": round(compiled.compile_seconds, 1),
-                                                            "fallback": compiled.failed})
+                    seconds = round(compiled.compile_seconds, 1)
+                    log.info("decode step compiled",
+                             extra={"model": name, "seconds": seconds, "fallback": compiled.failed})
                 cls = EncoderEngine if ckpt.config.family == "encoder" else GenerativeEngine
                 engine = cls(name, ckpt, self.settings, self.metrics)
                 self.engines[name] = engine
