@@ -8,18 +8,9 @@ or a correctness check (token-for-token equality with the peer) did not hold.
 
 from __future__ import annotations
 
-import os
-
-# OpenMP threads spin while they wait for each other; when other processes compete for the
-# cores, a spinning thread burns the time slice its partner needs, and 2-thread decode steps
-# got 2-3x slower than 1-thread ones on the shared 2-core machine. Passive waiting keeps
-# multi-threaded timings usable there. It must be set before torch (libgomp) loads; an
-# OMP_WAIT_POLICY already in the environment wins. Subprocesses (service, probes) inherit it,
-# so every side of every comparison runs with the same policy; the report records it.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import argparse
 import datetime
+import os
 import sys
 import time
 import traceback
@@ -44,6 +35,14 @@ from benchmarks.config import BenchConfig
 from benchmarks.machine import load_average, machine_info
 from benchmarks.report import RunReport, SectionSkipped, loud, markdown_table, say
 from benchmarks.workspace import Workspace
+
+# OpenMP's wait policy is left as the environment has it (the OpenMP default: threads spin
+# briefly while they wait). Every side of a comparison runs under the same policy (the service
+# and probes inherit it; llama.cpp's ggml uses OpenMP too) and the report records it. On a quiet
+# machine spinning is what each peer is built for: OMP_WAIT_POLICY=PASSIVE there measured
+# llama.cpp at 37 tok/s instead of ~110 and our int8 step at 20 instead of 44 (batch 1, 2
+# threads). On a shared machine, where a spinning thread burns its partner's time slice, set
+# OMP_WAIT_POLICY=PASSIVE in the environment before running this.
 
 SECTIONS = {  # name on the command line -> (label in the report, runner)
     "decode": ("1. decode", decode.run),

@@ -122,6 +122,7 @@ class TransformerModel(nn.Module):
     def train(self, mode: bool = True) -> TransformerModel:
         if mode:
             self.compiled_decode = None  # holds the kernels of the weights about to change
+            self.native_decode = None
             for m in self.modules():
                 if isinstance(m, Linear):
                     m.packed = None  # weights are about to change
@@ -230,8 +231,11 @@ class _CachedDecoder(TransformerModel):
 
         ``tokens`` may stay on the device (fed straight from the sampler, no host sync).
         """
+        native = getattr(self, "native_decode", None)
         compiled = getattr(self, "compiled_decode", None)
         with decode_threads(len(slots)):
+            if native is not None and not self.training:
+                return native(cache, tokens, slots, positions)
             if compiled is not None and not self.training and len(slots) <= compiled.max_batch:
                 return compiled(cache, tokens, slots, positions)
             with int8_decode_step():  # int8 layers (model.int8.DecodeInt8Linear) take their int8 path
@@ -242,6 +246,18 @@ class DecoderLM(_CachedDecoder):
     """Decoder-only language model (GPT style)."""
 
     compiled_decode = None  # a model.compiled_decode.CompiledDecoder once compile_decode() attached one
+    native_decode = None  # a model.native_decode.NativeDecoder once use_native_decode() attached one
+
+    def use_native_decode(self):
+        """Attach the native (C++) decode step (``model.native_decode``; Llama family on the CPU,
+        else ValueError naming why; RuntimeError where it cannot be built). Call it once the
+        weights are final (quantized): it holds them as they are now. It takes precedence over
+        a compiled step."""
+        from model.native_decode import NativeDecoder
+
+        self.eval()
+        self.native_decode = NativeDecoder(self)
+        return self.native_decode
 
     def compile_decode(self, warm_up: bool = True):
         """Attach a compiled decode step (``model.compiled_decode``; Llama family on the CPU,

@@ -15,6 +15,7 @@ from model.compiled_decode import wants_compile
 from model.config import DTYPES
 from model.int8 import quantize_checkpoint_, wants_int8
 from model.manifest import ManifestError, is_manifest_dir, locate, read_manifest
+from model.native_decode import wants_native
 from service.encoder_engine import EncoderEngine
 from service.engine import BaseEngine, GenerativeEngine
 from service.engine_errors import EngineStoppedError, InvalidRequestError, ModelNotFoundError
@@ -81,7 +82,11 @@ class EngineRegistry:
                     await asyncio.to_thread(quantize_checkpoint_, ckpt.model, ckpt.tokenizer)
                 ckpt.model.optimize_for_inference()  # prepacked CPU weights (those left in float)
                 ckpt.model.set_decode_attention(self.settings.decode_attention)
-                if wants_compile(self.settings.compile, ckpt.model):
+                if await asyncio.to_thread(wants_native, self.settings.native_decode, ckpt.model):
+                    native = await asyncio.to_thread(ckpt.model.use_native_decode)
+                    log.info("native decode step",
+                             extra={"model": name, "build_seconds": round(native.build_seconds, 1)})
+                elif wants_compile(self.settings.compile, ckpt.model):
                     compiled = await asyncio.to_thread(ckpt.model.compile_decode)
                     self.metrics.compile_seconds.labels(name).set(compiled.compile_seconds)
                     seconds = round(compiled.compile_seconds, 1)

@@ -33,6 +33,10 @@ class Settings(BaseSettings):
     compile: Literal["auto", "on", "off"] = Field(
         "off", description="compiled decode step (Llama family, CPU; compiled before /ready): auto = where decode "
                            "steps run int8, on = every Llama-family model (else a start-up error), off = eager")
+    native_decode: Literal["auto", "on", "off"] = Field(
+        "auto", description="native C++ decode step (Llama family, CPU, built with the machine's C++ compiler "
+                            "before /ready; wins over TSERVE_COMPILE): auto = where decode steps run int8 and it "
+                            "builds, on = every Llama-family model (else a start-up error), off = the Python step")
     decode_attention: Literal["auto", "sdpa", "triton"] = Field(
         "auto", description="decode-step attention: auto = the Triton kernel on CUDA when triton is installed, "
                             "else SDPA; triton = the kernel or a start-up error")
