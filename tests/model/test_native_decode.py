@@ -1,0 +1,136 @@
+"""The native (C++) decode step (model/native_decode.py) against the eager step it replaces:
+same logits and same K/V written, for ragged batches over scattered slots, in float32 (to float
+rounding) and int8 (same fbgemm kernels on the same weights), and the same greedy tokens
+through the engine core. Needs a C++ compiler and ninja, which `make setup` and CI have."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from model import SamplingParams, build_model, generate, native_decode
+from model.int8 import DecodeInt8Linear, quantize_int8_
+from model.native_decode import NativeDecoder, unsupported_reason, wants_native
+from tests.conftest import tiny_model
+from tests.model.test_llama import llama_config
+
+
+def _model(seed: int, **overrides):
+    return build_model(llama_config(max_positions=160, **overrides)).init_weights(seed).eval()
+
+
+def _int8(model, seed: int):
+    g = torch.Generator().manual_seed(seed + 1)
+    quantize_int8_(model, torch.randint(3, model.cfg.vocab_size, (1, 64), generator=g), decode_only=True)
+    model.optimize_for_inference()
+    assert isinstance(model.decoder_layers[0].ffn.down, DecodeInt8Linear)
+    return model
+
+
+def _steps(model, cache, first: torch.Tensor, slots: list[int], starts: list[int], n: int) -> list[torch.Tensor]:
+    """n greedy decode steps from ``first`` (B,) at positions ``starts`` of ``slots``."""
+    logits, tokens = [], first
+    with torch.inference_mode():
+        for i in range(n):
+            out = model.decode_step(cache, tokens, slots, [s + i for s in starts])
+            logits.append(out)
+            tokens = out.argmax(-1)
+    return logits
+
+
+def _ragged(model, seed: int, lengths=(21, 5, 40, 1), slots=(4, 0, 2, 5)):
+    """A 7-slot cache holding prompts of different lengths in scattered slots."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(3, model.cfg.vocab_size, (n,), generator=g).tolist() for n in lengths]
+    cache = model.new_cache(7, 120)
+    with torch.inference_mode():
+        first = model.prefill(cache, prompts, list(slots)).argmax(-1)
+    return cache, first, list(slots), list(lengths)
+
+
+def _eager_then_native(model, seed: int, n: int):
+    cache, first, slots, starts = _ragged(model, seed)
+    before_k, before_v = cache.k.clone(), cache.v.clone()
+    eager = _steps(model, cache, first, slots, starts, n)
+    eager_kv = cache.k.clone(), cache.v.clone()
+    cache.k.copy_(before_k)
+    cache.v.copy_(before_v)
+    model.use_native_decode()
+    native = _steps(model, cache, first, slots, starts, n)
+    return eager, native, eager_kv, (cache.k, cache.v)
+
+
+@pytest.mark.parametrize("kv_heads", [2, 6, 1])  # GQA groups of 3, plain multi-head, multi-query
+def test_float32_steps_equal_eager_logits_and_cache(kv_heads, fresh_seed):
+    model = _model(fresh_seed, n_kv_heads=kv_heads)
+    eager, native, (ek, ev), (nk, nv) = _eager_then_native(model, fresh_seed, 24)  # crosses span buckets
+    for a, b in zip(native, eager):
+        torch.testing.assert_close(a, b, atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(nk, ek, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(nv, ev, atol=1e-5, rtol=1e-5)
+
+
+def test_int8_steps_equal_eager_int8(fresh_seed):
+    model = _int8(_model(fresh_seed), fresh_seed)
+    eager, native, (ek, ev), (nk, nv) = _eager_then_native(model, fresh_seed, 8)
+    for a, b in zip(native, eager):
+        # The same fbgemm kernels on the same weights; the activations they quantize differ
+        # only by float rounding, which can move an int8 step rarely and a logit by a sliver.
+        assert (a - b).abs().max() <= 0.02 * (b.max() - b.min()), (a - b).abs().max()
+    torch.testing.assert_close(nk, ek, atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(nv, ev, atol=1e-3, rtol=1e-3)
+
+
+def test_greedy_generation_identical_with_and_without_native(fresh_seed):
+    model = _model(fresh_seed)
+    g = torch.Generator().manual_seed(fresh_seed)
+    prompts = [torch.randint(3, model.cfg.vocab_size, (n,), generator=g).tolist() for n in (9, 1, 30, 14)]
+    params = SamplingParams(max_new_tokens=20, temperature=0.0, ignore_eos=True)
+    eager = [r.token_ids for r in generate(model, prompts, params)]
+    model.use_native_decode()
+    assert [r.token_ids for r in generate(model, prompts, params)] == eager
+    assert [r.token_ids for r in generate(model, prompts[2:3], params)] == eager[2:3]
+
+
+def test_which_models_run_native():
+    gpt = tiny_model("decoder")
+    assert unsupported_reason(gpt) == "positions are not rotary"
+    assert "decoder-only" in unsupported_reason(tiny_model("encoder-decoder"))
+    assert unsupported_reason(_model(0, activation="gelu")) == "the activation is gelu (SiLU only)"
+    with pytest.raises(ValueError, match="TSERVE_NATIVE_DECODE=on: positions are not rotary"):
+        wants_native("on", gpt)
+    with pytest.raises(ValueError, match="no native decode step for this model"):
+        NativeDecoder(gpt)
+    llama = _model(0)
+    assert wants_native("on", llama) and not wants_native("off", llama)
+    assert not wants_native("auto", llama)  # float32 steps: the default leaves them alone
+    _int8(llama, 0)
+    assert wants_native("auto", llama)
+    assert not wants_native("auto", gpt)
+
+
+def test_a_machine_without_a_compiler_keeps_the_python_step(monkeypatch, caplog):
+    llama = _int8(_model(0), 0)
+    monkeypatch.setattr(native_decode, "_BUILD", {"error": "the native decode step could not be built: no c++"})
+    assert not wants_native("auto", llama)
+    assert "could not be built" in caplog.text
+    with pytest.raises(RuntimeError, match="could not be built: no c\\+\\+"):
+        wants_native("on", llama)
+
+
+def test_bad_steps_are_refused_and_training_drops_it(fresh_seed):
+    model = _model(fresh_seed)
+    cache, first, slots, starts = _ragged(model, fresh_seed)
+    model.use_native_decode()
+    with torch.inference_mode():
+        with pytest.raises(ValueError, match="exceeds the KV cache's max_len 120"):
+            model.decode_step(cache, first, slots, [120] * len(slots))
+        with pytest.raises(RuntimeError, match="slot 9 out of range"):
+            model.decode_step(cache, first, [9, 0, 2, 5], starts)
+        with pytest.raises(RuntimeError, match="token id .* out of range"):
+            model.decode_step(cache, torch.full_like(first, model.cfg.vocab_size), slots, starts)
+        half = model.new_cache(2, 120, dtype=torch.bfloat16)
+        with pytest.raises(ValueError, match="float32 KV cache"):
+            model.decode_step(half, first[:1], [0], [0])
+    model.train()
+    assert model.native_decode is None
