@@ -21,6 +21,7 @@ import torch
 from benchmarks import (
     attention,
     chat_model,
+    chat_service,
     decode,
     decode_attention,
     embeddings,
@@ -56,6 +57,7 @@ SECTIONS = {  # name on the command line -> (label in the report, runner)
     "decode-attention": (decode_attention.SECTION, decode_attention.run),
     "prefix-cache": ("10. prefix cache", prefix_cache.run),
     "kernels": (linear_kernels.SECTION, linear_kernels.run),
+    "chat-service": (chat_service.SECTION, chat_service.run),
 }
 
 

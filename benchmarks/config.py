@@ -34,6 +34,7 @@ class BenchConfig:
     chat_new_tokens: int = 64
     chat_prefill_len: int = 256
     chat_streams: int = 32
+    chat_service_duration_s: float = 40.0  # section 12: chat clients send requests for this long
     chat_quality_tokens: int = 256  # held-out tokens scored one decode step at a time, per mode
     # 9. prefix cache (same model): a burst of chat requests sharing a system prompt.
     prefix_system_len: int = 300
@@ -103,6 +104,7 @@ class BenchConfig:
             service_concurrency=(1, 8), service_duration_s=3.0, service_max_tokens=16,
             service_prompt_lengths=(8, 32),
             chat_prompt_len=16, chat_new_tokens=8, chat_prefill_len=64, chat_streams=4, chat_quality_tokens=32,
+            chat_service_duration_s=5.0,
             prefix_system_len=64, prefix_streams=4,
             embed_requests=64,
             gpu_compile=False,

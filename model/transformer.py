@@ -298,9 +298,25 @@ class DecoderLM(_CachedDecoder):
     def prefill(self, cache: SlotKVCache, prompts: Sequence[Sequence[int]], slots: Sequence[int],
                 starts: Sequence[int] | None = None) -> Tensor:
         """Write the prompts (or prompt chunks continuing at ``starts``) into their slots;
-        returns the logits after each prompt's last token (B, V)."""
-        ids, lengths = _padded(prompts, self.cfg.pad_token_id, self.device)
-        return self.forward_cached(cache, ids, slots, starts or [0] * len(prompts), lengths)
+        returns the logits after each prompt's last token (B, V).
+
+        Prompts of mixed lengths run in length groups (``length_groups``: at most a quarter of
+        a group's tokens are padding), not padded to the longest: a burst of new chat requests
+        mixes 20-token and 300-token prompts, and padding every row to the longest doubled
+        the work of such a step."""
+        starts = list(starts or [0] * len(prompts))
+        groups = length_groups([len(p) for p in prompts])
+        if len(groups) == 1:
+            ids, lengths = _padded(prompts, self.cfg.pad_token_id, self.device)
+            return self.forward_cached(cache, ids, slots, starts, lengths)
+        out: Tensor | None = None
+        for group in groups:
+            ids, lengths = _padded([prompts[i] for i in group], self.cfg.pad_token_id, self.device)
+            logits = self.forward_cached(cache, ids, [slots[i] for i in group], [starts[i] for i in group], lengths)
+            if out is None:
+                out = logits.new_empty((len(prompts), logits.size(-1)))
+            out[to_device(group, torch.long, self.device)] = logits
+        return out
 
 
 class EncoderDecoder(_CachedDecoder):
