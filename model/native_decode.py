@@ -25,6 +25,7 @@ the model keeps its other decode steps.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import logging
 import threading
@@ -43,34 +44,53 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native") / "llama_decode.cpp"
 _BUILD_LOCK = threading.Lock()
-_BUILD: dict[str, object] = {}  # "ok": True, or "error": why, once tried in this process
+_BUILD: dict[str, object] = {}  # "seconds" it took, or "error": why, once tried in this process
 
 
-def build() -> float:
-    """Compile (or load the cached build of) the extension; returns the seconds it took.
-    Raises RuntimeError naming why it cannot be built here."""
+# -march=native: built for the vector units of the machine it runs on, as inductor's kernels
+# are (measured ~5% faster at batch 8-32 than a generic x86-64 build, equal at batch 1). A
+# portable build (for an image that may run on another CPU) leaves it out.
+NATIVE_FLAGS = ["-O3", "-march=native", "-DNDEBUG"]
+PORTABLE_FLAGS = ["-O3", "-DNDEBUG"]
+
+
+def build(library: str | Path | None = None) -> float:
+    """Load the extension: the prebuilt ``library`` (a path; the container ships one, built by
+    ``main``), else this machine's build (compiled on first use, then cached); returns the
+    seconds the first (deciding) call in this process took. Raises RuntimeError naming why
+    it is not available here."""
     with _BUILD_LOCK:
         if "error" in _BUILD:
             raise RuntimeError(str(_BUILD["error"]))
-        if _BUILD.get("ok"):
-            return 0.0
+        if "seconds" in _BUILD:
+            return float(_BUILD["seconds"])
         start = time.perf_counter()
         try:
-            from torch.utils import cpp_extension
-
-            cpp_extension.load(
-                name=f"tserve_native_llama_{_cpu_tag()}", sources=[str(SOURCE)], is_python_module=False,
-                # -march=native: built for the vector units of the machine it runs on, as inductor's
-                # kernels are (measured ~5% faster at batch 8-32 than a generic x86-64 build); the
-                # name carries the CPU's flags, so a cache directory moved to another CPU rebuilds.
-                extra_cflags=["-O3", "-march=native", "-DNDEBUG"], verbose=False,
-            )
+            prebuilt = str(library or "")
+            if prebuilt:
+                torch.ops.load_library(prebuilt)
+            else:
+                compile_library(f"tserve_native_llama_{_cpu_tag()}", NATIVE_FLAGS)
         except Exception as exc:  # noqa: BLE001 - no compiler, no ninja, a failed build: all mean "not here"
-            _BUILD["error"] = f"the native decode step could not be built: {type(exc).__name__}: " \
-                              f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
+            detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+            where = f" from {prebuilt}" if prebuilt else ""
+            _BUILD["error"] = f"the native decode step could not be loaded{where}: {type(exc).__name__}: {detail}"
             raise RuntimeError(str(_BUILD["error"])) from exc
-        _BUILD["ok"] = True
-        return time.perf_counter() - start
+        _BUILD["seconds"] = time.perf_counter() - start
+        return float(_BUILD["seconds"])
+
+
+def compile_library(name: str, flags: list[str], build_directory: Path | None = None) -> Path:
+    """Compile the extension as ``name`` (into ``build_directory``, default torch's cache) and
+    load it; returns the library's path."""
+    from torch.utils import cpp_extension
+
+    if build_directory is not None:
+        build_directory.mkdir(parents=True, exist_ok=True)
+    cpp_extension.load(name=name, sources=[str(SOURCE)], is_python_module=False, extra_cflags=flags,
+                       build_directory=None if build_directory is None else str(build_directory), verbose=False)
+    folder = build_directory or Path(cpp_extension._get_build_directory(name, verbose=False))
+    return folder / f"{name}.so"
 
 
 def _cpu_tag() -> str:
@@ -96,7 +116,7 @@ def unsupported_reason(model: nn.Module) -> str | None:
     return None
 
 
-def wants_native(mode: str, model: nn.Module) -> bool:
+def wants_native(mode: str, model: nn.Module, library: str | Path | None = None) -> bool:
     """The service's ``TSERVE_NATIVE_DECODE``: ``off``; ``on`` (a model it cannot run, or a
     machine it cannot be built on, is an error naming why); ``auto`` (the default): where it
     can run, decode steps are int8 (where it was measured) and it builds."""
@@ -106,12 +126,12 @@ def wants_native(mode: str, model: nn.Module) -> bool:
     if mode == "on":
         if why is not None:
             raise ValueError(f"TSERVE_NATIVE_DECODE=on: {why}")
-        build()
+        build(library)
         return True
     if why is not None or not any(isinstance(m, DecodeInt8Linear) for m in model.modules()):
         return False
     try:
-        build()
+        build(library)
     except RuntimeError as exc:
         log.warning("%s; decoding with the Python step", exc)
         return False
@@ -122,11 +142,11 @@ class NativeDecoder:
     """``decode_step``'s contract over the C++ step. Build it once the weights are final
     (quantized): it holds the projections' kernels and copies of the norms as they are now."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, library: str | Path | None = None):
         why = unsupported_reason(model)
         if why is not None:
             raise ValueError(f"no native decode step for this model: {why}")
-        self.build_seconds = build()
+        self.build_seconds = build(library)
         cfg = model.cfg
         first = model.decoder_layers[0]
         eps = first.self_attn_norm.eps if first.self_attn_norm.eps is not None else torch.finfo().eps
@@ -162,3 +182,20 @@ def _add_projection(plan, layer: nn.Module) -> None:
         plan.add_float(layer.weight.detach(), None if layer.bias is None else layer.bias.detach(), None)
     else:
         raise TypeError(f"no native kernel for {type(layer).__name__}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m model.native_decode --out DIR [--portable]``: build the library into DIR
+    (what the container image ships; ``TSERVE_NATIVE_LIBRARY`` names the printed path)."""
+    parser = argparse.ArgumentParser(prog="python -m model.native_decode", description=main.__doc__)
+    parser.add_argument("--out", type=Path, required=True, help="directory for the built library")
+    parser.add_argument("--portable", action="store_true",
+                        help="no -march=native: runs on any x86-64 (or aarch64) CPU, not just this one")
+    args = parser.parse_args(argv)
+    path = compile_library("tserve_native_llama", PORTABLE_FLAGS if args.portable else NATIVE_FLAGS,
+                           args.out.resolve())
+    print(path)
+
+
+if __name__ == "__main__":
+    main()

@@ -248,15 +248,15 @@ class DecoderLM(_CachedDecoder):
     compiled_decode = None  # a model.compiled_decode.CompiledDecoder once compile_decode() attached one
     native_decode = None  # a model.native_decode.NativeDecoder once use_native_decode() attached one
 
-    def use_native_decode(self):
+    def use_native_decode(self, library=None):
         """Attach the native (C++) decode step (``model.native_decode``; Llama family on the CPU,
         else ValueError naming why; RuntimeError where it cannot be built). Call it once the
         weights are final (quantized): it holds them as they are now. It takes precedence over
-        a compiled step."""
+        a compiled step. ``library``: a prebuilt one to load (``model.native_decode.build``)."""
         from model.native_decode import NativeDecoder
 
         self.eval()
-        self.native_decode = NativeDecoder(self)
+        self.native_decode = NativeDecoder(self, library)
         return self.native_decode
 
     def compile_decode(self, warm_up: bool = True):

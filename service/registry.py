@@ -82,16 +82,8 @@ class EngineRegistry:
                     await asyncio.to_thread(quantize_checkpoint_, ckpt.model, ckpt.tokenizer)
                 ckpt.model.optimize_for_inference()  # prepacked CPU weights (those left in float)
                 ckpt.model.set_decode_attention(self.settings.decode_attention)
-                if await asyncio.to_thread(wants_native, self.settings.native_decode, ckpt.model):
-                    native = await asyncio.to_thread(ckpt.model.use_native_decode)
-                    log.info("native decode step",
-                             extra={"model": name, "build_seconds": round(native.build_seconds, 1)})
-                elif wants_compile(self.settings.compile, ckpt.model):
-                    compiled = await asyncio.to_thread(ckpt.model.compile_decode)
-                    self.metrics.compile_seconds.labels(name).set(compiled.compile_seconds)
-                    seconds = round(compiled.compile_seconds, 1)
-                    log.info("decode step compiled",
-                             extra={"model": name, "seconds": seconds, "fallback": compiled.failed})
+                if ckpt.config.has_decoder:
+                    await self._choose_decode_step(name, ckpt.model)
                 cls = EncoderEngine if ckpt.config.family == "encoder" else GenerativeEngine
                 engine = cls(name, ckpt, self.settings, self.metrics)
                 self.engines[name] = engine
@@ -101,6 +93,23 @@ class EngineRegistry:
             log.error("model loading failed: %s", self.error)
         finally:
             self.started = True
+
+    async def _choose_decode_step(self, name: str, model) -> None:
+        """The native C++ step, a compiled one or the Python one (in that order, as the settings
+        allow); the gauge ``tserve_decode_step_info`` says which."""
+        library = self.settings.native_library or None
+        step = "python"
+        if await asyncio.to_thread(wants_native, self.settings.native_decode, model, library):
+            native = await asyncio.to_thread(model.use_native_decode, library)
+            log.info("native decode step", extra={"model": name, "build_seconds": round(native.build_seconds, 1)})
+            step = "native"
+        elif wants_compile(self.settings.compile, model):
+            compiled = await asyncio.to_thread(model.compile_decode)
+            self.metrics.compile_seconds.labels(name).set(compiled.compile_seconds)
+            log.info("decode step compiled", extra={"model": name, "seconds": round(compiled.compile_seconds, 1),
+                                                    "fallback": compiled.failed})
+            step = "python" if compiled.failed else "compiled"
+        self.metrics.decode_step.labels(name, step).set(1)
 
     async def stop(self, grace_s: float) -> None:
         await asyncio.gather(*(e.stop(grace_s) for e in self.engines.values()))

@@ -37,6 +37,9 @@ class Settings(BaseSettings):
         "auto", description="native C++ decode step (Llama family, CPU, built with the machine's C++ compiler "
                             "before /ready; wins over TSERVE_COMPILE): auto = where decode steps run int8 and it "
                             "builds, on = every Llama-family model (else a start-up error), off = the Python step")
+    native_library: str = Field(
+        "", description="a prebuilt native decode library to load instead of compiling one (the container's, "
+                        "built by python -m model.native_decode); empty = build with the machine's compiler")
     decode_attention: Literal["auto", "sdpa", "triton"] = Field(
         "auto", description="decode-step attention: auto = the Triton kernel on CUDA when triton is installed, "
                             "else SDPA; triton = the kernel or a start-up error")

@@ -111,10 +111,10 @@ def test_which_models_run_native():
 
 def test_a_machine_without_a_compiler_keeps_the_python_step(monkeypatch, caplog):
     llama = _int8(_model(0), 0)
-    monkeypatch.setattr(native_decode, "_BUILD", {"error": "the native decode step could not be built: no c++"})
+    monkeypatch.setattr(native_decode, "_BUILD", {"error": "the native decode step could not be loaded: no c++"})
     assert not wants_native("auto", llama)
-    assert "could not be built" in caplog.text
-    with pytest.raises(RuntimeError, match="could not be built: no c\\+\\+"):
+    assert "could not be loaded" in caplog.text
+    with pytest.raises(RuntimeError, match="could not be loaded: no c\\+\\+"):
         wants_native("on", llama)
 
 
@@ -134,3 +134,44 @@ def test_bad_steps_are_refused_and_training_drops_it(fresh_seed):
             model.decode_step(half, first[:1], [0], [0])
     model.train()
     assert model.native_decode is None
+
+
+def test_a_portable_prebuilt_library_loads_and_decodes_like_eager(tmp_path, monkeypatch):
+    """What the container does: ``python -m model.native_decode --out DIR --portable`` at image
+    build time, ``build(library)`` (``TSERVE_NATIVE_LIBRARY``) at start-up. Separate processes:
+    one process can register the extension's operators only once."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "cache"))
+    out = subprocess.run([sys.executable, "-m", "model.native_decode", "--out", str(tmp_path / "lib"), "--portable"],
+                         capture_output=True, text=True, timeout=600, check=True)
+    library = out.stdout.strip().splitlines()[-1]
+    assert library.endswith(".so") and (tmp_path / "lib").is_dir()
+    check = f"""
+import torch
+from model import build_model
+from model.native_decode import build, NativeDecoder
+from tests.model.test_llama import llama_config
+build({library!r})
+model = build_model(llama_config(max_positions=64)).init_weights(7).eval()
+cache = model.new_cache(2, 32)
+with torch.inference_mode():
+    first = model.prefill(cache, [[5, 6, 7], [9]], [0, 1]).argmax(-1)
+    k, v = cache.k.clone(), cache.v.clone()
+    eager = model.decode_step(cache, first, [0, 1], [3, 1])
+    cache.k.copy_(k); cache.v.copy_(v)
+    model.use_native_decode({library!r})
+    native = model.decode_step(cache, first, [0, 1], [3, 1])
+torch.testing.assert_close(native, eager, atol=2e-4, rtol=1e-4)
+print("same logits")
+"""
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "same logits" in done.stdout, done.stderr[-2000:]
+    assert not (tmp_path / "cache").exists()  # loaded, not rebuilt
+
+
+def test_a_missing_prebuilt_library_is_named(monkeypatch):
+    monkeypatch.setattr(native_decode, "_BUILD", {})
+    with pytest.raises(RuntimeError, match="could not be loaded from /nonexistent/lib.so"):
+        native_decode.build("/nonexistent/lib.so")

@@ -138,6 +138,8 @@ def test_real_chat_model_answers_sensibly():
         stream = client.chat.completions.create(model="smollm2-135m-instruct", messages=question, temperature=0,
                                                 max_tokens=30, stream=True)
         assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == r.choices[0].message.content
+        metrics = httpx.get(s.url + "/metrics", timeout=10).text  # served through the C++ decode step
+        assert 'tserve_decode_step_info{model="smollm2-135m-instruct",step="native"} 1.0' in metrics
 
 
 def test_a_gguf_path_in_tserve_models_is_served_under_its_name(tmp_path):
@@ -149,3 +151,6 @@ def test_a_gguf_path_in_tserve_models_is_served_under_its_name(tmp_path):
         assert [m.id for m in client.models.list()] == ["Tiny-Chat.Q8"]
         r = client.chat.completions.create(model="Tiny-Chat.Q8", messages=HELLO[1:], max_tokens=4, temperature=0)
         assert r.usage.completion_tokens >= 1
+        # A Llama-family model on the CPU: int8 decode steps through the native step (the defaults).
+        metrics = httpx.get(s.url + "/metrics", timeout=10).text
+        assert 'tserve_decode_step_info{model="Tiny-Chat.Q8",step="native"} 1.0' in metrics
