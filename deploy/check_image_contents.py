@@ -1,11 +1,13 @@
 """Runs INSIDE the serving image (piped to `python -`): what serving needs is there, nothing else.
 
     docker run --rm -i --network none transformer-serve \
-        python - [--require-service] [checkpoint names] < deploy/check_image_contents.py
+        python - [--require-service] [--require-native] [checkpoint names] < deploy/check_image_contents.py
 
 Checks: the serving dependencies import; the process is not root; the train/test/bench
 extras are absent; /app/weights is read-only for the service user and holds the named
-checkpoints (each with a readable config.json, model.safetensors and tokenizer.json).
+checkpoints (each with a readable config.json, model.safetensors and tokenizer.json); the
+native decode library that TSERVE_NATIVE_LIBRARY names loads (--require-native: it must be
+there; without, an image built without a compiler only says it decodes through the Python step).
 """
 
 import importlib
@@ -54,6 +56,24 @@ if "torch" in sys.modules:
     out = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
     if out.shape != q.shape or not torch.isfinite(out).all() or not torch.allclose(out[:, :, 0], q[:, :, 0]):
         problems.append("torch attention gives wrong results")  # row 0 attends only to itself
+
+# The prebuilt native decode step: it loads here, without the headers and compiler it was built with.
+native_library = os.environ.get("TSERVE_NATIVE_LIBRARY", "")
+if not native_library:
+    problems.append("TSERVE_NATIVE_LIBRARY is not set (the image ships the native decode step)")
+elif not os.path.isfile(native_library):
+    if "--require-native" in sys.argv:
+        problems.append(f"no native decode library at {native_library} (the native stage had no compiler?)")
+    else:
+        print(f"image: no native decode library at {native_library}: Llama-family models use the Python step")
+elif "torch" in sys.modules:
+    try:
+        sys.modules["torch"].ops.load_library(native_library)
+        print(f"image: native decode library {native_library} loads ({os.path.getsize(native_library) // 1024} KiB)")
+    except (OSError, RuntimeError) as err:
+        problems.append(f"the native decode library {native_library} does not load: {err}")
+compilers = [c for c in ("g++", "c++", "gcc", "cc") if shutil.which(c)]
+print(f"image: C++ compiler: {', '.join(compilers) if compilers else 'none'}")
 
 for name in NOT_SERVING:
     if importlib.util.find_spec(name) is not None:

@@ -5,6 +5,10 @@ Standard library only, so the container smoke test can run it with any python3:
     python3 deploy/smoke_requests.py --url http://127.0.0.1:8000 --wait-ready 180 \
         --expect-models translate-en-de,generate-en,fill-mask-en --metrics-out metrics.txt
 
+The models named by --native-models (default: SmolLM2) that /v1/models lists must decode
+through the native C++ step (``tserve_decode_step_info{step="native"}`` in /metrics), and
+answer a completion through it.
+
 Exits non-zero with a line naming the endpoint and what was wrong.
 """
 
@@ -20,6 +24,8 @@ import urllib.error
 import urllib.request
 
 FINISH_REASONS = {"stop", "length", "eos"}
+# Served through the native decode step wherever the image has one (the container ships it).
+NATIVE_MODELS = "smollm2-135m-instruct"
 
 
 class SmokeFailure(Exception):
@@ -154,6 +160,40 @@ def check_embeddings(base: str) -> None:
     expect(any(x != 0.0 for x in vector), endpoint, "all-zero embedding")
 
 
+def decode_steps(metrics: str) -> dict[str, str]:
+    """model -> decode step, from the ``tserve_decode_step_info`` series set to 1."""
+    steps = {}
+    for labels, value in re.findall(r'^tserve_decode_step_info\{([^}]*)\}\s+(\S+)$', metrics, re.MULTILINE):
+        pairs = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        if float(value) == 1.0 and "model" in pairs:
+            steps[pairs["model"]] = pairs.get("step", "")
+    return steps
+
+
+def check_native_steps(base: str, metrics: str, models: list[str]) -> None:
+    """Each of ``models`` that /v1/models lists decodes through the native step, and completes
+    a prompt through it."""
+    endpoint = "GET /metrics"
+    steps = decode_steps(metrics)
+    expect(bool(steps), endpoint, "no tserve_decode_step_info series")
+    print("smoke: decode steps: " + ", ".join(f"{m}={s}" for m, s in sorted(steps.items())), flush=True)
+    listed = {m.get("id") for m in call_json(base, "GET", "/v1/models").get("data", [])}
+    for model in models:
+        if model not in listed:
+            print(f"smoke: native step of {model}: not checked (the server does not list it)", flush=True)
+            continue
+        expect(steps.get(model) == "native", endpoint,
+               f"{model} decodes through the {steps.get(model)!r} step, not the native one: "
+               f'no tserve_decode_step_info{{model="{model}",step="native"}} 1.0 (the server log says why)')
+        body = call_json(base, "POST", "/v1/completions", {"model": model, "prompt": "The capital of France is",
+                                                           "max_tokens": 8, "temperature": 0})
+        choices = body.get("choices") or [{}]
+        expect(isinstance(choices[0].get("text"), str), f"POST /v1/completions ({model})", f"body {body!r}")
+        check_usage(body.get("usage"), f"POST /v1/completions ({model})", 8)
+        print(f'smoke: native step of {model}: tserve_decode_step_info{{model="{model}",step="native"}} 1.0; '
+              f"completion {choices[0]['text']!r}", flush=True)
+
+
 def check_playground(base: str) -> None:
     """The web page at / and every script and stylesheet it names (all from this server)."""
     status, ctype, raw = call(base, "GET", "/")
@@ -181,6 +221,9 @@ def main() -> int:
                         help="poll /ready this long before the requests (0: don't wait)")
     parser.add_argument("--expect-models", default="", help="comma-separated ids /v1/models must list")
     parser.add_argument("--metrics-out", help="write the /metrics text here (for promtool check metrics)")
+    parser.add_argument("--native-models", default=NATIVE_MODELS,
+                        help="comma-separated ids that must decode through the native step when /v1/models "
+                             f"lists them (default {NATIVE_MODELS}; '' checks none)")
     args = parser.parse_args()
     base = args.url.rstrip("/")
 
@@ -204,6 +247,9 @@ def main() -> int:
             print(f"smoke: {name}: ok ({time.monotonic() - start:.2f}s)", flush=True)
         metrics = fetch_metrics(base)
         print("smoke: metrics: ok", flush=True)
+        native = [m for m in args.native_models.split(",") if m]
+        if native:
+            check_native_steps(base, metrics, native)
     except SmokeFailure as failure:
         print(f"smoke: FAILED: {failure}", file=sys.stderr)
         return 1
