@@ -181,7 +181,10 @@ class CacheView:
         self.cache.write(layer, self.batch, self.write_positions, k, v)
         if self.span is None:
             return k, v
-        return self.cache.read(layer, self.batch, self.span)  # 2 x (B, nkv, span, hs)
+        keys, values = self.cache.read(layer, self.batch, self.span)  # 2 x (B, nkv, span, hs)
+        # A cache kept in a narrower dtype than the model computes in (TSERVE_KV_DTYPE) is read
+        # back in the model's dtype; the same dtype is a no-op.
+        return keys.to(k.dtype), values.to(v.dtype)
 
     def update_in_place(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """For a kernel that reads the slots where they lie (decode, one new token per row):

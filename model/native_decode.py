@@ -169,8 +169,8 @@ class NativeDecoder:
         """tokens (B,) at ``positions`` of ``slots`` -> logits (B, V) float32."""
         if max(positions) >= cache.max_len:
             raise ValueError(f"sequence length {max(positions) + 1} exceeds the KV cache's max_len {cache.max_len}")
-        if cache.k.dtype != torch.float32:
-            raise ValueError(f"the native decode step needs a float32 KV cache, not {cache.k.dtype}")
+        if cache.k.dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"the native decode step needs a float32 or bfloat16 KV cache, not {cache.k.dtype}")
         return self.plan.step(tokens.view(-1), cache.k, cache.v, [int(s) for s in slots], [int(p) for p in positions])
 
 

@@ -175,6 +175,13 @@ class _CachedDecoder(TransformerModel):
 
     decoder_layers: nn.ModuleList
     decoder_norm: nn.Module
+    # The KV cache's dtype when narrower than the weights' (TSERVE_KV_DTYPE): a decode step
+    # reads every cached K/V row, and in bfloat16 that is half the bytes. None: the model's.
+    kv_dtype: torch.dtype | None = None
+
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        return self.kv_dtype or self.dtype
 
     def new_cache(self, n_slots: int, max_len: int, max_src_len: int = 0,
                   dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> SlotKVCache:
@@ -182,7 +189,7 @@ class _CachedDecoder(TransformerModel):
             raise ValueError(f"max_len {max_len} exceeds the model's max_positions {self.cfg.max_positions}")
         return SlotKVCache(
             len(self.decoder_layers), n_slots, self.cfg.kv_heads, self.cfg.head_dim, max_len,
-            max_src_len, dtype or self.dtype, device or self.device,
+            max_src_len, dtype or self.cache_dtype, device or self.device,
         )
 
     def forward_cached(

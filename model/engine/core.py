@@ -56,7 +56,7 @@ class EngineCore:
         if budget_mb <= 0:
             return 0
         per_block = PrefixKVPool.block_bytes(len(model.decoder_layers), model.cfg.kv_heads, model.cfg.head_dim,
-                                             PREFIX_BLOCK, model.dtype)
+                                             PREFIX_BLOCK, model.cache_dtype)
         return int(budget_mb * 2**20) // per_block
 
     # --- requests in and out -----------------------------------------------------------

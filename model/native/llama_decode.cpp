@@ -15,7 +15,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -74,12 +80,157 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
+// The KV cache holds float32 or bfloat16 (as uint16_t bits). bfloat16 is the top half of a
+// float32, rounded to nearest even as torch's own conversion rounds, so a row written here
+// equals the row the Python path writes.
+inline float to_float(float x) { return x; }
+inline float to_float(uint16_t bits) {
+  const uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+inline void store(float x, float* dst) { *dst = x; }
+inline void store(float x, uint16_t* dst) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) {  // NaN stays a (quiet) NaN
+    *dst = 0x7fc0;
+    return;
+  }
+  *dst = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// One cache row as float32: the row itself, or its conversion into `scratch`.
+inline const float* row_as_float(const float* row, float*, int64_t) { return row; }
+inline const float* row_as_float(const uint16_t* row, float* scratch, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) scratch[i] = to_float(row[i]);
+  return scratch;
+}
+
+// Attention of one (row, K/V head) item: `group` query heads q (group, hs) over n cached
+// positions -> out (group, hs) = softmax(q k^T * scale) v. `scores` holds group * n floats.
+template <typename T>
+void attend_one(const float* q, const T* keys, const T* values, int64_t n, int64_t group, int64_t hs, float scale,
+                float* scores, float* out) {
+  for (int64_t t = 0; t < n; ++t) {
+    float scratch[512];  // head sizes up to 512 (checked at construction)
+    const float* k = row_as_float(keys + t * hs, scratch, hs);
+    for (int64_t h = 0; h < group; ++h) scores[h * n + t] = dot(q + h * hs, k, hs) * scale;
+  }
+  std::vector<float> total(group, 0.0f);
+  for (int64_t h = 0; h < group; ++h) {
+    float* row = scores + h * n;
+    const float top = *std::max_element(row, row + n);
+    for (int64_t t = 0; t < n; ++t) total[h] += (row[t] = std::exp(row[t] - top));
+  }
+  std::fill(out, out + group * hs, 0.0f);
+  for (int64_t t = 0; t < n; ++t) {
+    float scratch[512];
+    const float* v = row_as_float(values + t * hs, scratch, hs);
+    for (int64_t h = 0; h < group; ++h) {
+      const float p = scores[h * n + t];
+      float* a = out + h * hs;
+      for (int64_t i = 0; i < hs; ++i) a[i] += p * v[i];
+    }
+  }
+  for (int64_t h = 0; h < group; ++h)
+    for (int64_t i = 0; i < hs; ++i) out[h * hs + i] /= total[h];
+}
+
+#if defined(__AVX512F__)
+// The same with 16-float vectors, for head sizes that are a multiple of 16 (C = hs / 16
+// vectors per row): each K/V row is loaded (and widened from bfloat16) once for the whole
+// group, and the softmax's exponentials are vectorised too.
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const uint16_t* p) {  // bfloat16 bits -> the top half of float32
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+// exp(x) for x <= 0: 2^k e^r with k = round(x / ln 2), |r| <= ln(2) / 2, e^r by its Taylor
+// series to r^6 (relative error ~1.2e-7), 2^k applied exactly by scalef.
+inline __m512 exp_nonpositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693145751953125f), x);  // ln 2 in two parts
+  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(1.42860682030941723e-6f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, k);
+}
+
+template <int C, typename T>
+void attend_one_avx512(const float* q, const T* keys, const T* values, int64_t n, int64_t group, float scale,
+                       float* scores, float* out) {
+  constexpr int64_t hs = 16 * C;
+  for (int64_t t = 0; t < n; ++t) {
+    __m512 k[C];
+    for (int c = 0; c < C; ++c) k[c] = load16(keys + t * hs + 16 * c);
+    for (int64_t h = 0; h < group; ++h) {
+      __m512 s = _mm512_mul_ps(_mm512_loadu_ps(q + h * hs), k[0]);
+      for (int c = 1; c < C; ++c) s = _mm512_fmadd_ps(_mm512_loadu_ps(q + h * hs + 16 * c), k[c], s);
+      scores[h * n + t] = _mm512_reduce_add_ps(s) * scale;
+    }
+  }
+  std::vector<float> total(group);
+  for (int64_t h = 0; h < group; ++h) {
+    float* row = scores + h * n;
+    __m512 top16 = _mm512_set1_ps(-INFINITY);
+    int64_t t = 0;
+    for (; t + 16 <= n; t += 16) top16 = _mm512_max_ps(top16, _mm512_loadu_ps(row + t));
+    float top = _mm512_reduce_max_ps(top16);
+    for (; t < n; ++t) top = std::max(top, row[t]);
+    __m512 sum16 = _mm512_setzero_ps();
+    for (t = 0; t + 16 <= n; t += 16) {
+      const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(row + t), _mm512_set1_ps(top)));
+      _mm512_storeu_ps(row + t, e);
+      sum16 = _mm512_add_ps(sum16, e);
+    }
+    if (t < n) {  // the tail, masked
+      const __mmask16 m = static_cast<__mmask16>((1u << (n - t)) - 1u);
+      const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + t), _mm512_set1_ps(top)));
+      _mm512_mask_storeu_ps(row + t, m, e);
+      sum16 = _mm512_add_ps(sum16, _mm512_maskz_mov_ps(m, e));
+    }
+    total[h] = _mm512_reduce_add_ps(sum16);
+  }
+  for (int64_t h = 0; h < group; ++h) {
+    __m512 acc[C];
+    for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
+    const float* p = scores + h * n;
+    for (int64_t t = 0; t < n; ++t) {
+      const __m512 w = _mm512_set1_ps(p[t]);
+      for (int c = 0; c < C; ++c) acc[c] = _mm512_fmadd_ps(w, load16(values + t * hs + 16 * c), acc[c]);
+    }
+    const __m512 inv = _mm512_set1_ps(1.0f / total[h]);
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + h * hs + 16 * c, _mm512_mul_ps(acc[c], inv));
+  }
+}
+#endif
+
+template <typename T>
+void attend_item(const float* q, const T* keys, const T* values, int64_t n, int64_t group, int64_t hs, float scale,
+                 float* scores, float* out) {
+#if defined(__AVX512F__)
+  if (hs == 64) return attend_one_avx512<4>(q, keys, values, n, group, scale, scores, out);
+  if (hs == 128) return attend_one_avx512<8>(q, keys, values, n, group, scale, scores, out);
+#endif
+  attend_one(q, keys, values, n, group, hs, scale, scores, out);
+}
+
 class LlamaDecoder : public torch::CustomClassHolder {
  public:
   LlamaDecoder(int64_t n_heads, int64_t n_kv, int64_t head_dim, double eps, double scale)
       : nh_(n_heads), nkv_(n_kv), hs_(head_dim), eps_(static_cast<float>(eps)), scale_(static_cast<float>(scale)) {
     TORCH_CHECK(n_heads > 0 && n_kv > 0 && n_heads % n_kv == 0, "n_heads must be a multiple of n_kv");
-    TORCH_CHECK(head_dim % 2 == 0, "head_dim must be even (rotary pairs)");
+    TORCH_CHECK(head_dim % 2 == 0 && head_dim <= 512, "head_dim must be even (rotary pairs) and at most 512");
   }
 
   // Model-level tensors: token embeddings (V, d), the final norm (d,), the rotary table (2, P, hs).
@@ -129,6 +280,8 @@ class LlamaDecoder : public torch::CustomClassHolder {
                 "tokens, slots and positions must have one entry per row");
     check_cache(k_cache, "k_cache");
     check_cache(v_cache, "v_cache");
+    TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type() && k_cache.sizes() == v_cache.sizes(),
+                "k_cache and v_cache must have the same shape and dtype");
     const int64_t n_slots = k_cache.size(1), L1 = k_cache.size(3);
     for (int64_t b = 0; b < B; ++b) {
       TORCH_CHECK(slots[b] >= 0 && slots[b] < n_slots, "slot ", slots[b], " out of range [0, ", n_slots, ")");
@@ -151,21 +304,25 @@ class LlamaDecoder : public torch::CustomClassHolder {
       const Layer& L = layers_[l];
       norm_rows(xs, L.attn_norm.data(), L.qkv, B, h.data_ptr<float>());
       Tensor qkv = L.qkv(h).contiguous();  // (B, q_w + 2 kv_w)
-      float* k_base = k_cache.data_ptr<float>() + static_cast<int64_t>(l) * n_slots * nkv_ * L1 * hs_;
-      float* v_base = v_cache.data_ptr<float>() + static_cast<int64_t>(l) * n_slots * nkv_ * L1 * hs_;
-      for (int64_t b = 0; b < B; ++b) {  // RoPE on q and k, then k and v into the cache
+      for (int64_t b = 0; b < B; ++b) {  // RoPE on q and k
         float* row = qkv.data_ptr<float>() + b * (q_w + 2 * kv_w);
         const float* cos = rope_.data_ptr<float>() + positions[b] * hs_;
         const float* sin = cos + rope_.size(1) * hs_;
         rope_row(row, cos, sin, nh_, hs_);
         rope_row(row + q_w, cos, sin, nkv_, hs_);
-        for (int64_t g = 0; g < nkv_; ++g) {
-          const int64_t at_pos = ((slots[b] * nkv_ + g) * L1 + positions[b]) * hs_;
-          std::copy_n(row + q_w + g * hs_, hs_, k_base + at_pos);
-          std::copy_n(row + q_w + kv_w + g * hs_, hs_, v_base + at_pos);
-        }
       }
-      attend(qkv.data_ptr<float>(), k_base, v_base, slots, positions, L1, L.o, B, y.data_ptr<float>());
+      const int64_t layer_at = static_cast<int64_t>(l) * n_slots * nkv_ * L1 * hs_;
+      if (k_cache.scalar_type() == at::kBFloat16) {
+        auto* k_base = reinterpret_cast<uint16_t*>(k_cache.data_ptr<at::BFloat16>()) + layer_at;
+        auto* v_base = reinterpret_cast<uint16_t*>(v_cache.data_ptr<at::BFloat16>()) + layer_at;
+        write_kv(qkv.data_ptr<float>(), k_base, v_base, slots, positions, L1, B);
+        attend(qkv.data_ptr<float>(), k_base, v_base, slots, positions, L1, L.o, B, y.data_ptr<float>());
+      } else {
+        float* k_base = k_cache.data_ptr<float>() + layer_at;
+        float* v_base = v_cache.data_ptr<float>() + layer_at;
+        write_kv(qkv.data_ptr<float>(), k_base, v_base, slots, positions, L1, B);
+        attend(qkv.data_ptr<float>(), k_base, v_base, slots, positions, L1, L.o, B, y.data_ptr<float>());
+      }
       add_rows(xs, L.o(y), B * d_);
       norm_rows(xs, L.ffn_norm.data(), L.gate, B, h.data_ptr<float>());
       Tensor g = L.gate(h).contiguous();
@@ -217,8 +374,9 @@ class LlamaDecoder : public torch::CustomClassHolder {
   }
 
   void check_cache(const Tensor& c, const char* name) const {
-    TORCH_CHECK(c.device().is_cpu() && c.scalar_type() == at::kFloat && c.is_contiguous(), name,
-                " must be a contiguous float32 CPU tensor");
+    TORCH_CHECK(c.device().is_cpu() && (c.scalar_type() == at::kFloat || c.scalar_type() == at::kBFloat16) &&
+                    c.is_contiguous(),
+                name, " must be a contiguous float32 or bfloat16 CPU tensor");
     TORCH_CHECK(c.dim() == 5 && c.size(0) == num_layers() && c.size(2) == nkv_ && c.size(4) == hs_, name,
                 " must be (layers, slots, n_kv, length, head_dim)");
   }
@@ -233,38 +391,42 @@ class LlamaDecoder : public torch::CustomClassHolder {
     for (int64_t i = 0; i < n; ++i) x[i] += dp[i];
   }
 
+  // Each row's new k and v (after RoPE, in its qkv row) into its slot at its position.
+  template <typename T>
+  void write_kv(const float* qkv, T* k_base, T* v_base, const std::vector<int64_t>& slots,
+                const std::vector<int64_t>& positions, int64_t L1, int64_t B) const {
+    const int64_t q_w = nh_ * hs_, kv_w = nkv_ * hs_;
+    for (int64_t b = 0; b < B; ++b) {
+      const float* row = qkv + b * (q_w + 2 * kv_w);
+      for (int64_t g = 0; g < nkv_; ++g) {
+        const int64_t at_pos = ((slots[b] * nkv_ + g) * L1 + positions[b]) * hs_;
+        for (int64_t i = 0; i < hs_; ++i) {
+          store(row[q_w + g * hs_ + i], k_base + at_pos + i);
+          store(row[q_w + kv_w + g * hs_ + i], v_base + at_pos + i);
+        }
+      }
+    }
+  }
+
   // y (B, nh * hs) = softmax(q k^T * scale) v for each row over its own slot's positions
-  // 0..position, one work item per (row, key/value head): the group's query heads share the
-  // K/V they read. Scaled on the way out for the output projection's smoothing.
-  void attend(const float* qkv, const float* k_base, const float* v_base, const std::vector<int64_t>& slots,
+  // 0..position, one work item per (row, key/value head): the group's query heads share each
+  // K/V row they read. Scaled on the way out for the output projection's smoothing.
+  template <typename T>
+  void attend(const float* qkv, const T* k_base, const T* v_base, const std::vector<int64_t>& slots,
               const std::vector<int64_t>& positions, int64_t L1, const Projection& out_proj, int64_t B,
               float* y) const {
     const int64_t group = nh_ / nkv_, q_w = nh_ * hs_, row_w = q_w + 2 * nkv_ * hs_;
     at::parallel_for(0, B * nkv_, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> scores;
-      std::vector<float> acc(hs_);
+      std::vector<float> scores, acc(group * hs_);
       for (int64_t item = begin; item < end; ++item) {
         const int64_t b = item / nkv_, g = item % nkv_, n = positions[b] + 1;
-        const float* keys = k_base + (slots[b] * nkv_ + g) * L1 * hs_;
-        const float* values = v_base + (slots[b] * nkv_ + g) * L1 * hs_;
-        scores.resize(n);
-        for (int64_t head = g * group; head < (g + 1) * group; ++head) {
-          const float* q = qkv + b * row_w + head * hs_;
-          float top = -INFINITY;
-          for (int64_t t = 0; t < n; ++t) {
-            scores[t] = dot(q, keys + t * hs_, hs_) * scale_;
-            top = std::max(top, scores[t]);
-          }
-          float total = 0.0f;
-          for (int64_t t = 0; t < n; ++t) total += (scores[t] = std::exp(scores[t] - top));
-          std::fill(acc.begin(), acc.end(), 0.0f);
-          for (int64_t t = 0; t < n; ++t) {
-            const float p = scores[t];
-            const float* v = values + t * hs_;
-            for (int64_t i = 0; i < hs_; ++i) acc[i] += p * v[i];
-          }
+        scores.resize(group * n);
+        attend_item(qkv + b * row_w + g * group * hs_, k_base + (slots[b] * nkv_ + g) * L1 * hs_,
+                    v_base + (slots[b] * nkv_ + g) * L1 * hs_, n, group, hs_, scale_, scores.data(), acc.data());
+        for (int64_t h = 0; h < group; ++h) {
+          const int64_t head = g * group + h;
           float* out = y + b * q_w + head * hs_;
-          for (int64_t i = 0; i < hs_; ++i) out[i] = acc[i] / total * out_proj.scale(head * hs_ + i);
+          for (int64_t i = 0; i < hs_; ++i) out[i] = acc[h * hs_ + i] * out_proj.scale(head * hs_ + i);
         }
       }
     });

@@ -60,14 +60,41 @@ def _eager_then_native(model, seed: int, n: int):
     return eager, native, eager_kv, (cache.k, cache.v)
 
 
-@pytest.mark.parametrize("kv_heads", [2, 6, 1])  # GQA groups of 3, plain multi-head, multi-query
-def test_float32_steps_equal_eager_logits_and_cache(kv_heads, fresh_seed):
-    model = _model(fresh_seed, n_kv_heads=kv_heads)
+# GQA groups of 3, plain multi-head, multi-query at head size 8 (the portable loops); head sizes
+# 64 and 128 (the vectorised attention where the CPU has AVX-512).
+@pytest.mark.parametrize("kv_heads,d_model,n_heads", [(2, 48, 6), (6, 48, 6), (1, 48, 6), (2, 256, 4), (1, 256, 2)])
+def test_float32_steps_equal_eager_logits_and_cache(kv_heads, d_model, n_heads, fresh_seed):
+    model = _model(fresh_seed, n_kv_heads=kv_heads, d_model=d_model, n_heads=n_heads)
     eager, native, (ek, ev), (nk, nv) = _eager_then_native(model, fresh_seed, 24)  # crosses span buckets
     for a, b in zip(native, eager):
         torch.testing.assert_close(a, b, atol=2e-4, rtol=1e-4)
     torch.testing.assert_close(nk, ek, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(nv, ev, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("d_model,n_heads", [(48, 6), (256, 4)])  # head sizes 8 and 64
+def test_a_bfloat16_cache_gives_the_eager_steps_over_the_same_cache(d_model, n_heads, fresh_seed):
+    """K/V kept in bfloat16 (half the bytes a step reads) by a float32 model: the native step
+    writes the very rows the Python step writes (torch's rounding) and attends over them."""
+    model = _model(fresh_seed, d_model=d_model, n_heads=n_heads)
+    g = torch.Generator().manual_seed(fresh_seed)
+    prompts = [torch.randint(3, model.cfg.vocab_size, (n,), generator=g).tolist() for n in (21, 5, 40)]
+    cache = model.new_cache(5, 100, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        first = model.prefill(cache, prompts, [3, 0, 1]).argmax(-1)
+    before = cache.k.clone(), cache.v.clone()
+    eager = _steps(model, cache, first, [3, 0, 1], [21, 5, 40], 20)
+    eager_kv = cache.k.clone(), cache.v.clone()
+    cache.k.copy_(before[0])
+    cache.v.copy_(before[1])
+    model.use_native_decode()
+    native = _steps(model, cache, first, [3, 0, 1], [21, 5, 40], 20)
+    for a, b in zip(native, eager):
+        torch.testing.assert_close(a, b, atol=2e-3, rtol=1e-3)
+    assert cache.k.dtype == torch.bfloat16
+    torch.testing.assert_close(cache.k.float(), eager_kv[0].float(), atol=0.02, rtol=0.01)
+    assert (cache.k == eager_kv[0]).float().mean() > 0.99  # the same rounding: (nearly) the same bits
+    torch.testing.assert_close(cache.v.float(), eager_kv[1].float(), atol=0.02, rtol=0.01)
 
 
 def test_int8_steps_equal_eager_int8(fresh_seed):
@@ -129,8 +156,8 @@ def test_bad_steps_are_refused_and_training_drops_it(fresh_seed):
             model.decode_step(cache, first, [9, 0, 2, 5], starts)
         with pytest.raises(RuntimeError, match="token id .* out of range"):
             model.decode_step(cache, torch.full_like(first, model.cfg.vocab_size), slots, starts)
-        half = model.new_cache(2, 120, dtype=torch.bfloat16)
-        with pytest.raises(ValueError, match="float32 KV cache"):
+        half = model.new_cache(2, 120, dtype=torch.float16)
+        with pytest.raises(ValueError, match="float32 or bfloat16 KV cache"):
             model.decode_step(half, first[:1], [0], [0])
     model.train()
     assert model.native_decode is None

@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import torch
 
 from model import ModelConfig, build_model, load_model, save
 from model.chat_template import ChatTemplate
@@ -154,3 +155,5 @@ def test_a_gguf_path_in_tserve_models_is_served_under_its_name(tmp_path):
         # A Llama-family model on the CPU: int8 decode steps through the native step (the defaults).
         metrics = httpx.get(s.url + "/metrics", timeout=10).text
         assert 'tserve_decode_step_info{model="Tiny-Chat.Q8",step="native"} 1.0' in metrics
+        engine = s.app.state.registry.engines["Tiny-Chat.Q8"]  # TSERVE_KV_DTYPE=auto under the native step
+        assert engine.core.runner.cache.k.dtype == torch.bfloat16 and engine.model.dtype == torch.float32
