@@ -17,8 +17,8 @@ be exact for our float32; for int8 and llama.cpp (4-bit arithmetic) it is report
 projection and the tied output head in per-channel int8 for decode steps (SwiGLU output
 projections smoothed first), prompts in float32; the embedding lookup stays float32, decode
 steps through the Python step. "ours int8 native" is the same model with
-``model.use_native_decode()`` (model/native_decode.py, the C++ decode step): what the service
-runs by default for this model, so the issue's targets sit on its rows.
+``model.use_native_decode()`` (model/native_decode.py, the C++ decode step) and a bfloat16 KV
+cache: what the service runs by default for this model, so the issue's targets sit on its rows.
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ def _load(cfg: BenchConfig):
         quantize_int8_(int8[name], calibration_ids(loaded.tokenizer), decode_only=True)
         int8[name].optimize_for_inference()  # the float copies prefill uses
     native = int8[TARGETED].use_native_decode()
+    int8[TARGETED].kv_dtype = torch.bfloat16  # as the service keeps the cache under the native step
     say(f"7. chat model: native decode step built (or loaded) in {native.build_seconds:.1f} s")
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
                                                            torch_dtype=torch.float32).eval()

@@ -19,8 +19,13 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__AVX512F__)
+// The vectorised attention is compiled for AVX-512 whatever the build flags (function target
+// attributes) and chosen at run time by what the CPU supports, so a portable build (the
+// container's) still uses it on a CPU that has it.
+#if defined(__GNUC__) && defined(__x86_64__)
 #include <immintrin.h>
+#define TSERVE_AVX512 1
+#define TSERVE_TARGET_AVX512 __attribute__((target("avx512f")))
 #endif
 
 namespace {
@@ -138,19 +143,19 @@ void attend_one(const float* q, const T* keys, const T* values, int64_t n, int64
     for (int64_t i = 0; i < hs; ++i) out[h * hs + i] /= total[h];
 }
 
-#if defined(__AVX512F__)
+#if defined(TSERVE_AVX512)
 // The same with 16-float vectors, for head sizes that are a multiple of 16 (C = hs / 16
 // vectors per row): each K/V row is loaded (and widened from bfloat16) once for the whole
 // group, and the softmax's exponentials are vectorised too.
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const uint16_t* p) {  // bfloat16 bits -> the top half of float32
+TSERVE_TARGET_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+TSERVE_TARGET_AVX512 inline __m512 load16(const uint16_t* p) {  // bfloat16 bits -> the top half of float32
   const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
 }
 
 // exp(x) for x <= 0: 2^k e^r with k = round(x / ln 2), |r| <= ln(2) / 2, e^r by its Taylor
 // series to r^6 (relative error ~1.2e-7), 2^k applied exactly by scalef.
-inline __m512 exp_nonpositive(__m512 x) {
+TSERVE_TARGET_AVX512 inline __m512 exp_nonpositive(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
   const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -167,7 +172,7 @@ inline __m512 exp_nonpositive(__m512 x) {
 }
 
 template <int C, typename T>
-void attend_one_avx512(const float* q, const T* keys, const T* values, int64_t n, int64_t group, float scale,
+TSERVE_TARGET_AVX512 void attend_one_avx512(const float* q, const T* keys, const T* values, int64_t n, int64_t group, float scale,
                        float* scores, float* out) {
   constexpr int64_t hs = 16 * C;
   for (int64_t t = 0; t < n; ++t) {
@@ -218,9 +223,10 @@ void attend_one_avx512(const float* q, const T* keys, const T* values, int64_t n
 template <typename T>
 void attend_item(const float* q, const T* keys, const T* values, int64_t n, int64_t group, int64_t hs, float scale,
                  float* scores, float* out) {
-#if defined(__AVX512F__)
-  if (hs == 64) return attend_one_avx512<4>(q, keys, values, n, group, scale, scores, out);
-  if (hs == 128) return attend_one_avx512<8>(q, keys, values, n, group, scale, scores, out);
+#if defined(TSERVE_AVX512)
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  if (avx512 && hs == 64) return attend_one_avx512<4>(q, keys, values, n, group, scale, scores, out);
+  if (avx512 && hs == 128) return attend_one_avx512<8>(q, keys, values, n, group, scale, scores, out);
 #endif
   attend_one(q, keys, values, n, group, hs, scale, scores, out);
 }
