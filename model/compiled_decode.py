@@ -159,12 +159,18 @@ def wants_compile(mode: str, model: nn.Module) -> bool:
     """The service's ``TSERVE_COMPILE``: ``off``; ``on`` (a model the compiled step cannot run
     is an error naming why); ``auto`` (the default): where it can run and decode steps are
     int8, the case where it was measured faster (float32 steps are bound by reading weights)."""
+    return mode != "off" and decode_step_wanted(mode, "TSERVE_COMPILE", unsupported_reason(model), model)
+
+
+def decode_step_wanted(mode: str, setting: str, why: str | None, model: nn.Module) -> bool:
+    """A decode-step setting's ``off`` / ``on`` / ``auto`` for ``model``, given ``why`` that step
+    cannot run it (None: it can): ``on`` with a reason is an error naming the setting and the
+    reason; ``auto`` wants it where it can run and decode steps are int8."""
     if mode == "off":
         return False
-    why = unsupported_reason(model)
     if mode == "on":
         if why is not None:
-            raise ValueError(f"TSERVE_COMPILE=on: {why}")
+            raise ValueError(f"{setting}=on: {why}")
         return True
     return why is None and any(isinstance(m, DecodeInt8Linear) for m in model.modules())
 

@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from model.compiled_decode import decode_step_wanted
 from model.compiled_decode import unsupported_reason as compiled_unsupported_reason
 from model.int8 import DecodeInt8Linear
 from model.kv_cache import SlotKVCache
@@ -120,16 +121,11 @@ def wants_native(mode: str, model: nn.Module, library: str | Path | None = None)
     """The service's ``TSERVE_NATIVE_DECODE``: ``off``; ``on`` (a model it cannot run, or a
     machine it cannot be built on, is an error naming why); ``auto`` (the default): where it
     can run, decode steps are int8 (where it was measured) and it builds."""
-    if mode == "off":
+    if mode == "off" or not decode_step_wanted(mode, "TSERVE_NATIVE_DECODE", unsupported_reason(model), model):
         return False
-    why = unsupported_reason(model)
     if mode == "on":
-        if why is not None:
-            raise ValueError(f"TSERVE_NATIVE_DECODE=on: {why}")
-        build(library)
+        build(library)  # an error naming why, where it cannot be built
         return True
-    if why is not None or not any(isinstance(m, DecodeInt8Linear) for m in model.modules()):
-        return False
     try:
         build(library)
     except RuntimeError as exc:

@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model import SamplingParams, build_model, generate
+from model import build_model
 from model.compiled_decode import CompiledDecoder, unsupported_reason, wants_compile
 from model.int8 import DecodeInt8Linear, quantize_int8_
 from tests.conftest import tiny_model
+from tests.model.decode_steps import greedy_generations, greedy_steps, ragged_cache, random_prompts
 from tests.model.test_llama import llama_config
 
 
@@ -18,26 +19,12 @@ def _model(seed: int, **overrides):
     return build_model(llama_config(max_positions=128, **overrides)).init_weights(seed).eval()
 
 
-def _steps(model, cache, first: torch.Tensor, slots: list[int], starts: list[int], n: int) -> list[torch.Tensor]:
-    """n greedy decode steps from ``first`` (B,) at positions ``starts`` of ``slots``."""
-    logits, tokens = [], first
-    with torch.inference_mode():
-        for i in range(n):
-            out = model.decode_step(cache, tokens, slots, [s + i for s in starts])
-            logits.append(out)
-            tokens = out.argmax(-1)
-    return logits
+_steps = greedy_steps
 
 
 def _ragged(model, seed: int):
     """A 6-slot cache holding three prompts of different lengths in slots 4, 0, 2."""
-    g = torch.Generator().manual_seed(seed)
-    prompts = [torch.randint(3, model.cfg.vocab_size, (n,), generator=g).tolist() for n in (21, 5, 40)]
-    slots = [4, 0, 2]
-    cache = model.new_cache(6, 100)
-    with torch.inference_mode():
-        first = model.prefill(cache, prompts, slots).argmax(-1)
-    return cache, first, slots, [len(p) for p in prompts]
+    return ragged_cache(model, seed, (21, 5, 40), (4, 0, 2), 6, 100)
 
 
 @pytest.mark.parametrize("fused", [True, False])
@@ -61,13 +48,11 @@ def test_float32_steps_equal_eager_logits_and_cache(fused, fresh_seed):
 
 def test_greedy_generation_identical_with_and_without_compile(fresh_seed):
     model = _model(fresh_seed)
-    g = torch.Generator().manual_seed(fresh_seed)
-    prompts = [torch.randint(3, model.cfg.vocab_size, (n,), generator=g).tolist() for n in (9, 1, 30, 14)]
-    params = SamplingParams(max_new_tokens=20, temperature=0.0, ignore_eos=True)
-    eager = [r.token_ids for r in generate(model, prompts, params)]
+    prompts = random_prompts(model, fresh_seed, (9, 1, 30, 14))
+    eager = greedy_generations(model, prompts)
     model.compile_decode()  # warm-up compiles on a scratch cache; generate() brings another
-    assert [r.token_ids for r in generate(model, prompts, params)] == eager
-    assert [r.token_ids for r in generate(model, prompts[1:2], params)] == eager[1:2]  # batch 1's own graph
+    assert greedy_generations(model, prompts) == eager
+    assert greedy_generations(model, prompts[1:2]) == eager[1:2]  # batch 1's own graph
 
 
 def test_int8_steps_stay_close_to_eager_int8(fresh_seed):

@@ -8,10 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model import SamplingParams, build_model, generate, native_decode
+from model import build_model, native_decode
 from model.int8 import DecodeInt8Linear, quantize_int8_
 from model.native_decode import NativeDecoder, unsupported_reason, wants_native
 from tests.conftest import tiny_model
+from tests.model.decode_steps import greedy_generations, greedy_steps, ragged_cache, random_prompts
 from tests.model.test_llama import llama_config
 
 
@@ -27,25 +28,12 @@ def _int8(model, seed: int):
     return model
 
 
-def _steps(model, cache, first: torch.Tensor, slots: list[int], starts: list[int], n: int) -> list[torch.Tensor]:
-    """n greedy decode steps from ``first`` (B,) at positions ``starts`` of ``slots``."""
-    logits, tokens = [], first
-    with torch.inference_mode():
-        for i in range(n):
-            out = model.decode_step(cache, tokens, slots, [s + i for s in starts])
-            logits.append(out)
-            tokens = out.argmax(-1)
-    return logits
+_steps = greedy_steps
 
 
-def _ragged(model, seed: int, lengths=(21, 5, 40, 1), slots=(4, 0, 2, 5)):
+def _ragged(model, seed: int, lengths=(21, 5, 40, 1), slots=(4, 0, 2, 5), dtype=None):
     """A 7-slot cache holding prompts of different lengths in scattered slots."""
-    g = torch.Generator().manual_seed(seed)
-    prompts = [torch.randint(3, model.cfg.vocab_size, (n,), generator=g).tolist() for n in lengths]
-    cache = model.new_cache(7, 120)
-    with torch.inference_mode():
-        first = model.prefill(cache, prompts, list(slots)).argmax(-1)
-    return cache, first, list(slots), list(lengths)
+    return ragged_cache(model, seed, lengths, slots, 7, 120, dtype)
 
 
 def _eager_then_native(model, seed: int, n: int):
@@ -77,18 +65,14 @@ def test_a_bfloat16_cache_gives_the_eager_steps_over_the_same_cache(d_model, n_h
     """K/V kept in bfloat16 (half the bytes a step reads) by a float32 model: the native step
     writes the very rows the Python step writes (torch's rounding) and attends over them."""
     model = _model(fresh_seed, d_model=d_model, n_heads=n_heads)
-    g = torch.Generator().manual_seed(fresh_seed)
-    prompts = [torch.randint(3, model.cfg.vocab_size, (n,), generator=g).tolist() for n in (21, 5, 40)]
-    cache = model.new_cache(5, 100, dtype=torch.bfloat16)
-    with torch.inference_mode():
-        first = model.prefill(cache, prompts, [3, 0, 1]).argmax(-1)
+    cache, first, slots, starts = _ragged(model, fresh_seed, (21, 5, 40), (3, 0, 1), torch.bfloat16)
     before = cache.k.clone(), cache.v.clone()
-    eager = _steps(model, cache, first, [3, 0, 1], [21, 5, 40], 20)
+    eager = _steps(model, cache, first, slots, starts, 20)
     eager_kv = cache.k.clone(), cache.v.clone()
     cache.k.copy_(before[0])
     cache.v.copy_(before[1])
     model.use_native_decode()
-    native = _steps(model, cache, first, [3, 0, 1], [21, 5, 40], 20)
+    native = _steps(model, cache, first, slots, starts, 20)
     for a, b in zip(native, eager):
         torch.testing.assert_close(a, b, atol=2e-3, rtol=1e-3)
     assert cache.k.dtype == torch.bfloat16
@@ -110,13 +94,11 @@ def test_int8_steps_equal_eager_int8(fresh_seed):
 
 def test_greedy_generation_identical_with_and_without_native(fresh_seed):
     model = _model(fresh_seed)
-    g = torch.Generator().manual_seed(fresh_seed)
-    prompts = [torch.randint(3, model.cfg.vocab_size, (n,), generator=g).tolist() for n in (9, 1, 30, 14)]
-    params = SamplingParams(max_new_tokens=20, temperature=0.0, ignore_eos=True)
-    eager = [r.token_ids for r in generate(model, prompts, params)]
+    prompts = random_prompts(model, fresh_seed, (9, 1, 30, 14))
+    eager = greedy_generations(model, prompts)
     model.use_native_decode()
-    assert [r.token_ids for r in generate(model, prompts, params)] == eager
-    assert [r.token_ids for r in generate(model, prompts[2:3], params)] == eager[2:3]
+    assert greedy_generations(model, prompts) == eager
+    assert greedy_generations(model, prompts[2:3]) == eager[2:3]
 
 
 def test_which_models_run_native():
