@@ -12,15 +12,18 @@ the very kernels the eager int8 path calls (fbgemm's dynamic int8 linear through
 weights ``DecodeInt8Linear`` holds, or ``at::linear`` for float layers); everything between
 them is plain loops over float32 rows. Attention reads each row's own slot in place, over
 exactly its positions (no span bucket, no mask, no gather), with a group's query heads
-sharing the K/V they read, one (row, K/V head) item per thread.
+sharing the K/V they read, one (row, K/V head) item per thread; AVX-512 loops where the CPU
+has them (chosen at run time), over a float32 or bfloat16 cache.
 
 The maths is the eager step's; only float rounding differs (the attention sums, the norms).
-Tests hold it to the eager path in float32 and in int8 (``tests/model/test_native_decode.py``).
+Tests hold it to the eager path in float32 and bfloat16, and in int8 to the same distance from
+float32 (``tests/model/test_native_decode.py``, ``tests/model/test_smollm2.py``).
 
 Built with torch's C++ extension machinery on first use (needs a C++ compiler and ninja;
-about a minute on 2 cores, then cached under ``TORCH_EXTENSIONS_DIR``, default
-``~/.cache/torch_extensions``). Where it cannot be built, ``native_unavailable()`` says why and
-the model keeps its other decode steps.
+~12 s on 2 cores, then cached under ``TORCH_EXTENSIONS_DIR``, default
+``~/.cache/torch_extensions``), or loaded prebuilt (``build(library)``; ``main`` builds one).
+Where neither works, ``wants_native`` says why in the log and the model keeps its other
+decode steps.
 """
 
 from __future__ import annotations
