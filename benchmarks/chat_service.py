@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import numpy as np
 
 from benchmarks.config import BenchConfig
 from benchmarks.report import Row, RunReport, SectionSkipped, Target, say
@@ -108,8 +109,7 @@ async def _load(url: str, clients: int, window_s: float, seed: int) -> tuple[lis
 
 
 def _pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))] if s else float("nan")
+    return float(np.percentile(values, q)) if values else float("nan")  # as section 5 computes them
 
 
 def run(ws: Workspace, cfg: BenchConfig, report: RunReport) -> None:

@@ -162,7 +162,6 @@ class NativeDecoder:
                     _add_projection(plan, proj)
             _add_projection(plan, model.lm_head.proj)
         self.plan = plan
-        self.n_layers = len(model.decoder_layers)
 
     def __call__(self, cache: SlotKVCache, tokens: Tensor, slots: Sequence[int], positions: Sequence[int]) -> Tensor:
         """tokens (B,) at ``positions`` of ``slots`` -> logits (B, V) float32."""
@@ -176,7 +175,7 @@ class NativeDecoder:
 def _add_projection(plan, layer: nn.Module) -> None:
     if isinstance(layer, DecodeInt8Linear):
         packed = layer.quantized._packed_params._packed_params
-        plan.add_int8(packed, layer.dense.out_features, layer.inv_scale)
+        plan.add_int8(packed, layer.inv_scale)
     elif isinstance(layer, nn.Linear):
         plan.add_float(layer.weight.detach(), None if layer.bias is None else layer.bias.detach(), None)
     else:

@@ -37,7 +37,6 @@ struct Projection {
   c10::intrusive_ptr<LinearPackedParamsBase> packed;
   Tensor weight, bias;  // the float path
   std::vector<float> inv_scale;  // SmoothQuant's 1 / s per input channel; empty: none
-  int64_t out_features = 0;
 
   Tensor operator()(const Tensor& x) const {
     if (packed) return packed->apply_dynamic(x, /*reduce_range=*/true);  // as nnqd.Linear on x86
@@ -114,19 +113,20 @@ inline const float* row_as_float(const uint16_t* row, float* scratch, int64_t n)
 }
 
 // Attention of one (row, K/V head) item: `group` query heads q (group, hs) over n cached
-// positions -> out (group, hs) = softmax(q k^T * scale) v. `scores` holds group * n floats.
+// positions -> out (group, hs) = softmax(q k^T * scale) v. Scratch from the caller (no
+// allocation per item): `scores` group * n floats, `total` group floats.
 template <typename T>
 void attend_one(const float* q, const T* keys, const T* values, int64_t n, int64_t group, int64_t hs, float scale,
-                float* scores, float* out) {
+                float* scores, float* total, float* out) {
   for (int64_t t = 0; t < n; ++t) {
     float scratch[512];  // head sizes up to 512 (checked at construction)
     const float* k = row_as_float(keys + t * hs, scratch, hs);
     for (int64_t h = 0; h < group; ++h) scores[h * n + t] = dot(q + h * hs, k, hs) * scale;
   }
-  std::vector<float> total(group, 0.0f);
   for (int64_t h = 0; h < group; ++h) {
     float* row = scores + h * n;
     const float top = *std::max_element(row, row + n);
+    total[h] = 0.0f;
     for (int64_t t = 0; t < n; ++t) total[h] += (row[t] = std::exp(row[t] - top));
   }
   std::fill(out, out + group * hs, 0.0f);
@@ -172,8 +172,8 @@ TSERVE_TARGET_AVX512 inline __m512 exp_nonpositive(__m512 x) {
 }
 
 template <int C, typename T>
-TSERVE_TARGET_AVX512 void attend_one_avx512(const float* q, const T* keys, const T* values, int64_t n, int64_t group, float scale,
-                       float* scores, float* out) {
+TSERVE_TARGET_AVX512 void attend_one_avx512(const float* q, const T* keys, const T* values, int64_t n,
+                                            int64_t group, float scale, float* scores, float* total, float* out) {
   constexpr int64_t hs = 16 * C;
   for (int64_t t = 0; t < n; ++t) {
     __m512 k[C];
@@ -184,7 +184,6 @@ TSERVE_TARGET_AVX512 void attend_one_avx512(const float* q, const T* keys, const
       scores[h * n + t] = _mm512_reduce_add_ps(s) * scale;
     }
   }
-  std::vector<float> total(group);
   for (int64_t h = 0; h < group; ++h) {
     float* row = scores + h * n;
     __m512 top16 = _mm512_set1_ps(-INFINITY);
@@ -222,13 +221,13 @@ TSERVE_TARGET_AVX512 void attend_one_avx512(const float* q, const T* keys, const
 
 template <typename T>
 void attend_item(const float* q, const T* keys, const T* values, int64_t n, int64_t group, int64_t hs, float scale,
-                 float* scores, float* out) {
+                 float* scores, float* total, float* out) {
 #if defined(TSERVE_AVX512)
   static const bool avx512 = __builtin_cpu_supports("avx512f");
-  if (avx512 && hs == 64) return attend_one_avx512<4>(q, keys, values, n, group, scale, scores, out);
-  if (avx512 && hs == 128) return attend_one_avx512<8>(q, keys, values, n, group, scale, scores, out);
+  if (avx512 && hs == 64) return attend_one_avx512<4>(q, keys, values, n, group, scale, scores, total, out);
+  if (avx512 && hs == 128) return attend_one_avx512<8>(q, keys, values, n, group, scale, scores, total, out);
 #endif
-  attend_one(q, keys, values, n, group, hs, scale, scores, out);
+  attend_one(q, keys, values, n, group, hs, scale, scores, total, out);
 }
 
 class LlamaDecoder : public torch::CustomClassHolder {
@@ -258,19 +257,19 @@ class LlamaDecoder : public torch::CustomClassHolder {
   }
 
   // Projections in the order qkv, o, gate, up, down of each layer, then the head once.
-  void add_int8(c10::IValue packed, int64_t out_features, c10::optional<Tensor> inv_scale) {
+  void add_int8(c10::IValue packed, c10::optional<Tensor> inv_scale) {
     Projection p;
     // A script object holds its C++ instance in its first slot (a capsule).
     auto holder = packed.toObjectRef().getSlot(0).toCapsule();
     p.packed = c10::static_intrusive_pointer_cast<LinearPackedParamsBase>(holder);
-    finish(std::move(p), out_features, inv_scale);
+    finish(std::move(p), inv_scale);
   }
 
   void add_float(Tensor weight, c10::optional<Tensor> bias, c10::optional<Tensor> inv_scale) {
     Projection p;
     p.weight = float_contiguous(weight, "weight");
     if (bias) p.bias = float_contiguous(*bias, "bias");
-    finish(std::move(p), weight.size(0), inv_scale);
+    finish(std::move(p), inv_scale);
   }
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
@@ -318,17 +317,15 @@ class LlamaDecoder : public torch::CustomClassHolder {
         rope_row(row + q_w, cos, sin, nkv_, hs_);
       }
       const int64_t layer_at = static_cast<int64_t>(l) * n_slots * nkv_ * L1 * hs_;
-      if (k_cache.scalar_type() == at::kBFloat16) {
-        auto* k_base = reinterpret_cast<uint16_t*>(k_cache.data_ptr<at::BFloat16>()) + layer_at;
-        auto* v_base = reinterpret_cast<uint16_t*>(v_cache.data_ptr<at::BFloat16>()) + layer_at;
+      auto cache_layer = [&](auto* k_base, auto* v_base) {  // float or bfloat16 bits
         write_kv(qkv.data_ptr<float>(), k_base, v_base, slots, positions, L1, B);
         attend(qkv.data_ptr<float>(), k_base, v_base, slots, positions, L1, L.o, B, y.data_ptr<float>());
-      } else {
-        float* k_base = k_cache.data_ptr<float>() + layer_at;
-        float* v_base = v_cache.data_ptr<float>() + layer_at;
-        write_kv(qkv.data_ptr<float>(), k_base, v_base, slots, positions, L1, B);
-        attend(qkv.data_ptr<float>(), k_base, v_base, slots, positions, L1, L.o, B, y.data_ptr<float>());
-      }
+      };
+      if (k_cache.scalar_type() == at::kBFloat16)
+        cache_layer(reinterpret_cast<uint16_t*>(k_cache.data_ptr<at::BFloat16>()) + layer_at,
+                    reinterpret_cast<uint16_t*>(v_cache.data_ptr<at::BFloat16>()) + layer_at);
+      else
+        cache_layer(k_cache.data_ptr<float>() + layer_at, v_cache.data_ptr<float>() + layer_at);
       add_rows(xs, L.o(y), B * d_);
       norm_rows(xs, L.ffn_norm.data(), L.gate, B, h.data_ptr<float>());
       Tensor g = L.gate(h).contiguous();
@@ -360,8 +357,7 @@ class LlamaDecoder : public torch::CustomClassHolder {
     return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + n);
   }
 
-  void finish(Projection p, int64_t out_features, const c10::optional<Tensor>& inv_scale) {
-    p.out_features = out_features;
+  void finish(Projection p, const c10::optional<Tensor>& inv_scale) {
     if (inv_scale) {
       Tensor s = float_contiguous(*inv_scale, "inv_scale");
       p.inv_scale.assign(s.data_ptr<float>(), s.data_ptr<float>() + s.numel());
@@ -423,12 +419,13 @@ class LlamaDecoder : public torch::CustomClassHolder {
               float* y) const {
     const int64_t group = nh_ / nkv_, q_w = nh_ * hs_, row_w = q_w + 2 * nkv_ * hs_;
     at::parallel_for(0, B * nkv_, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> scores, acc(group * hs_);
+      std::vector<float> scores, acc(group * hs_), total(group);
       for (int64_t item = begin; item < end; ++item) {
         const int64_t b = item / nkv_, g = item % nkv_, n = positions[b] + 1;
         scores.resize(group * n);
         attend_item(qkv + b * row_w + g * group * hs_, k_base + (slots[b] * nkv_ + g) * L1 * hs_,
-                    v_base + (slots[b] * nkv_ + g) * L1 * hs_, n, group, hs_, scale_, scores.data(), acc.data());
+                    v_base + (slots[b] * nkv_ + g) * L1 * hs_, n, group, hs_, scale_, scores.data(), total.data(),
+                    acc.data());
         for (int64_t h = 0; h < group; ++h) {
           const int64_t head = g * group + h;
           float* out = y + b * q_w + head * hs_;
