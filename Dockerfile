@@ -69,7 +69,7 @@ RUN for torch in /opt/venv/lib/python3*/site-packages/torch; do \
         rm -rf "$torch/test" "$torch/include" "$torch"/bin/*Test "$torch"/bin/test_* "$torch"/bin/protoc*; \
     done
 
-# The native decode step (model/native/llama_decode.cpp), built once here with torch's headers,
+# The native decode step (model/decode/csrc/llama_decode.cpp), built once here with torch's headers,
 # g++ and ninja (a pip dependency, on PATH from the venv) and --portable (no -march=native: the
 # image runs on any x86-64 CPU). Only model/ is copied, so other changes keep this layer cached.
 # /opt/tserve-native/ always exists; without a compiler it stays empty, and the service, told
@@ -87,7 +87,7 @@ RUN set -eu; \
     fi; \
     mkdir -p /opt/tserve-native; \
     if command -v g++ > /dev/null; then \
-        CXX=g++ PYTHONPATH=/build/src python -m model.native_decode --out /build/native --portable; \
+        CXX=g++ PYTHONPATH=/build/src python -m model.decode.native --out /build/native --portable; \
         cp /build/native/tserve_native_llama.so /opt/tserve-native/; \
         echo "native: built /opt/tserve-native/tserve_native_llama.so with g++ $(g++ -dumpfullversion)"; \
     else \

@@ -1,4 +1,4 @@
-"""4. Fused vs explicit attention: ``model.layers.attention`` (SDPA) vs ``reference_attention``.
+"""4. Fused vs explicit attention: ``model.nn.layers.attention`` (SDPA) vs ``reference_attention``.
 
 One causal self-attention call on (1, heads, T, head_dim) inputs, per sequence length:
 forward time and peak memory. On the CPU each (implementation, length) runs in a fresh
@@ -51,7 +51,7 @@ def _reset_peak_rss() -> bool:
 def probe(impl: str, length: int, heads: int, head_dim: int, repetitions: int, device: str,
           dtype: torch.dtype) -> dict:
     """Peak memory of the first call, then the time of ``repetitions`` more."""
-    from model.layers import attention, reference_attention
+    from model.nn.layers import attention, reference_attention
 
     def call(q, k, v):
         if impl == "sdpa":

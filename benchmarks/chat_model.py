@@ -17,7 +17,7 @@ be exact for our float32; for int8 and llama.cpp (4-bit arithmetic) it is report
 projection and the tied output head in per-channel int8 for decode steps (SwiGLU output
 projections smoothed first), prompts in float32; the embedding lookup stays float32, decode
 steps through the Python step. "ours int8 native" is the same model with
-``model.use_native_decode()`` (model/native_decode.py, the C++ decode step) and a bfloat16 KV
+``model.use_native_decode()`` (model/decode/native.py, the C++ decode step) and a bfloat16 KV
 cache: what the service runs by default for this model, so the issue's targets sit on its rows.
 """
 
@@ -34,8 +34,8 @@ from benchmarks.report import Row, RunReport, SectionSkipped, Target, say
 from benchmarks.timing import time_interleaved
 from benchmarks.workspace import Workspace
 from model import SamplingParams, generate, load_model
-from model.int8 import calibration_ids, quantize_int8_
-from model.manifest import locate, read_manifest
+from model.formats.manifest import locate, read_manifest
+from model.quant.int8 import calibration_ids, quantize_int8_
 
 MANIFEST = Path("weights/smollm2-135m-instruct")
 WORKLOAD = "SmolLM2-135M-Instruct"

@@ -115,7 +115,7 @@ def _pct(values: list[float], q: float) -> float:
 def run(ws: Workspace, cfg: BenchConfig, report: RunReport) -> None:
     checkpoint = REPO_ROOT / "weights" / MODEL
     try:
-        from model.manifest import locate, read_manifest
+        from model.formats.manifest import locate, read_manifest
 
         locate(read_manifest(checkpoint))
     except Exception as exc:  # noqa: BLE001 - any reason the package is not there

@@ -38,9 +38,9 @@ def repeated(calls: int, fn, *args):
 
 
 def measure_decode_attention(cfg: BenchConfig, report: RunReport, device: str, dtype: torch.dtype) -> None:
-    from model.kernels.decode_attention import decode_attention_triton, triton_available
-    from model.kv_cache import span_bucket
-    from model.layers import attention
+    from model.decode.triton_attention import decode_attention_triton, triton_available
+    from model.nn.kv_cache import span_bucket
+    from model.nn.layers import attention
 
     if not triton_available():
         raise SectionSkipped("not measured: triton is not installed")

@@ -1,6 +1,6 @@
 """Decode-step throughput of SmolLM2-135M (int8 decode, as the service runs it) by intra-op
 threads, OpenMP wait policy and compiled or eager step: the measurements behind
-``model.decode_threads`` and ``CompiledDecoder.max_batch``.
+``model.decode.threads`` and ``CompiledDecoder.max_batch``.
 
 ``python -m benchmarks.decode_threads``: one child process per (policy, compiled) pair (the
 policy is read once, when libgomp loads); each times 10-step runs of batches 1, 8 and 32 over a
@@ -22,12 +22,12 @@ MANIFEST = Path("weights/smollm2-135m-instruct")
 def _child(compiled: bool) -> dict[str, float]:
     import torch
 
-    import model.decode_threads
+    import model.decode.threads
     from model import load_model
-    from model.compiled_decode import CompiledDecoder
-    from model.int8 import calibration_ids, quantize_int8_
+    from model.decode.compiled import CompiledDecoder
+    from model.quant.int8 import calibration_ids, quantize_int8_
 
-    model.decode_threads.SMALL_DECODE = 0  # measure the raw thread counts, not the policy
+    model.decode.threads.SMALL_DECODE = 0  # measure the raw thread counts, not the policy
     loaded = load_model(MANIFEST)
     m = loaded.model.eval()
     quantize_int8_(m, calibration_ids(loaded.tokenizer), decode_only=True)

@@ -53,9 +53,9 @@ def measure_direct(cfg: BenchConfig, report: RunReport, section: str) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from sentence_transformers import SentenceTransformer
 
-    from model.manifest import locate, read_manifest
-    from model.model_sources import load_model
-    from model.sentence_import import embed_texts
+    from model.formats.manifest import locate, read_manifest
+    from model.formats.sentence_transformers import embed_texts
+    from model.formats.sources import load_model
 
     manifest = _manifest(cfg)
     ckpt = load_model(manifest)

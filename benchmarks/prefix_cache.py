@@ -22,10 +22,10 @@ from benchmarks.report import Row, RunReport, SectionSkipped, Target, say
 from benchmarks.timing import Stat
 from benchmarks.workspace import Workspace
 from model import SamplingParams, load_model
-from model.chat_template import ChatTemplate
 from model.engine import EngineCore, EngineRequest
 from model.engine.prefix_cache import DEFAULT_PREFIX_CACHE_MB
-from model.manifest import locate, read_manifest
+from model.formats.manifest import locate, read_manifest
+from model.tokenization.chat_template import ChatTemplate
 
 MANIFEST = Path("weights/smollm2-135m-instruct")
 WORKLOAD = "SmolLM2-135M-Instruct"

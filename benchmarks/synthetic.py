@@ -22,7 +22,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch
 
 from model import ModelConfig, build_model, save
-from model.tokenizer import train_bpe
+from model.tokenization.tokenizer import train_bpe
 
 CONSONANTS = "bcdfghjklmnprstvwz"
 VOWELS = "aeiouy"

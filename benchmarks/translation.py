@@ -73,7 +73,7 @@ def measure_translation(ws: Workspace, cfg: BenchConfig, report: RunReport, sect
     ours, tokenizer = imported.model, imported.tokenizer
     ours_int8 = None
     if device == "cpu":  # our optional int8 projections, measured against CTranslate2 int8
-        from model.int8 import quantize_int8_
+        from model.quant.int8 import quantize_int8_
 
         ours_int8 = ws.marian_ours(device, dtype).model
         quantize_int8_(ours_int8)

@@ -6,20 +6,20 @@
     print(generate(ckpt.model, [ids], SamplingParams(max_new_tokens=20), ckpt.tokenizer)[0].text)
 """
 
-from model.beam_search import BeamSearch
-from model.chat_template import ChatMessageError, ChatTemplate, ChatTemplateError
-from model.checkpoint import Checkpoint, CheckpointError, is_checkpoint, load, save
 from model.config import ConfigError, ModelConfig
 from model.engine import EngineCore, EngineEvent, EngineRequest, beam_search, generate
-from model.generation import GenerationResult, SequenceTracker, TokenEvent
-from model.gguf_import import GGUFImportError, GGUFModel, load_gguf
-from model.hf_import import HFImportError, HFModel, is_hf_model_dir, load_hf
-from model.kv_cache import SlotKVCache
-from model.manifest import ManifestError
-from model.model_sources import is_model_dir, load_model
-from model.sampling import Sampler, SamplingParams
-from model.tokenizer import IncrementalDetokenizer, Tokenizer
-from model.transformer import DecoderLM, EncoderDecoder, MaskedLM, TransformerModel, build_model
+from model.engine.beam_search import BeamSearch
+from model.engine.generation import GenerationResult, SequenceTracker, TokenEvent
+from model.engine.sampling import Sampler, SamplingParams
+from model.formats.checkpoint import Checkpoint, CheckpointError, is_checkpoint, load, save
+from model.formats.gguf_import import GGUFImportError, GGUFModel, load_gguf
+from model.formats.hf.importer import HFImportError, HFModel, is_hf_model_dir, load_hf
+from model.formats.manifest import ManifestError
+from model.formats.sources import is_model_dir, load_model
+from model.nn.kv_cache import SlotKVCache
+from model.nn.transformer import DecoderLM, EncoderDecoder, MaskedLM, TransformerModel, build_model
+from model.tokenization.chat_template import ChatMessageError, ChatTemplate, ChatTemplateError
+from model.tokenization.tokenizer import IncrementalDetokenizer, Tokenizer
 
 __all__ = [
     "BeamSearch", "ChatMessageError", "ChatTemplate", "ChatTemplateError", "Checkpoint", "CheckpointError",

@@ -77,7 +77,7 @@ class ModelConfig:
     max_input_tokens: int | None = None  # sentence-transformers' max_seq_length: the longest input it was trained on
     mlm_head: bool = True  # encoder family: False for an embedding model (BertModel) that has no masked-LM head
     mask_placeholders: bool = False  # translation: trained on sources/targets with placeholders masked to
-    # sentinels (model.placeholders); callers mask the input and unmask the output the same way
+    # sentinels (model.text.placeholders); callers mask the input and unmask the output the same way
     pad_token_id: int = 0
     bos_token_id: int | None = None
     eos_token_id: int | None = None

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from model import Checkpoint
-from model.sentence_import import truncating
+from model.formats.sentence_transformers import truncating
 from service.engine import BaseEngine, queue_full_message
 from service.engine_errors import EngineStoppedError, InvalidRequestError, QueueFullError, RequestFailedError
 from service.metrics import Metrics

@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from model import Checkpoint, EngineCore, EngineEvent, EngineRequest, SamplingParams
-from model.chat_template import ChatMessageError, ChatTemplate, ChatTemplateError
-from model.sampling import MAX_STOP_STRINGS, MAX_TOP_LOGPROBS
+from model.engine.sampling import MAX_STOP_STRINGS, MAX_TOP_LOGPROBS
+from model.tokenization.chat_template import ChatMessageError, ChatTemplate, ChatTemplateError
 from service.engine_errors import EngineStoppedError, InvalidRequestError, QueueFullError
 from service.metrics import Metrics
 from service.settings import Settings

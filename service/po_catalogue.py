@@ -9,7 +9,7 @@
   2 when absent); form 0 is translated from ``msgid``, every other form from ``msgid_plural``
   (a language with a single form takes ``msgid_plural`` for it).
 - Keyboard accelerators (``_Open``, ``&File``, ``~Save``) are taken off the source and one is
-  put back into the translation (``model.mnemonics``); leading and trailing whitespace (a
+  put back into the translation (``model.text.mnemonics``); leading and trailing whitespace (a
   final ``\\n``, which msgfmt -c checks) is kept.
 - An entry whose translation does not keep the source's placeholders (``%s``, ``{0}``, ...)
   is left empty and counted: a wrong placeholder crashes the program that formats it.
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import polib
 from fastapi import Request
 
-from model.mnemonics import add_mnemonic, find_mnemonic
+from model.text.mnemonics import add_mnemonic, find_mnemonic
 from service import translation
 from service.engine import GenerativeEngine, SamplingParams, TokenUsage
 from service.engine_errors import InvalidRequestError

@@ -11,11 +11,11 @@ import logging
 from pathlib import Path
 
 from model import CheckpointError, is_model_dir, load_model
-from model.compiled_decode import wants_compile
 from model.config import DTYPES
-from model.int8 import quantize_checkpoint_, wants_int8
-from model.manifest import ManifestError, is_manifest_dir, locate, read_manifest
-from model.native_decode import wants_native
+from model.decode.compiled import wants_compile
+from model.decode.native import wants_native
+from model.formats.manifest import ManifestError, is_manifest_dir, locate, read_manifest
+from model.quant.int8 import quantize_checkpoint_, wants_int8
 from service.encoder_engine import EncoderEngine
 from service.engine import BaseEngine, GenerativeEngine
 from service.engine_errors import EngineStoppedError, InvalidRequestError, ModelNotFoundError

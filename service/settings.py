@@ -42,7 +42,7 @@ class Settings(BaseSettings):
                             "builds, on = every Llama-family model (else a start-up error), off = the Python step")
     native_library: str = Field(
         "", description="a prebuilt native decode library to load instead of compiling one (the container's, "
-                        "built by python -m model.native_decode); empty = build with the machine's compiler")
+                        "built by python -m model.decode.native); empty = build with the machine's compiler")
     decode_attention: Literal["auto", "sdpa", "triton"] = Field(
         "auto", description="decode-step attention: auto = the Triton kernel on CUDA when triton is installed, "
                             "else SDPA; triton = the kernel or a start-up error")

@@ -1,7 +1,7 @@
 """Placeholder-safe translation, written once for /v1/translate, /v1/translate/po and the
 drop-in APIs' translation (``routes/compat/common.translate_texts``).
 
-A checkpoint trained with ``mask_placeholders`` (``model.placeholders``) sees each format
+A checkpoint trained with ``mask_placeholders`` (``model.text.placeholders``) sees each format
 placeholder (``%s``, ``{0}``, ``%(name)s``, ``$1``...) as a numbered sentinel ``⟪n⟫``: the
 source is masked before tokenisation and the sentinels of the output are mapped back.
 When the output lost, repeated or invented a sentinel, the fallback is defined:
@@ -12,7 +12,7 @@ When the output lost, repeated or invented a sentinel, the fallback is defined:
    ``FALLBACK_BEAMS`` beams) is retried once with beam search of ``FALLBACK_BEAMS``
    hypotheses (capped by the engine's slots), same rule;
 3. if none maps back, the best hypothesis is returned with the placeholders restored as far
-   as they survived (``model.placeholders.restore``) and ``placeholders_ok`` false.
+   as they survived (``model.text.placeholders.restore``) and ``placeholders_ok`` false.
 
 Every translation reports ``placeholders_ok``: for a checkpoint that does not mask, it
 compares the placeholders of the source and of the output (``same_placeholders``); its
@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 
 from fastapi import Request
 
-from model.placeholders import mask, restore, same_placeholders, unmask
+from model.text.placeholders import mask, restore, same_placeholders, unmask
 from service.engine import EngineEvent, GenerativeEngine, SamplingParams, TokenUsage
 from service.routes.streaming import collect
 

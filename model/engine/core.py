@@ -21,9 +21,9 @@ from model.engine.prefix_cache import PREFIX_BLOCK, PrefixIndex
 from model.engine.requests import EngineEvent, EngineRequest
 from model.engine.runner import ModelRunner, StepOutput
 from model.engine.scheduler import Scheduler
-from model.kv_cache import PrefixKVPool
-from model.tokenizer import Tokenizer
-from model.transformer import DecoderLM, EncoderDecoder
+from model.nn.kv_cache import PrefixKVPool
+from model.nn.transformer import DecoderLM, EncoderDecoder
+from model.tokenization.tokenizer import Tokenizer
 
 
 @dataclass

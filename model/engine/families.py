@@ -15,8 +15,8 @@ from torch import Tensor
 
 from model.engine.plan import PromptChunk, StepPlan
 from model.engine.requests import Sequence
-from model.kv_cache import SlotKVCache
-from model.transformer import DecoderLM, EncoderDecoder
+from model.nn.kv_cache import SlotKVCache
+from model.nn.transformer import DecoderLM, EncoderDecoder
 
 
 class DecoderPrompts:

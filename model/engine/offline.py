@@ -10,11 +10,11 @@ from collections.abc import Sequence
 import torch
 
 from model.engine.core import EngineCore
+from model.engine.generation import FINISH_LENGTH, GenerationResult
 from model.engine.requests import EngineEvent, EngineRequest
-from model.generation import FINISH_LENGTH, GenerationResult
-from model.sampling import SamplingParams
-from model.tokenizer import Tokenizer
-from model.transformer import DecoderLM, EncoderDecoder
+from model.engine.sampling import SamplingParams
+from model.nn.transformer import DecoderLM, EncoderDecoder
+from model.tokenization.tokenizer import Tokenizer
 
 
 def _run(core: EngineCore, prompts: Sequence[Sequence[int]], params: list[SamplingParams]) -> list[list[EngineEvent]]:

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from model.beam_search import BeamSearch
-from model.generation import SequenceTracker
-from model.sampling import SamplingParams, make_generator
-from model.tokenizer import Tokenizer
+from model.engine.beam_search import BeamSearch
+from model.engine.generation import SequenceTracker
+from model.engine.sampling import SamplingParams, make_generator
+from model.tokenization.tokenizer import Tokenizer
 
 
 @dataclass

@@ -16,13 +16,13 @@ import torch
 from torch import Tensor
 
 from model.engine.families import DecoderPrompts, SourcePrompts
+from model.engine.generation import split_sample
 from model.engine.plan import StepPlan
 from model.engine.requests import BeamDecoding, Sample, Sequence
-from model.generation import split_sample
-from model.host_transfer import to_device
-from model.kv_cache import PrefixKVPool
-from model.sampling import Sampler
-from model.transformer import DecoderLM, EncoderDecoder
+from model.engine.sampling import Sampler
+from model.nn.host_transfer import to_device
+from model.nn.kv_cache import PrefixKVPool
+from model.nn.transformer import DecoderLM, EncoderDecoder
 
 
 @dataclass

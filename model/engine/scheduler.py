@@ -25,7 +25,7 @@ from model.engine.families import DecoderPrompts, SourcePrompts
 from model.engine.plan import BeamReorder, DecodeRow, PrefixLoad, PrefixStore, SlotMove, StepPlan
 from model.engine.prefix_cache import PrefixIndex, block_hashes
 from model.engine.requests import BeamDecoding, EngineRequest, SampledDecoding, Sequence
-from model.tokenizer import Tokenizer
+from model.tokenization.tokenizer import Tokenizer
 
 
 class Scheduler:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from model.tokenizer import Tokenizer
+from model.tokenization.tokenizer import Tokenizer
 
 IGNORE = -100  # label value that the losses skip
 

@@ -22,11 +22,11 @@ import torch
 import torch.nn.functional as F
 
 from model import beam_search, generate
-from model.placeholders import mask, placeholders, restore, same_placeholders, unmask
-from model.sampling import SamplingParams
-from model.tokenizer import Tokenizer
+from model.engine.sampling import SamplingParams
+from model.nn.transformer import DecoderLM, EncoderDecoder, MaskedLM
+from model.text.placeholders import mask, placeholders, restore, same_placeholders, unmask
+from model.tokenization.tokenizer import Tokenizer
 from model.train.batches import IGNORE, encode_documents, encode_sentences, lm_blocks, pad
-from model.transformer import DecoderLM, EncoderDecoder, MaskedLM
 
 WORD = re.compile(r"\w+|[^\w\s]+")
 

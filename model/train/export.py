@@ -11,9 +11,10 @@ from typing import Any
 
 import torch
 
-from model.checkpoint import WEIGHTS_FILE, save
-from model.checkpoint import load as load_checkpoint
-from model.tokenizer import Tokenizer
+from model.formats.checkpoint import WEIGHTS_FILE, save
+from model.formats.checkpoint import load as load_checkpoint
+from model.nn.transformer import TransformerModel
+from model.tokenization.tokenizer import Tokenizer
 from model.train.config import TrainConfig
 from model.train.evaluate import (
     eval_subset,
@@ -26,7 +27,6 @@ from model.train.evaluate import (
 from model.train.loop import load_records
 from model.train.model_card import MAX_LISTED_SOURCES, model_card
 from model.train.objectives import Objective
-from model.transformer import TransformerModel
 
 LOSS_CURVE_FILE = "loss_curve.png"
 LM_PROMPTS = ("To be, or not to be", "KING.\n", "The Python interpreter", "O Romeo,")

@@ -22,13 +22,13 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from model.placeholders import mask, mask_target
-from model.tokenizer import Tokenizer
+from model.nn.transformer import TransformerModel, build_model
+from model.text.placeholders import mask, mask_target
+from model.tokenization.tokenizer import Tokenizer
 from model.train.config import ScheduleConfig, TrainConfig
 from model.train.data.corpus import load_split
 from model.train.distributed import Distributed
 from model.train.objectives import OBJECTIVES, Objective, batch_to, step_generator
-from model.transformer import TransformerModel, build_model
 
 STATE_FILE = "train_state.pt"
 TOKENIZER_FILE = "tokenizer.json"
@@ -70,7 +70,7 @@ def make_optimizer(model: nn.Module, s: ScheduleConfig) -> torch.optim.AdamW:
 
 
 def mask_pairs(records: Sequence[dict]) -> list[dict]:
-    """Translation pairs with placeholders masked to sentinels on both sides (model.placeholders);
+    """Translation pairs with placeholders masked to sentinels on both sides (model.text.placeholders);
     a pair whose sides do not hold the same placeholders is dropped."""
     out = []
     for rec in records:

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.tokenizer import BPE_SPECIALS, WORDPIECE_SPECIALS, Tokenizer, train_bpe, train_wordpiece
+from model.tokenization.tokenizer import BPE_SPECIALS, WORDPIECE_SPECIALS, Tokenizer, train_bpe, train_wordpiece
 from model.train.batches import (
     IGNORE,
     BatchOrder,

@@ -24,8 +24,8 @@ import torch
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from model.hf_import import HFModel, load_hf
-from model.tokenizer import train_wordpiece
+from model.formats.hf.importer import HFModel, load_hf
+from model.tokenization.tokenizer import train_wordpiece
 
 transformers.logging.set_verbosity_error()
 

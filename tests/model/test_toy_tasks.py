@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from model import SamplingParams, beam_search, build_model, generate
-from model.int8 import quantize_int8_
+from model.quant.int8 import quantize_int8_
 from tests.conftest import tiny_config
 
 SYMBOLS = list(range(4, 14))

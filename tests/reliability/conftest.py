@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from model.checkpoint import CHAT_TEMPLATE_FILE
+from model.formats.checkpoint import CHAT_TEMPLATE_FILE
 from tests.service.conftest import make_weights
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"

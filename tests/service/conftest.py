@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from model import ModelConfig, build_model, save
-from model.tokenizer import train_bpe, train_wordpiece
+from model.tokenization.tokenizer import train_bpe, train_wordpiece
 from service.settings import Settings
 
 CORPUS = [

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from model import ModelConfig, build_model, load_model, save
-from model.chat_template import ChatTemplate
+from model.tokenization.chat_template import ChatTemplate
 from tests.service.conftest import CORPUS, make_weights, settings_for
 from tests.service.server_thread import ServerThread
 
@@ -22,7 +22,7 @@ HELLO = [{"role": "system", "content": "Be brief."}, {"role": "user", "content":
 
 
 def make_chat_weights(root):
-    from model.tokenizer import train_bpe
+    from model.tokenization.tokenizer import train_bpe
 
     make_weights(root)
     tok = train_bpe(CORPUS, vocab_size=320)

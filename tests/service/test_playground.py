@@ -21,7 +21,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from model import ModelConfig, build_model, save
-from model.tokenizer import train_bpe
+from model.tokenization.tokenizer import train_bpe
 from service.app import create_app
 from service.routes.playground import ASSETS, PAGE_DIR
 from service.settings import Settings

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from model import ModelConfig, build_model, save
-from model.tokenizer import train_bpe
+from model.tokenization.tokenizer import train_bpe
 from tests.service.conftest import CORPUS, settings_for
 from tests.service.server_thread import ServerThread
 

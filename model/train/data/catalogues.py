@@ -22,8 +22,8 @@ from pathlib import Path
 
 import polib
 
-from model.mnemonics import MNEMONIC_MARKERS, strip_marker
-from model.placeholders import placeholders
+from model.text.mnemonics import MNEMONIC_MARKERS, strip_marker
+from model.text.placeholders import placeholders
 
 MAX_SOURCE_CHARS = 200
 MAX_TARGET_CHARS = 260

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from model.checkpoint import load
+from model.formats.checkpoint import load
 from tests.model.train.tiny_configs import tiny_config
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from model.checkpoint import load
+from model.formats.checkpoint import load
 from model.train import evaluate
 from model.train.evaluate import eval_subset, placeholder_preservation, translate_all
 from tests.conftest import checkpoint_variant

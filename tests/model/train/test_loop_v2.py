@@ -7,7 +7,7 @@ import json
 
 import torch
 
-from model.checkpoint import load
+from model.formats.checkpoint import load
 from model.train.loop import (
     STATE_FILE,
     average_snapshots,

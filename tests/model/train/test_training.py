@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from model.checkpoint import load
+from model.formats.checkpoint import load
 from model.train.loop import TOKENIZER_FILE, ResumeError, train
 from tests.model.train.tiny_configs import tiny_config
 

@@ -1,0 +1,459 @@
+// One decode step of a Llama-family decoder in C++ (see model/decode/native.py for why and how
+// it is built). The projections are fbgemm's dynamic int8 linears (or float ones, at::linear):
+// the same kernels the eager int8 path calls. Everything between them (RMSNorm, smoothing
+// scales, RoPE, the K/V write into the slot cache, grouped-query attention over each row's own
+// history, SiLU gating, residuals) is plain loops over contiguous float32 rows, so a step costs
+// its kernels and little else.
+//
+// Shapes: B rows (one new token each), d model width, nh query heads, nkv key/value heads,
+// hs head size, ff feed-forward width, L1 = cache length + 1 (the scratch column).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/native/quantized/PackedParams.h>
+#include <torch/custom_class.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+// The vectorised attention is compiled for AVX-512 whatever the build flags (function target
+// attributes) and chosen at run time by what the CPU supports, so a portable build (the
+// container's) still uses it on a CPU that has it.
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#define TSERVE_AVX512 1
+#define TSERVE_TARGET_AVX512 __attribute__((target("avx512f")))
+#endif
+
+namespace {
+
+using at::Tensor;
+
+// One projection y = W (x * inv_scale) + b: fbgemm int8 when `packed` is set, else float.
+struct Projection {
+  c10::intrusive_ptr<LinearPackedParamsBase> packed;
+  Tensor weight, bias;  // the float path
+  std::vector<float> inv_scale;  // SmoothQuant's 1 / s per input channel; empty: none
+
+  Tensor operator()(const Tensor& x) const {
+    if (packed) return packed->apply_dynamic(x, /*reduce_range=*/true);  // as nnqd.Linear on x86
+    return at::linear(x, weight, bias.defined() ? c10::optional<Tensor>(bias) : c10::nullopt);
+  }
+  float scale(int64_t j) const { return inv_scale.empty() ? 1.0f : inv_scale[j]; }
+};
+
+struct Layer {
+  std::vector<float> attn_norm, ffn_norm;
+  Projection qkv, o, gate, up, down;
+  bool up_has_own_input = false;  // up's smoothing scale differs from gate's: its input is its own
+};
+
+// out[j] = x[j] / rms(x) * w[j] * inv[j] for one row of width d (RMSNorm, then a smoothing scale).
+void rms_row(const float* x, const float* w, const Projection& next, float eps, int64_t d, float* out) {
+  double sum = 0.0;
+  for (int64_t j = 0; j < d; ++j) sum += static_cast<double>(x[j]) * x[j];
+  const float r = 1.0f / std::sqrt(static_cast<float>(sum / d) + eps);
+  for (int64_t j = 0; j < d; ++j) out[j] = x[j] * r * w[j] * next.scale(j);
+}
+
+// Rotate each (x_i, x_{i+hs/2}) pair of `heads` heads by the angles of one position.
+void rope_row(float* x, const float* cos, const float* sin, int64_t heads, int64_t hs) {
+  const int64_t half = hs / 2;
+  for (int64_t h = 0; h < heads; ++h, x += hs) {
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = x[i], b = x[i + half];
+      x[i] = a * cos[i] - b * sin[i];
+      x[i + half] = b * cos[i + half] + a * sin[i + half];
+    }
+  }
+}
+
+// Dot product written as 16 independent lanes, so the compiler vectorises it without
+// reassociating a single sum (no -ffast-math needed).
+inline float dot(const float* a, const float* b, int64_t n) {
+  float lanes[16] = {0};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int j = 0; j < 16; ++j) lanes[j] += a[i + j] * b[i + j];
+  float s = 0.0f;
+  for (; i < n; ++i) s += a[i] * b[i];
+  for (int j = 0; j < 16; ++j) s += lanes[j];
+  return s;
+}
+
+// The KV cache holds float32 or bfloat16 (as uint16_t bits). bfloat16 is the top half of a
+// float32, rounded to nearest even as torch's own conversion rounds, so a row written here
+// equals the row the Python path writes.
+inline float to_float(float x) { return x; }
+inline float to_float(uint16_t bits) {
+  const uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+inline void store(float x, float* dst) { *dst = x; }
+inline void store(float x, uint16_t* dst) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) {  // NaN stays a (quiet) NaN
+    *dst = 0x7fc0;
+    return;
+  }
+  *dst = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// One cache row as float32: the row itself, or its conversion into `scratch`.
+inline const float* row_as_float(const float* row, float*, int64_t) { return row; }
+inline const float* row_as_float(const uint16_t* row, float* scratch, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) scratch[i] = to_float(row[i]);
+  return scratch;
+}
+
+// Attention of one (row, K/V head) item: `group` query heads q (group, hs) over n cached
+// positions -> out (group, hs) = softmax(q k^T * scale) v. Scratch from the caller (no
+// allocation per item): `scores` group * n floats, `total` group floats.
+template <typename T>
+void attend_one(const float* q, const T* keys, const T* values, int64_t n, int64_t group, int64_t hs, float scale,
+                float* scores, float* total, float* out) {
+  for (int64_t t = 0; t < n; ++t) {
+    float scratch[512];  // head sizes up to 512 (checked at construction)
+    const float* k = row_as_float(keys + t * hs, scratch, hs);
+    for (int64_t h = 0; h < group; ++h) scores[h * n + t] = dot(q + h * hs, k, hs) * scale;
+  }
+  for (int64_t h = 0; h < group; ++h) {
+    float* row = scores + h * n;
+    const float top = *std::max_element(row, row + n);
+    total[h] = 0.0f;
+    for (int64_t t = 0; t < n; ++t) total[h] += (row[t] = std::exp(row[t] - top));
+  }
+  std::fill(out, out + group * hs, 0.0f);
+  for (int64_t t = 0; t < n; ++t) {
+    float scratch[512];
+    const float* v = row_as_float(values + t * hs, scratch, hs);
+    for (int64_t h = 0; h < group; ++h) {
+      const float p = scores[h * n + t];
+      float* a = out + h * hs;
+      for (int64_t i = 0; i < hs; ++i) a[i] += p * v[i];
+    }
+  }
+  for (int64_t h = 0; h < group; ++h)
+    for (int64_t i = 0; i < hs; ++i) out[h * hs + i] /= total[h];
+}
+
+#if defined(TSERVE_AVX512)
+// The same with 16-float vectors, for head sizes that are a multiple of 16 (C = hs / 16
+// vectors per row): each K/V row is loaded (and widened from bfloat16) once for the whole
+// group, and the softmax's exponentials are vectorised too.
+TSERVE_TARGET_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+TSERVE_TARGET_AVX512 inline __m512 load16(const uint16_t* p) {  // bfloat16 bits -> the top half of float32
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+// exp(x) for x <= 0: 2^k e^r with k = round(x / ln 2), |r| <= ln(2) / 2, e^r by its Taylor
+// series to r^6 (relative error ~1.2e-7), 2^k applied exactly by scalef.
+TSERVE_TARGET_AVX512 inline __m512 exp_nonpositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693145751953125f), x);  // ln 2 in two parts
+  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(1.42860682030941723e-6f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, k);
+}
+
+template <int C, typename T>
+TSERVE_TARGET_AVX512 void attend_one_avx512(const float* q, const T* keys, const T* values, int64_t n,
+                                            int64_t group, float scale, float* scores, float* total, float* out) {
+  constexpr int64_t hs = 16 * C;
+  for (int64_t t = 0; t < n; ++t) {
+    __m512 k[C];
+    for (int c = 0; c < C; ++c) k[c] = load16(keys + t * hs + 16 * c);
+    for (int64_t h = 0; h < group; ++h) {
+      __m512 s = _mm512_mul_ps(_mm512_loadu_ps(q + h * hs), k[0]);
+      for (int c = 1; c < C; ++c) s = _mm512_fmadd_ps(_mm512_loadu_ps(q + h * hs + 16 * c), k[c], s);
+      scores[h * n + t] = _mm512_reduce_add_ps(s) * scale;
+    }
+  }
+  for (int64_t h = 0; h < group; ++h) {
+    float* row = scores + h * n;
+    __m512 top16 = _mm512_set1_ps(-INFINITY);
+    int64_t t = 0;
+    for (; t + 16 <= n; t += 16) top16 = _mm512_max_ps(top16, _mm512_loadu_ps(row + t));
+    float top = _mm512_reduce_max_ps(top16);
+    for (; t < n; ++t) top = std::max(top, row[t]);
+    __m512 sum16 = _mm512_setzero_ps();
+    for (t = 0; t + 16 <= n; t += 16) {
+      const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(row + t), _mm512_set1_ps(top)));
+      _mm512_storeu_ps(row + t, e);
+      sum16 = _mm512_add_ps(sum16, e);
+    }
+    if (t < n) {  // the tail, masked
+      const __mmask16 m = static_cast<__mmask16>((1u << (n - t)) - 1u);
+      const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + t), _mm512_set1_ps(top)));
+      _mm512_mask_storeu_ps(row + t, m, e);
+      sum16 = _mm512_add_ps(sum16, _mm512_maskz_mov_ps(m, e));
+    }
+    total[h] = _mm512_reduce_add_ps(sum16);
+  }
+  for (int64_t h = 0; h < group; ++h) {
+    __m512 acc[C];
+    for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
+    const float* p = scores + h * n;
+    for (int64_t t = 0; t < n; ++t) {
+      const __m512 w = _mm512_set1_ps(p[t]);
+      for (int c = 0; c < C; ++c) acc[c] = _mm512_fmadd_ps(w, load16(values + t * hs + 16 * c), acc[c]);
+    }
+    const __m512 inv = _mm512_set1_ps(1.0f / total[h]);
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + h * hs + 16 * c, _mm512_mul_ps(acc[c], inv));
+  }
+}
+#endif
+
+template <typename T>
+void attend_item(const float* q, const T* keys, const T* values, int64_t n, int64_t group, int64_t hs, float scale,
+                 float* scores, float* total, float* out) {
+#if defined(TSERVE_AVX512)
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  if (avx512 && hs == 64) return attend_one_avx512<4>(q, keys, values, n, group, scale, scores, total, out);
+  if (avx512 && hs == 128) return attend_one_avx512<8>(q, keys, values, n, group, scale, scores, total, out);
+#endif
+  attend_one(q, keys, values, n, group, hs, scale, scores, total, out);
+}
+
+class LlamaDecoder : public torch::CustomClassHolder {
+ public:
+  LlamaDecoder(int64_t n_heads, int64_t n_kv, int64_t head_dim, double eps, double scale)
+      : nh_(n_heads), nkv_(n_kv), hs_(head_dim), eps_(static_cast<float>(eps)), scale_(static_cast<float>(scale)) {
+    TORCH_CHECK(n_heads > 0 && n_kv > 0 && n_heads % n_kv == 0, "n_heads must be a multiple of n_kv");
+    TORCH_CHECK(head_dim % 2 == 0 && head_dim <= 512, "head_dim must be even (rotary pairs) and at most 512");
+  }
+
+  // Model-level tensors: token embeddings (V, d), the final norm (d,), the rotary table (2, P, hs).
+  void set_model(Tensor embed, Tensor final_norm, Tensor rope) {
+    embed_ = float_contiguous(embed, "embed");
+    d_ = embed_.size(1);
+    final_norm_ = to_vector(final_norm, d_, "final_norm");
+    rope_ = float_contiguous(rope, "rope");
+    TORCH_CHECK(rope_.dim() == 3 && rope_.size(0) == 2 && rope_.size(2) == hs_, "rope must be (2, P, head_dim)");
+  }
+
+  void add_layer(Tensor attn_norm, Tensor ffn_norm) {
+    TORCH_CHECK(layers_.empty() || next_ == 5, "a layer needs its five projections before the next");
+    TORCH_CHECK(!has_head_, "layers come before the output head");
+    next_ = 0;
+    layers_.emplace_back();
+    layers_.back().attn_norm = to_vector(attn_norm, d_, "attn_norm");
+    layers_.back().ffn_norm = to_vector(ffn_norm, d_, "ffn_norm");
+  }
+
+  // Projections in the order qkv, o, gate, up, down of each layer, then the head once.
+  void add_int8(c10::IValue packed, c10::optional<Tensor> inv_scale) {
+    Projection p;
+    // A script object holds its C++ instance in its first slot (a capsule).
+    auto holder = packed.toObjectRef().getSlot(0).toCapsule();
+    p.packed = c10::static_intrusive_pointer_cast<LinearPackedParamsBase>(holder);
+    finish(std::move(p), inv_scale);
+  }
+
+  void add_float(Tensor weight, c10::optional<Tensor> bias, c10::optional<Tensor> inv_scale) {
+    Projection p;
+    p.weight = float_contiguous(weight, "weight");
+    if (bias) p.bias = float_contiguous(*bias, "bias");
+    finish(std::move(p), inv_scale);
+  }
+
+  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+
+  // tokens (B,) long at `positions` of `slots` -> next-token logits (B, V) float32. Writes each
+  // row's K/V at its position in k_cache / v_cache (layers, slots, nkv, L1, hs) and attends over
+  // positions 0..position of its own slot.
+  Tensor step(Tensor tokens, Tensor k_cache, Tensor v_cache, std::vector<int64_t> slots,
+              std::vector<int64_t> positions) {
+    TORCH_CHECK(has_head_ && !layers_.empty(), "the decoder is not fully built (no layers or no output head)");
+    const int64_t B = static_cast<int64_t>(slots.size());
+    TORCH_CHECK(B > 0 && static_cast<int64_t>(positions.size()) == B && tokens.numel() == B,
+                "tokens, slots and positions must have one entry per row");
+    check_cache(k_cache, "k_cache");
+    check_cache(v_cache, "v_cache");
+    TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type() && k_cache.sizes() == v_cache.sizes(),
+                "k_cache and v_cache must have the same shape and dtype");
+    const int64_t n_slots = k_cache.size(1), L1 = k_cache.size(3);
+    for (int64_t b = 0; b < B; ++b) {
+      TORCH_CHECK(slots[b] >= 0 && slots[b] < n_slots, "slot ", slots[b], " out of range [0, ", n_slots, ")");
+      TORCH_CHECK(positions[b] >= 0 && positions[b] < L1 - 1 && positions[b] < rope_.size(1),
+                  "position ", positions[b], " is past the cache or the rotary table");
+    }
+    Tensor ids = tokens.to(at::kLong).contiguous().view({-1});
+    const int64_t V = embed_.size(0);
+    const int64_t* id = ids.data_ptr<int64_t>();
+    auto opts = embed_.options();
+    Tensor x = at::empty({B, d_}, opts);
+    for (int64_t b = 0; b < B; ++b) {
+      TORCH_CHECK(id[b] >= 0 && id[b] < V, "token id ", id[b], " out of range [0, ", V, ")");
+      std::copy_n(embed_.data_ptr<float>() + id[b] * d_, d_, x.data_ptr<float>() + b * d_);
+    }
+    const int64_t q_w = nh_ * hs_, kv_w = nkv_ * hs_;
+    Tensor h = at::empty({B, d_}, opts), h2 = at::empty({B, d_}, opts), y = at::empty({B, q_w}, opts);
+    float* xs = x.data_ptr<float>();
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const Layer& L = layers_[l];
+      norm_rows(xs, L.attn_norm.data(), L.qkv, B, h.data_ptr<float>());
+      Tensor qkv = L.qkv(h).contiguous();  // (B, q_w + 2 kv_w)
+      for (int64_t b = 0; b < B; ++b) {  // RoPE on q and k
+        float* row = qkv.data_ptr<float>() + b * (q_w + 2 * kv_w);
+        const float* cos = rope_.data_ptr<float>() + positions[b] * hs_;
+        const float* sin = cos + rope_.size(1) * hs_;
+        rope_row(row, cos, sin, nh_, hs_);
+        rope_row(row + q_w, cos, sin, nkv_, hs_);
+      }
+      const int64_t layer_at = static_cast<int64_t>(l) * n_slots * nkv_ * L1 * hs_;
+      auto cache_layer = [&](auto* k_base, auto* v_base) {  // float or bfloat16 bits
+        write_kv(qkv.data_ptr<float>(), k_base, v_base, slots, positions, L1, B);
+        attend(qkv.data_ptr<float>(), k_base, v_base, slots, positions, L1, L.o, B, y.data_ptr<float>());
+      };
+      if (k_cache.scalar_type() == at::kBFloat16)
+        cache_layer(reinterpret_cast<uint16_t*>(k_cache.data_ptr<at::BFloat16>()) + layer_at,
+                    reinterpret_cast<uint16_t*>(v_cache.data_ptr<at::BFloat16>()) + layer_at);
+      else
+        cache_layer(k_cache.data_ptr<float>() + layer_at, v_cache.data_ptr<float>() + layer_at);
+      add_rows(xs, L.o(y), B * d_);
+      norm_rows(xs, L.ffn_norm.data(), L.gate, B, h.data_ptr<float>());
+      Tensor g = L.gate(h).contiguous();
+      if (L.up_has_own_input) norm_rows(xs, L.ffn_norm.data(), L.up, B, h2.data_ptr<float>());
+      Tensor u = L.up(L.up_has_own_input ? h2 : h).contiguous();
+      const int64_t ff = g.size(1);
+      float* gs = g.data_ptr<float>();
+      const float* us = u.data_ptr<float>();
+      for (int64_t b = 0; b < B; ++b)  // SiLU(gate) * up, scaled for the down projection
+        for (int64_t j = 0; j < ff; ++j) {
+          const float a = gs[b * ff + j];
+          gs[b * ff + j] = a / (1.0f + std::exp(-a)) * us[b * ff + j] * L.down.scale(j);
+        }
+      add_rows(xs, L.down(g), B * d_);
+    }
+    norm_rows(xs, final_norm_.data(), head_, B, h.data_ptr<float>());
+    return head_(h).to(at::kFloat);
+  }
+
+ private:
+  static Tensor float_contiguous(const Tensor& t, const char* name) {
+    TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat, name, " must be a float32 CPU tensor");
+    return t.detach().contiguous();
+  }
+
+  static std::vector<float> to_vector(const Tensor& t, int64_t n, const char* name) {
+    Tensor c = float_contiguous(t, name);
+    TORCH_CHECK(c.numel() == n, name, " has ", c.numel(), " values, expected ", n);
+    return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + n);
+  }
+
+  void finish(Projection p, const c10::optional<Tensor>& inv_scale) {
+    if (inv_scale) {
+      Tensor s = float_contiguous(*inv_scale, "inv_scale");
+      p.inv_scale.assign(s.data_ptr<float>(), s.data_ptr<float>() + s.numel());
+    }
+    TORCH_CHECK(!layers_.empty(), "add_layer comes before its projections");
+    Layer& L = layers_.back();
+    Projection* slots[] = {&L.qkv, &L.o, &L.gate, &L.up, &L.down};
+    if (next_ < 5) {
+      *slots[next_++] = std::move(p);
+      if (next_ == 5) L.up_has_own_input = L.up.inv_scale != L.gate.inv_scale;
+      return;
+    }
+    TORCH_CHECK(!has_head_, "every projection is already set");
+    head_ = std::move(p);
+    has_head_ = true;
+  }
+
+  void check_cache(const Tensor& c, const char* name) const {
+    TORCH_CHECK(c.device().is_cpu() && (c.scalar_type() == at::kFloat || c.scalar_type() == at::kBFloat16) &&
+                    c.is_contiguous(),
+                name, " must be a contiguous float32 or bfloat16 CPU tensor");
+    TORCH_CHECK(c.dim() == 5 && c.size(0) == num_layers() && c.size(2) == nkv_ && c.size(4) == hs_, name,
+                " must be (layers, slots, n_kv, length, head_dim)");
+  }
+
+  void norm_rows(const float* x, const float* w, const Projection& next, int64_t B, float* out) const {
+    for (int64_t b = 0; b < B; ++b) rms_row(x + b * d_, w, next, eps_, d_, out + b * d_);
+  }
+
+  static void add_rows(float* x, const Tensor& delta, int64_t n) {
+    Tensor c = delta.contiguous();
+    const float* dp = c.data_ptr<float>();
+    for (int64_t i = 0; i < n; ++i) x[i] += dp[i];
+  }
+
+  // Each row's new k and v (after RoPE, in its qkv row) into its slot at its position.
+  template <typename T>
+  void write_kv(const float* qkv, T* k_base, T* v_base, const std::vector<int64_t>& slots,
+                const std::vector<int64_t>& positions, int64_t L1, int64_t B) const {
+    const int64_t q_w = nh_ * hs_, kv_w = nkv_ * hs_;
+    for (int64_t b = 0; b < B; ++b) {
+      const float* row = qkv + b * (q_w + 2 * kv_w);
+      for (int64_t g = 0; g < nkv_; ++g) {
+        const int64_t at_pos = ((slots[b] * nkv_ + g) * L1 + positions[b]) * hs_;
+        for (int64_t i = 0; i < hs_; ++i) {
+          store(row[q_w + g * hs_ + i], k_base + at_pos + i);
+          store(row[q_w + kv_w + g * hs_ + i], v_base + at_pos + i);
+        }
+      }
+    }
+  }
+
+  // y (B, nh * hs) = softmax(q k^T * scale) v for each row over its own slot's positions
+  // 0..position, one work item per (row, key/value head): the group's query heads share each
+  // K/V row they read. Scaled on the way out for the output projection's smoothing.
+  template <typename T>
+  void attend(const float* qkv, const T* k_base, const T* v_base, const std::vector<int64_t>& slots,
+              const std::vector<int64_t>& positions, int64_t L1, const Projection& out_proj, int64_t B,
+              float* y) const {
+    const int64_t group = nh_ / nkv_, q_w = nh_ * hs_, row_w = q_w + 2 * nkv_ * hs_;
+    at::parallel_for(0, B * nkv_, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> scores, acc(group * hs_), total(group);
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t b = item / nkv_, g = item % nkv_, n = positions[b] + 1;
+        scores.resize(group * n);
+        attend_item(qkv + b * row_w + g * group * hs_, k_base + (slots[b] * nkv_ + g) * L1 * hs_,
+                    v_base + (slots[b] * nkv_ + g) * L1 * hs_, n, group, hs_, scale_, scores.data(), total.data(),
+                    acc.data());
+        for (int64_t h = 0; h < group; ++h) {
+          const int64_t head = g * group + h;
+          float* out = y + b * q_w + head * hs_;
+          for (int64_t i = 0; i < hs_; ++i) out[i] = acc[h * hs_ + i] * out_proj.scale(head * hs_ + i);
+        }
+      }
+    });
+  }
+
+  int64_t nh_, nkv_, hs_, d_ = 0;
+  float eps_, scale_;
+  Tensor embed_, rope_;
+  std::vector<float> final_norm_;
+  std::vector<Layer> layers_;
+  Projection head_;
+  bool has_head_ = false;
+  int next_ = 0;
+};
+
+}  // namespace
+
+TORCH_LIBRARY(tserve_native, m) {
+  m.class_<LlamaDecoder>("LlamaDecoder")
+      .def(torch::init<int64_t, int64_t, int64_t, double, double>())
+      .def("set_model", &LlamaDecoder::set_model)
+      .def("add_layer", &LlamaDecoder::add_layer)
+      .def("add_int8", &LlamaDecoder::add_int8)
+      .def("add_float", &LlamaDecoder::add_float)
+      .def("num_layers", &LlamaDecoder::num_layers)
+      .def("step", &LlamaDecoder::step);
+}

