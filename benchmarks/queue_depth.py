@@ -7,7 +7,7 @@ generator at increasing concurrency. While each level runs, a sampler thread rea
 would see (``tserve_waiting_requests``, ``tserve_running_requests``,
 ``tserve_kv_cache_usage_ratio``); the clients record TTFT. The printed table says at which
 queue depth TTFT starts to climb, which is where the HorizontalPodAutoscaler's target
-belongs (README "Kubernetes"). The server's CPU use per level (cores, from /proc) shows
+belongs (docs/deployment.md "Kubernetes"). The server's CPU use per level (cores, from /proc) shows
 why CPU utilisation is no autoscaling signal here, and its peak RSS sizes the pod's memory.
 """
 

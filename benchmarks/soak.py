@@ -7,7 +7,7 @@ surrogate, a coerced type, an unknown model, malformed JSON, a past-the-limit va
 get a 4xx. The server's RSS (``/proc/<pid>/status``) is sampled after every request; reported:
 the counts by status class, RSS after warm-up (the first 10 %) and at the end, and the growth
 over the second half (target < 2 %). Exit status 1 on any 5xx, transport error, unexpected
-status, or growth at or past the target. Not a test: its figures are in the README.
+status, or growth at or past the target. Not a test: its figures are in docs/reliability.md.
 """
 
 from __future__ import annotations
