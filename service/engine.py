@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from model import Checkpoint, EngineCore, EngineEvent, EngineRequest, SamplingParams
+from model.decode import DecodeStep
 from model.engine.sampling import MAX_STOP_STRINGS, MAX_TOP_LOGPROBS
 from model.tokenization.chat_template import ChatMessageError, ChatTemplate, ChatTemplateError
 from service.engine_errors import EngineStoppedError, InvalidRequestError, QueueFullError
@@ -211,12 +212,15 @@ class BaseEngine:
 class GenerativeEngine(BaseEngine):
     """Decoder-only and encoder-decoder models: continuous batching over KV-cache slots."""
 
-    def __init__(self, name: str, ckpt: Checkpoint, settings: Settings, metrics: Metrics):
+    def __init__(self, name: str, ckpt: Checkpoint, settings: Settings, metrics: Metrics,
+                 step: DecodeStep | None = None):
+        """``step``: the decode step ``model.decode.prepare`` chose (default: the model's Python step)."""
         super().__init__(name, ckpt, settings, metrics)
         self.encdec = self.family == "encoder-decoder"
         self.max_src_len = self.max_len if self.encdec else 0
         self.core = EngineCore(self.model, self.tokenizer, settings.max_batch, self.max_len, self.max_src_len,
-                               settings.max_prefill_tokens, 0.0 if self.encdec else settings.prefix_cache_mb)
+                               settings.max_prefill_tokens, 0.0 if self.encdec else settings.prefix_cache_mb,
+                               step=step)
         self._inbox: list[EngineRequest] = []
         self._aborts: set[str] = set()
         self._streams: dict[str, RequestStream] = {}

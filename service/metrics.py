@@ -60,11 +60,8 @@ class Metrics:
                                         "block's K/V.", ["model"], registry=r)
         self.prefix_blocks = Gauge(name("prefix_cache_blocks"), "Prefix-cache blocks allocated (capacity).",
                                    ["model"], registry=r)
-        self.compile_seconds = Gauge(name("decode_compile_seconds"), "Seconds spent compiling the decode step "
-                                     "before the model became ready (TSERVE_COMPILE; absent: not compiled).",
-                                     ["model"], registry=r)
         self.decode_step = Gauge(name("decode_step_info"), "1 for the decode step each generative model runs: "
-                                 "native (C++), compiled or python.", ["model", "step"], registry=r)
+                                 "native (C++) or python.", ["model", "step"], registry=r)
         self.rejected = Counter(name("rejected_requests"), "Requests refused before reaching the engine's queue.",
                                 ["model", "reason"], registry=r)
 

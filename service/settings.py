@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from model.decode import DecodeOptions
 from model.engine.prefix_cache import DEFAULT_PREFIX_CACHE_MB
 
 
@@ -32,14 +33,12 @@ class Settings(BaseSettings):
     torch_threads: int = Field(0, ge=0, description="intra-op threads; 0 = torch's default")
     quantize: Literal["auto", "none", "int8"] = Field(
         "auto", description="int8: decode steps through per-channel int8 projections and head (CPU; prompts "
-                            "stay float); auto: int8 for Llama-family models on the CPU, none for the others")
-    compile: Literal["auto", "on", "off"] = Field(
-        "off", description="compiled decode step (Llama family, CPU; compiled before /ready): auto = where decode "
-                           "steps run int8, on = every Llama-family model (else a start-up error), off = eager")
+                            "stay float); auto: int8 for decoders with a gated feed-forward (Llama-style) on the "
+                            "CPU, none for the others")
     native_decode: Literal["auto", "on", "off"] = Field(
-        "auto", description="native C++ decode step (Llama family, CPU, built with the machine's C++ compiler "
-                            "before /ready; wins over TSERVE_COMPILE): auto = where decode steps run int8 and it "
-                            "builds, on = every Llama-family model (else a start-up error), off = the Python step")
+        "auto", description="native C++ decode step (Llama architecture, CPU, built with the machine's C++ compiler "
+                            "before /ready): auto = where decode steps run int8 and it builds, on = every model it "
+                            "can run (else a start-up error naming why), off = the Python step")
     native_library: str = Field(
         "", description="a prebuilt native decode library to load instead of compiling one (the container's, "
                         "built by python -m model.decode.native); empty = build with the machine's compiler")
@@ -72,6 +71,12 @@ class Settings(BaseSettings):
     shutdown_grace_s: float = Field(10.0, ge=0, description="in-flight requests get this long on shutdown")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_json: bool = True
+
+    def decode_options(self) -> DecodeOptions:
+        """The decode step the settings choose (``model.decode.prepare`` reads it), as one value."""
+        return DecodeOptions(quantize=self.quantize, native=self.native_decode,
+                             native_library=self.native_library or None, kv_dtype=self.kv_dtype,
+                             attention=self.decode_attention)
 
     def model_names(self) -> list[str]:
         return [m.strip() for m in self.models.split(",") if m.strip()]

@@ -1,10 +1,9 @@
-"""A native (C++) decode step for the Llama family on the CPU (``TSERVE_NATIVE_DECODE``).
+"""A native (C++) decode step for Llama-architecture decoders on the CPU (``TSERVE_NATIVE_DECODE``).
 
 Why: a decode step of SmolLM2-135M at batch 1 reads ~134 MB of int8 weights, ~5 ms at this
-machine's bandwidth, yet the eager step took ~22 ms and the compiled one ~18 ms: the rest is
-the interpreter and the dispatcher around ~40 small operators per layer (norms, RoPE, cache
-index arithmetic, masks, SiLU, residuals, smoothing scales), and, under ``torch.compile``, a
-guarded graph call per layer. llama.cpp pays none of that.
+machine's bandwidth, yet the eager step took ~22 ms (and an inductor-compiled one, since
+removed, ~18 ms): the rest is the interpreter and the dispatcher around ~40 small operators per
+layer (norms, RoPE, cache index arithmetic, masks, SiLU, residuals, smoothing scales). llama.cpp pays none of that.
 
 How: ``model/decode/csrc/llama_decode.cpp`` holds the whole step (embedding lookup, 30 layers, final
 norm, head) in one C++ object built once per model from its weights. The projections call
@@ -22,8 +21,8 @@ float32 (``tests/model/test_native_decode.py``, ``tests/model/test_smollm2.py``)
 Built with torch's C++ extension machinery on first use (needs a C++ compiler and ninja;
 ~12 s on 2 cores, then cached under ``TORCH_EXTENSIONS_DIR``, default
 ``~/.cache/torch_extensions``), or loaded prebuilt (``build(library)``; ``main`` builds one).
-Where neither works, ``wants_native`` says why in the log and the model keeps its other
-decode steps.
+Where neither works, ``wants_native`` says why in the log and the model keeps the Python step.
+Which models it can run is decided with every other fast path in ``model/decode/support.py``.
 """
 
 from __future__ import annotations
@@ -39,9 +38,10 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from model.decode.compiled import decode_step_wanted
-from model.decode.compiled import unsupported_reason as compiled_unsupported_reason
+from model.decode import support
+from model.decode.threads import decode_threads
 from model.nn.kv_cache import SlotKVCache
+from model.nn.transformer import DecoderLM
 from model.quant.int8 import DecodeInt8Linear
 
 log = logging.getLogger(__name__)
@@ -108,27 +108,34 @@ def _cpu_tag() -> str:
 
 
 def unsupported_reason(model: nn.Module) -> str | None:
-    """Why ``NativeDecoder`` cannot run ``model`` (None: it can): the compiled step's Llama-family
-    checks, float32 weights, and SiLU gating."""
-    why = compiled_unsupported_reason(model)
+    """Why ``NativeStep`` cannot run ``model`` (None: it can): its config (``support.FIELDS``),
+    then where its weights are (float32, on the CPU)."""
+    if not isinstance(model, DecoderLM):
+        return f"{type(model).__name__} is not a decoder-only model"
+    why = support.unsupported_reason(model.cfg, "native")
     if why is not None:
         return why
+    if model.device.type != "cpu":
+        return f"the model is on {model.device} (CPU only)"
     if model.dtype != torch.float32:
         return f"the model is {model.dtype} (float32 only)"
-    if model.cfg.activation not in ("silu", "swish"):
-        return f"the activation is {model.cfg.activation} (SiLU only)"
     return None
 
 
 def wants_native(mode: str, model: nn.Module, library: str | Path | None = None) -> bool:
-    """The service's ``TSERVE_NATIVE_DECODE``: ``off``; ``on`` (a model it cannot run, or a
-    machine it cannot be built on, is an error naming why); ``auto`` (the default): where it
-    can run, decode steps are int8 (where it was measured) and it builds."""
-    if mode == "off" or not decode_step_wanted(mode, "TSERVE_NATIVE_DECODE", unsupported_reason(model), model):
+    """``TSERVE_NATIVE_DECODE``: ``off``; ``on`` (a model it cannot run, or a machine it cannot be
+    built on, is an error naming why); ``auto`` (the default): where it can run, decode steps
+    are int8 (where it was measured) and it builds."""
+    if mode == "off":
         return False
+    why = unsupported_reason(model)
     if mode == "on":
+        if why is not None:
+            raise ValueError(f"TSERVE_NATIVE_DECODE=on: {why}")
         build(library)  # an error naming why, where it cannot be built
         return True
+    if why is not None or not any(isinstance(m, DecodeInt8Linear) for m in model.modules()):
+        return False
     try:
         build(library)
     except RuntimeError as exc:
@@ -137,14 +144,19 @@ def wants_native(mode: str, model: nn.Module, library: str | Path | None = None)
     return True
 
 
-class NativeDecoder:
-    """``decode_step``'s contract over the C++ step. Build it once the weights are final
-    (quantized): it holds the projections' kernels and copies of the norms as they are now."""
+class NativeStep:
+    """A ``DecodeStep`` over the C++ step. Build it once the weights are final (quantized): it
+    holds the projections' kernels and copies of the norms as they are now."""
 
-    def __init__(self, model: nn.Module, library: str | Path | None = None):
+    name = "native"
+
+    def __init__(self, model: nn.Module, library: str | Path | None = None, kv_dtype: torch.dtype = torch.bfloat16):
         why = unsupported_reason(model)
         if why is not None:
             raise ValueError(f"no native decode step for this model: {why}")
+        if kv_dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"the native decode step needs a float32 or bfloat16 KV cache, not {kv_dtype}")
+        self.kv_dtype = kv_dtype
         self.build_seconds = build(library)
         cfg = model.cfg
         first = model.decoder_layers[0]
@@ -156,8 +168,6 @@ class NativeDecoder:
             for layer in model.decoder_layers:
                 attn, ffn = layer.self_attn, layer.ffn
                 plan.add_layer(layer.self_attn_norm.weight, layer.ffn_norm.weight)
-                if not attn.fused:
-                    raise ValueError("no native decode step for this model: q, k and v are separate projections")
                 for proj in (attn.qkv_proj, attn.out_proj, ffn.gate, ffn.up, ffn.down):
                     _add_projection(plan, proj)
             _add_projection(plan, model.lm_head.proj)
@@ -169,7 +179,9 @@ class NativeDecoder:
             raise ValueError(f"sequence length {max(positions) + 1} exceeds the KV cache's max_len {cache.max_len}")
         if cache.k.dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"the native decode step needs a float32 or bfloat16 KV cache, not {cache.k.dtype}")
-        return self.plan.step(tokens.view(-1), cache.k, cache.v, [int(s) for s in slots], [int(p) for p in positions])
+        with decode_threads(len(slots)):
+            return self.plan.step(tokens.view(-1), cache.k, cache.v, [int(s) for s in slots],
+                                  [int(p) for p in positions])
 
 
 def _add_projection(plan, layer: nn.Module) -> None:

@@ -110,6 +110,52 @@ def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor,
     return decode_attention_reference(q, k_cache, v_cache, slots, lengths, scale)
 
 
+DECODE_ATTENTION_MODES = ("auto", "sdpa", "triton")
+
+
+class TritonDecodeAttention:
+    """The kernel as an attention layer's decode path (``AttentionContext.decode_kernel``):
+    ``auto`` uses it on CUDA where it runs and falls back to SDPA for good if it fails;
+    ``triton`` always uses it and lets a failure raise."""
+
+    def __init__(self, mode: str):
+        self.mode = mode
+
+    def applies(self, q: Tensor) -> bool:
+        return self.mode == "triton" or (q.device.type == "cuda" and kernel_runs_on(q.device))
+
+    def __call__(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, lengths: Tensor,
+                 scale: float) -> Tensor | None:
+        try:
+            return decode_attention_triton(q, k_cache, v_cache, slots, lengths, scale)
+        except Exception as exc:
+            if self.mode == "triton":
+                raise
+            kernel_failed(exc)
+            return None
+
+
+def attention_kernel(mode: str, device: torch.device) -> TritonDecodeAttention | None:
+    """How a decode step attends (``TSERVE_DECODE_ATTENTION``): ``auto`` (the Triton kernel on
+    CUDA when triton is installed, else SDPA), ``sdpa`` (None), or ``triton`` (the kernel, or an
+    error now naming why it cannot run here: it needs triton and CUDA, or TRITON_INTERPRET=1)."""
+    if mode not in DECODE_ATTENTION_MODES:
+        raise ValueError(f"decode attention must be one of {DECODE_ATTENTION_MODES}, got {mode!r}")
+    if mode == "sdpa":
+        return None
+    if mode == "triton" and not kernel_runs_on(device):
+        if not triton_available():
+            why = "triton is not installed"
+        elif device.type != "cuda":
+            why = f"the model is on {device} (the kernel needs CUDA, or TRITON_INTERPRET=1 on the CPU)"
+        elif not c_compiler_found():
+            why = "Triton finds no C compiler to build its CUDA launcher with (install gcc or set CC)"
+        else:
+            why = "the kernel failed earlier in this process"
+        raise ValueError(f"decode attention 'triton' cannot run here: {why}")
+    return TritonDecodeAttention(mode)
+
+
 # --- the kernel's launcher -------------------------------------------------------------
 
 def _next_power_of_2(n: int) -> int:

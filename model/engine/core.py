@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from model.decode.step import DecodeStep, PythonStep
 from model.engine.families import prompts_for
 from model.engine.prefix_cache import PREFIX_BLOCK, PrefixIndex
 from model.engine.requests import EngineEvent, EngineRequest
@@ -38,25 +39,28 @@ class StepResult:
 
 class EngineCore:
     def __init__(self, model: DecoderLM | EncoderDecoder, tokenizer: Tokenizer | None, n_slots: int, max_len: int,
-                 max_src_len: int = 0, max_prefill_tokens: int = 2048, prefix_cache_mb: float = 0.0):
+                 max_src_len: int = 0, max_prefill_tokens: int = 2048, prefix_cache_mb: float = 0.0,
+                 step: DecodeStep | None = None):
         """``prefix_cache_mb``: memory for the prefix cache's pool of prompt blocks
-        (decoder-only; 0 or an encoder-decoder model: no prefix cache)."""
+        (decoder-only; 0 or an encoder-decoder model: no prefix cache). ``step``: the decode
+        step (``model.decode.prepare``); default the model's own Python step, float, SDPA."""
         self.model, self.tokenizer = model, tokenizer
+        self.decode_step: DecodeStep = step or PythonStep(model)
         self.n_slots, self.max_len, self.max_src_len = n_slots, max_len, max_src_len
         prompts = prompts_for(model)
-        blocks = 0 if prompts.encodes_source else self._prefix_blocks(model, prefix_cache_mb)
+        blocks = 0 if prompts.encodes_source else self._prefix_blocks(model, prefix_cache_mb, self.decode_step.kv_dtype)
         self.prefix = PrefixIndex(blocks, PREFIX_BLOCK) if blocks else None
         self.scheduler = Scheduler(prompts, tokenizer, model.cfg.eos_token_id, n_slots, max_prefill_tokens,
                                    self.prefix)
-        self.runner = ModelRunner(model, prompts, n_slots, max_len, max_src_len, blocks, PREFIX_BLOCK)
+        self.runner = ModelRunner(model, prompts, n_slots, max_len, self.decode_step, max_src_len, blocks, PREFIX_BLOCK)
 
     @staticmethod
-    def _prefix_blocks(model: DecoderLM, budget_mb: float) -> int:
+    def _prefix_blocks(model: DecoderLM, budget_mb: float, dtype) -> int:
         """Pool blocks that fit in ``budget_mb`` at the model's cache shape and dtype."""
         if budget_mb <= 0:
             return 0
         per_block = PrefixKVPool.block_bytes(len(model.decoder_layers), model.cfg.kv_heads, model.cfg.head_dim,
-                                             PREFIX_BLOCK, model.cache_dtype)
+                                             PREFIX_BLOCK, dtype)
         return int(budget_mb * 2**20) // per_block
 
     # --- requests in and out -----------------------------------------------------------

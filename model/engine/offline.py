@@ -1,6 +1,8 @@
 """``generate`` and ``beam_search``: the offline entry points, thin drivers of the same
 engine core the service runs (add every request, step until done), so offline and served
-generation cannot drift apart.
+generation cannot drift apart. Both take the decode step the service would run
+(``step=`` from ``model.decode.prepare``, or ``options=``: prepared here); without either,
+the model's own float Python step.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
+from model.decode.step import DecodeOptions, DecodeStep, prepare
 from model.engine.core import EngineCore
 from model.engine.generation import FINISH_LENGTH, GenerationResult
 from model.engine.requests import EngineEvent, EngineRequest
@@ -39,14 +42,18 @@ def _result(events: list[EngineEvent]) -> GenerationResult:
 
 
 def _core(model: DecoderLM | EncoderDecoder, tokenizer: Tokenizer | None, prompts: Sequence[Sequence[int]],
-          params: list[SamplingParams], prefix_cache_mb: float = 0.0) -> EngineCore:
+          params: list[SamplingParams], prefix_cache_mb: float = 0.0, step: DecodeStep | None = None,
+          options: DecodeOptions | None = None) -> EngineCore:
     """A core with a slot for every sequence and room for every prompt in one prefill."""
+    if step is None and options is not None:
+        step = prepare(model, options, tokenizer)
     encdec = isinstance(model, EncoderDecoder)
     start = [1] * len(prompts) if encdec else [len(p) for p in prompts]
     max_len = max(s + p.max_new_tokens for s, p in zip(start, params))
     return EngineCore(model, tokenizer, n_slots=sum(p.beam_size for p in params), max_len=max_len,
                       max_src_len=max(len(p) for p in prompts) if encdec else 0,
-                      max_prefill_tokens=max(1, sum(len(p) for p in prompts)), prefix_cache_mb=prefix_cache_mb)
+                      max_prefill_tokens=max(1, sum(len(p) for p in prompts)), prefix_cache_mb=prefix_cache_mb,
+                      step=step)
 
 
 @torch.inference_mode()
@@ -56,16 +63,20 @@ def generate(
     params: SamplingParams | Sequence[SamplingParams],
     tokenizer: Tokenizer | None = None,
     prefix_cache_mb: float = 0.0,
+    step: DecodeStep | None = None,
+    options: DecodeOptions | None = None,
 ) -> list[GenerationResult]:
     """Greedy or sampled generation for a batch of prompts (sources, for the encoder-decoder).
 
     Finished sequences leave the batch; the rest keep stepping at their own positions. With
     ``prefix_cache_mb`` > 0 (decoder-only), prompts sharing leading blocks compute them once.
+    ``step`` / ``options``: the decode step (see the module docstring).
     """
     rows = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
     if any(r.beam_size > 1 for r in rows):
         raise ValueError("generate() samples or decodes greedily; use model.beam_search for beam_size > 1")
-    return [_result(e) for e in _run(_core(model, tokenizer, prompts, rows, prefix_cache_mb), prompts, rows)]
+    core = _core(model, tokenizer, prompts, rows, prefix_cache_mb, step, options)
+    return [_result(e) for e in _run(core, prompts, rows)]
 
 
 @torch.inference_mode()
@@ -76,9 +87,12 @@ def beam_search(
     length_penalty: float = 1.0,
     max_new_tokens: int = 64,
     tokenizer: Tokenizer | None = None,
+    step: DecodeStep | None = None,
+    options: DecodeOptions | None = None,
 ) -> list[GenerationResult]:
     """The best of ``beam_size`` hypotheses for each source, scored by
-    ``sum logprob / length ** length_penalty``."""
+    ``sum logprob / length ** length_penalty``; ``step`` / ``options`` as for ``generate``."""
     params = [SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, beam_size=beam_size,
                              length_penalty=length_penalty) for _ in sources]
-    return [_result(e) for e in _run(_core(model, tokenizer, sources, params), sources, params)]
+    core = _core(model, tokenizer, sources, params, step=step, options=options)
+    return [_result(e) for e in _run(core, sources, params)]

@@ -1,8 +1,9 @@
-"""Executes a ``StepPlan`` on the model: cache moves, the forward passes, and the choice of
-next tokens. It owns every tensor of the engine: the slot KV cache, the prefix cache's pool of
-prompt blocks (decoder-only, when it has a budget) and, per slot, the set of
-tokens already in the sequence (repetition penalty) and how often each token has been
-generated (presence and frequency penalties).
+"""Executes a ``StepPlan`` on the model: cache moves, the forward passes (decode rows through
+the ``DecodeStep`` it holds, prompts through the model's prefill), and the choice of next
+tokens. It owns every tensor of the engine: the slot KV cache, the prefix cache's pool of
+prompt blocks (decoder-only, when it has a budget) and, per slot, the set of tokens already in
+the sequence (repetition penalty) and how often each token has been generated (presence and
+frequency penalties).
 
 The output is on the host, one entry per sequence: a ``Sample`` for sampled sequences (all
 drawn in one batched sampler call) or the (beam_size, V) log-probabilities of a beam search.
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from model.decode.step import DecodeStep
 from model.engine.families import DecoderPrompts, SourcePrompts
 from model.engine.generation import split_sample
 from model.engine.plan import StepPlan
@@ -33,10 +35,12 @@ class StepOutput:
 
 class ModelRunner:
     def __init__(self, model: DecoderLM | EncoderDecoder, prompts: DecoderPrompts | SourcePrompts, n_slots: int,
-                 max_len: int, max_src_len: int = 0, prefix_blocks: int = 0, prefix_block_len: int = 0):
-        self.model, self.prompts = model, prompts
+                 max_len: int, step: DecodeStep, max_src_len: int = 0, prefix_blocks: int = 0,
+                 prefix_block_len: int = 0):
+        self.model, self.prompts, self.step = model, prompts, step
         self.device = model.device
-        self.cache = model.new_cache(n_slots, max_len, max_src_len if prompts.encodes_source else 0)
+        self.cache = model.new_cache(n_slots, max_len, max_src_len if prompts.encodes_source else 0,
+                                     dtype=step.kv_dtype)
         self.prefix_pool = (PrefixKVPool(self.cache.n_layers, prefix_blocks, self.cache.n_heads, self.cache.head_dim,
                                          prefix_block_len, self.cache.k.dtype, self.device)
                             if prefix_blocks else None)
@@ -76,8 +80,7 @@ class ModelRunner:
         if plan.decode:
             rows = plan.decode
             tokens = to_device([r.token for r in rows], torch.long, self.device)
-            parts.append(self.model.decode_step(self.cache, tokens, [r.slot for r in rows],
-                                                [r.position for r in rows]))
+            parts.append(self.step(self.cache, tokens, [r.slot for r in rows], [r.position for r in rows]))
             owners += [r.seq for r in rows]
         logits, prompt_owners = self.prompts.run(self.cache, plan)
         if logits is not None:

@@ -21,7 +21,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.config import ModelConfig
-from model.decode.triton_attention import decode_attention_triton, kernel_failed, kernel_runs_on
 
 # --- linear layers that can be prepacked for CPU inference ----------------------------
 
@@ -111,6 +110,20 @@ class KVCacheView(Protocol):
         ...
 
 
+class DecodeAttentionKernel(Protocol):
+    """An attention core for decode steps that reads each row's cache in place (the Triton
+    kernel, ``model.decode.triton_attention``); chosen by the decode step, never by the layer."""
+
+    def applies(self, q: Tensor) -> bool:
+        """Whether it runs for queries ``q`` (B, nh, 1, hs) (their device, its mode)."""
+        ...
+
+    def __call__(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, lengths: Tensor,
+                 scale: float) -> Tensor | None:
+        """q (B, nh, hs) over the layer's whole cache -> (B, nh, hs); None: it failed, use SDPA."""
+        ...
+
+
 @dataclass
 class AttentionContext:
     """Per-forward-pass inputs of every attention layer."""
@@ -121,12 +134,10 @@ class AttentionContext:
     cache: KVCacheView | None = None  # None: attend over the new tokens only
     memory: Tensor | None = None  # encoder output (B, S, d) for teacher-forced cross-attention
     memory_mask: Tensor | None = None  # (B, 1, 1, S)
+    decode_kernel: DecodeAttentionKernel | None = None  # decode steps: attention over the cache in place
 
 
 # --- attention module ---------------------------------------------------------------
-
-DECODE_ATTENTION_MODES = ("auto", "sdpa", "triton")
-
 
 class MultiHeadAttention(nn.Module):
     """Multi-head (or grouped-query) attention with fused or separate Q/K/V projections.
@@ -135,12 +146,9 @@ class MultiHeadAttention(nn.Module):
     decoder and k, v from the encoder memory (computed once per request when serving).
     ``layer`` is this module's index in its stack: the KV cache row it owns.
 
-    ``decode_attention`` picks the decode path's attention (one new token per row over the
-    slot cache): ``sdpa`` always; ``triton`` the fused kernel of ``model.kernels``; ``auto``
-    the kernel on CUDA when triton is installed, else SDPA (so CPU runs exactly as before).
+    A decode step may hand it an attention kernel (``AttentionContext.decode_kernel``) that
+    reads each row's cache in place instead of the padded span and its mask.
     """
-
-    decode_attention = "auto"  # set for a whole model by TransformerModel.set_decode_attention
 
     def __init__(self, cfg: ModelConfig, layer: int = 0, cross: bool = False):
         super().__init__()
@@ -193,34 +201,17 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self.project_qkv(x)
         if ctx.rope is not None:
             q, k = apply_rotary(q, *ctx.rope), apply_rotary(k, *ctx.rope)
-        if ctx.cache is not None and q.size(2) == 1 and self._decode_kernel(q):
-            y = self._kernel_attention(q, k, v, ctx.cache)
+        kernel = ctx.decode_kernel
+        if kernel is not None and ctx.cache is not None and q.size(2) == 1 and not self.training and kernel.applies(q):
+            # The kernel reads each row's slot in place up to its own length: exactly the
+            # positions the span's mask would allow. None: it failed; SDPA takes over.
+            k_all, v_all, slots, lengths = ctx.cache.update_in_place(self.layer, k, v)
+            y = kernel(q[:, :, 0], k_all, v_all, slots, lengths, self.scale)  # (B, nh, hs)
             if y is not None:
-                return self.merge(y)
+                return self.merge(y[:, :, None])  # (B, nh, 1, hs) -> (B, 1, d)
         if ctx.cache is not None:
             k, v = ctx.cache.update(self.layer, k, v)  # written in place; the span to attend over
         return self.attend(q, k, v, ctx.mask, ctx.causal)
-
-    def _decode_kernel(self, q: Tensor) -> bool:
-        if self.training or self.decode_attention == "sdpa":
-            return False
-        if self.decode_attention == "triton":
-            return True
-        return q.device.type == "cuda" and kernel_runs_on(q.device)
-
-    def _kernel_attention(self, q: Tensor, k: Tensor, v: Tensor, cache: KVCacheView) -> Tensor | None:
-        """Decode through the Triton kernel: it reads each row's slot in place, up to its own
-        length, instead of the padded span and its mask (which allow exactly those positions).
-        None where it failed under ``auto`` (SDPA takes over, for this step and every later one)."""
-        k_all, v_all, slots, lengths = cache.update_in_place(self.layer, k, v)
-        try:
-            y = decode_attention_triton(q[:, :, 0], k_all, v_all, slots, lengths, self.scale)  # (B, nh, hs)
-        except Exception as exc:
-            if self.decode_attention == "triton":
-                raise
-            kernel_failed(exc)
-            return None
-        return y[:, :, None]  # (B, nh, 1, hs)
 
     def cross_attention(self, x: Tensor, ctx: AttentionContext) -> Tensor:
         if ctx.cache is not None:

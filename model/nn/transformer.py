@@ -14,21 +14,17 @@ import torch
 from torch import Tensor, nn
 
 from model.config import ModelConfig
-from model.decode.threads import decode_threads
-from model.decode.triton_attention import c_compiler_found, kernel_runs_on, triton_available
 from model.nn.host_transfer import to_device
 from model.nn.kv_cache import CacheView, SlotKVCache, span_bucket
 from model.nn.layers import (
     ACTIVATION_FNS,
-    DECODE_ATTENTION_MODES,
     AttentionContext,
+    DecodeAttentionKernel,
     Embeddings,
     Linear,
-    MultiHeadAttention,
     TransformerLayer,
     make_norm,
 )
-from model.quant.int8 import decode_step as int8_decode_step
 
 
 def _padded(seqs: Sequence[Sequence[int]], pad: int, device: torch.device) -> tuple[Tensor, list[int]]:
@@ -99,30 +95,8 @@ class TransformerModel(nn.Module):
         self.eval()
         return sum(m.pack() for m in self.modules() if isinstance(m, Linear))
 
-    def set_decode_attention(self, mode: str) -> None:
-        """How the cached decode step attends (``TSERVE_DECODE_ATTENTION``): ``auto`` (the
-        Triton kernel on CUDA when triton is installed, else SDPA), ``sdpa``, or ``triton``
-        (the kernel or an error now: it needs triton and a CUDA device, or TRITON_INTERPRET=1)."""
-        if mode not in DECODE_ATTENTION_MODES:
-            raise ValueError(f"decode attention must be one of {DECODE_ATTENTION_MODES}, got {mode!r}")
-        if mode == "triton" and not kernel_runs_on(self.device):
-            if not triton_available():
-                why = "triton is not installed"
-            elif self.device.type != "cuda":
-                why = f"the model is on {self.device} (the kernel needs CUDA, or TRITON_INTERPRET=1 on the CPU)"
-            elif not c_compiler_found():
-                why = "Triton finds no C compiler to build its CUDA launcher with (install gcc or set CC)"
-            else:
-                why = "the kernel failed earlier in this process"
-            raise ValueError(f"decode attention 'triton' cannot run here: {why}")
-        for m in self.modules():
-            if isinstance(m, MultiHeadAttention):
-                m.decode_attention = mode
-
     def train(self, mode: bool = True) -> TransformerModel:
         if mode:
-            self.compiled_decode = None  # holds the kernels of the weights about to change
-            self.native_decode = None
             for m in self.modules():
                 if isinstance(m, Linear):
                     m.packed = None  # weights are about to change
@@ -175,13 +149,6 @@ class _CachedDecoder(TransformerModel):
 
     decoder_layers: nn.ModuleList
     decoder_norm: nn.Module
-    # The KV cache's dtype when narrower than the weights' (TSERVE_KV_DTYPE): a decode step
-    # reads every cached K/V row, and in bfloat16 that is half the bytes. None: the model's.
-    kv_dtype: torch.dtype | None = None
-
-    @property
-    def cache_dtype(self) -> torch.dtype:
-        return self.kv_dtype or self.dtype
 
     def new_cache(self, n_slots: int, max_len: int, max_src_len: int = 0,
                   dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> SlotKVCache:
@@ -189,16 +156,16 @@ class _CachedDecoder(TransformerModel):
             raise ValueError(f"max_len {max_len} exceeds the model's max_positions {self.cfg.max_positions}")
         return SlotKVCache(
             len(self.decoder_layers), n_slots, self.cfg.kv_heads, self.cfg.head_dim, max_len,
-            max_src_len, dtype or self.cache_dtype, device or self.device,
+            max_src_len, dtype or self.dtype, device or self.device,
         )
 
     def forward_cached(
         self, cache: SlotKVCache, ids: Tensor, slots: Sequence[int], starts: Sequence[int],
-        lengths: Sequence[int],
+        lengths: Sequence[int], decode_kernel: DecodeAttentionKernel | None = None,
     ) -> Tensor:
         """Run ids (B, T) for slots whose history ends at ``starts``; each row has ``lengths``
         real tokens (right padded). Writes their K/V and returns the last real token's
-        logits (B, V)."""
+        logits (B, V). ``decode_kernel``: an attention core for one-token rows (a decode step's)."""
         b, t = ids.shape
         ends = [s + n for s, n in zip(starts, lengths)]
         if max(ends) > cache.max_len:
@@ -215,7 +182,7 @@ class _CachedDecoder(TransformerModel):
         pos = pos.clamp(max=self.cfg.max_positions - 1)  # pad rows past the table (never read)
         x = self.embed(ids, pos)  # (B, T, d)
         ctx = AttentionContext(mask=None if mask is None else mask[:, None], causal=mask is None,
-                               rope=self.embed.rotary(pos, x.dtype), cache=view)
+                               rope=self.embed.rotary(pos, x.dtype), cache=view, decode_kernel=decode_kernel)
         x = self._run_stack(self.decoder_layers, x, ctx)
         last = x[torch.arange(b, device=dev), lengths_t - 1]  # (B, d)
         return self.lm_head(self.decoder_norm(last)).float()
@@ -232,52 +199,19 @@ class _CachedDecoder(TransformerModel):
                 view.cross_mask = cache.cross_mask(batch, view.cross_len)
         return view
 
-    def decode_step(self, cache: SlotKVCache, tokens: Tensor, slots: Sequence[int],
-                    positions: Sequence[int]) -> Tensor:
-        """One new token per slot: tokens (B,) at ``positions`` -> next-token logits (B, V).
+    def decode_step(self, cache: SlotKVCache, tokens: Tensor, slots: Sequence[int], positions: Sequence[int],
+                    attention: DecodeAttentionKernel | None = None) -> Tensor:
+        """One new token per slot: tokens (B,) at ``positions`` -> next-token logits (B, V), in
+        the weights' own precision. This is the reference the decode steps of ``model.decode``
+        are held to (they run it, or replace it); a served model decodes through one of those.
 
         ``tokens`` may stay on the device (fed straight from the sampler, no host sync).
         """
-        native = getattr(self, "native_decode", None)
-        compiled = getattr(self, "compiled_decode", None)
-        with decode_threads(len(slots)):
-            if native is not None and not self.training:
-                return native(cache, tokens, slots, positions)
-            if compiled is not None and not self.training and len(slots) <= compiled.max_batch:
-                return compiled(cache, tokens, slots, positions)
-            with int8_decode_step():  # int8 layers (model.quant.int8.DecodeInt8Linear) take their int8 path
-                return self.forward_cached(cache, tokens.view(-1, 1), slots, positions, [1] * len(slots))
+        return self.forward_cached(cache, tokens.view(-1, 1), slots, positions, [1] * len(slots), attention)
 
 
 class DecoderLM(_CachedDecoder):
     """Decoder-only language model (GPT style)."""
-
-    compiled_decode = None  # a model.decode.compiled.CompiledDecoder once compile_decode() attached one
-    native_decode = None  # a model.decode.native.NativeDecoder once use_native_decode() attached one
-
-    def use_native_decode(self, library=None):
-        """Attach the native (C++) decode step (``model.decode.native``; Llama family on the CPU,
-        else ValueError naming why; RuntimeError where it cannot be built). Call it once the
-        weights are final (quantized): it holds them as they are now. It takes precedence over
-        a compiled step. ``library``: a prebuilt one to load (``model.decode.native.build``)."""
-        from model.decode.native import NativeDecoder
-
-        self.eval()
-        self.native_decode = NativeDecoder(self, library)
-        return self.native_decode
-
-    def compile_decode(self, warm_up: bool = True):
-        """Attach a compiled decode step (``model.decode.compiled``; Llama family on the CPU,
-        else ValueError naming why). Call it once the weights are final (quantized, prepacked).
-        ``warm_up`` compiles its graphs now rather than on the first steps."""
-        from model.decode.compiled import CompiledDecoder
-
-        self.eval()
-        compiled = CompiledDecoder(self)
-        if warm_up:
-            compiled.warm_up()
-        self.compiled_decode = compiled
-        return compiled
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)

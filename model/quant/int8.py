@@ -64,10 +64,11 @@ _STEP = threading.local()
 
 
 @contextmanager
-def decode_step():
+def decode_step_context():
     """Marks a decode step (one new token per sequence) on this thread: inside it,
-    ``DecodeInt8Linear`` layers take their int8 path. ``decode_step`` of the cached decoders
-    enters it; prompt chunks, full forward passes and training never do."""
+    ``DecodeInt8Linear`` layers take their int8 path. The Python decode step
+    (``model.decode.step.PythonStep``) enters it; prompt chunks, full forward passes and
+    training never do."""
     previous = getattr(_STEP, "decoding", False)
     _STEP.decoding = True
     try:
@@ -77,7 +78,7 @@ def decode_step():
 
 
 class DecodeInt8Linear(nn.Module):
-    """A projection kept twice: dynamic int8 for decode steps (``decode_step``), the float
+    """A projection kept twice: dynamic int8 for decode steps (``decode_step_context``), the float
     layer for everything else (prompt chunks, whatever their length, and full
     recomputation), so a prompt's tokens give the same K/V and logits however they are
     chunked or cached. Decoding reads every weight once per token and is bound by memory

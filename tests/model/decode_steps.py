@@ -1,17 +1,18 @@
-"""Shared by the tests of the decode steps that replace the Python one (compiled, native):
-a cache holding ragged prompts in scattered slots, and greedy decode steps over it."""
+"""Shared by the tests of the decode steps (model.decode): a cache holding ragged prompts in
+scattered slots, and greedy decode steps over it."""
 
 from __future__ import annotations
 
 import torch
 
 
-def greedy_steps(model, cache, first: torch.Tensor, slots: list[int], starts: list[int], n: int) -> list[torch.Tensor]:
-    """n greedy decode steps from ``first`` (B,) at positions ``starts`` of ``slots``: each step's logits."""
+def greedy_steps(step, cache, first: torch.Tensor, slots: list[int], starts: list[int], n: int) -> list[torch.Tensor]:
+    """n greedy decode steps of ``step`` (a ``DecodeStep``) from ``first`` (B,) at positions
+    ``starts`` of ``slots``: each step's logits."""
     logits, tokens = [], first
     with torch.inference_mode():
         for i in range(n):
-            out = model.decode_step(cache, tokens, slots, [s + i for s in starts])
+            out = step(cache, tokens, slots, [s + i for s in starts])
             logits.append(out)
             tokens = out.argmax(-1)
     return logits
@@ -33,9 +34,9 @@ def random_prompts(model, seed: int, lengths: tuple[int, ...]) -> list[list[int]
     return [torch.randint(3, model.cfg.vocab_size, (n,), generator=g).tolist() for n in lengths]
 
 
-def greedy_generations(model, prompts: list[list[int]], n: int = 20) -> list[list[int]]:
-    """``n`` greedy tokens per prompt through the engine core (``model.generate``)."""
+def greedy_generations(model, prompts: list[list[int]], n: int = 20, step=None) -> list[list[int]]:
+    """``n`` greedy tokens per prompt through the engine core (``model.generate``) and ``step``."""
     from model import SamplingParams, generate
 
     params = SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True)
-    return [r.token_ids for r in generate(model, prompts, params)]
+    return [r.token_ids for r in generate(model, prompts, params, step=step)]

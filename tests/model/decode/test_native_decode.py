@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from model import build_model
+from model.decode import DecodeOptions, PythonStep, prepare
 from model.decode import native as native_decode
-from model.decode.native import NativeDecoder, unsupported_reason, wants_native
+from model.decode.native import NativeStep, unsupported_reason, wants_native
 from model.quant.int8 import DecodeInt8Linear, quantize_int8_
 from tests.conftest import tiny_model
 from tests.model.decode_steps import greedy_generations, greedy_steps, ragged_cache, random_prompts
@@ -40,12 +41,11 @@ def _ragged(model, seed: int, lengths=(21, 5, 40, 1), slots=(4, 0, 2, 5), dtype=
 def _eager_then_native(model, seed: int, n: int):
     cache, first, slots, starts = _ragged(model, seed)
     before_k, before_v = cache.k.clone(), cache.v.clone()
-    eager = _steps(model, cache, first, slots, starts, n)
+    eager = _steps(PythonStep(model), cache, first, slots, starts, n)
     eager_kv = cache.k.clone(), cache.v.clone()
     cache.k.copy_(before_k)
     cache.v.copy_(before_v)
-    model.use_native_decode()
-    native = _steps(model, cache, first, slots, starts, n)
+    native = _steps(NativeStep(model, kv_dtype=torch.float32), cache, first, slots, starts, n)
     return eager, native, eager_kv, (cache.k, cache.v)
 
 
@@ -68,12 +68,11 @@ def test_a_bfloat16_cache_gives_the_eager_steps_over_the_same_cache(d_model, n_h
     model = _model(fresh_seed, d_model=d_model, n_heads=n_heads)
     cache, first, slots, starts = _ragged(model, fresh_seed, (21, 5, 40), (3, 0, 1), torch.bfloat16)
     before = cache.k.clone(), cache.v.clone()
-    eager = _steps(model, cache, first, slots, starts, 20)
+    eager = _steps(PythonStep(model), cache, first, slots, starts, 20)
     eager_kv = cache.k.clone(), cache.v.clone()
     cache.k.copy_(before[0])
     cache.v.copy_(before[1])
-    model.use_native_decode()
-    native = _steps(model, cache, first, slots, starts, 20)
+    native = _steps(NativeStep(model), cache, first, slots, starts, 20)
     for a, b in zip(native, eager):
         torch.testing.assert_close(a, b, atol=2e-3, rtol=1e-3)
     assert cache.k.dtype == torch.bfloat16
@@ -97,20 +96,47 @@ def test_greedy_generation_identical_with_and_without_native(fresh_seed):
     model = _model(fresh_seed)
     prompts = random_prompts(model, fresh_seed, (9, 1, 30, 14))
     eager = greedy_generations(model, prompts)
-    model.use_native_decode()
-    assert greedy_generations(model, prompts) == eager
-    assert greedy_generations(model, prompts[2:3]) == eager[2:3]
+    native = NativeStep(model, kv_dtype=torch.float32)
+    assert greedy_generations(model, prompts, step=native) == eager
+    assert greedy_generations(model, prompts[2:3], step=native) == eager[2:3]
+    # The same through the options the service reads (float32 weights: native only when asked).
+    step = prepare(model, DecodeOptions(quantize="none", native="on", kv_dtype="float32"))
+    assert step.name == "native" and greedy_generations(model, prompts, step=step) == eager
+
+
+def test_the_service_default_options_choose_the_native_step_for_int8_llama(fresh_seed):
+    """``prepare`` with the service's defaults quantizes a Llama-architecture model, picks the
+    native step over a bfloat16 cache, and ``generate(options=...)`` runs that very step."""
+    from model import SamplingParams, generate
+
+    served, offline = _model(fresh_seed), _model(fresh_seed)
+    prompts = random_prompts(served, fresh_seed, (9, 30))
+    step = prepare(served, DecodeOptions())
+    assert step.name == "native" and step.kv_dtype == torch.bfloat16
+    assert isinstance(served.decoder_layers[0].ffn.up, DecodeInt8Linear)
+    params = SamplingParams(max_new_tokens=20, temperature=0.0, ignore_eos=True)
+    by_options = [r.token_ids for r in generate(offline, prompts, params, options=DecodeOptions())]
+    assert isinstance(offline.decoder_layers[0].ffn.up, DecodeInt8Linear)
+    assert greedy_generations(served, prompts, step=step) == by_options
 
 
 def test_which_models_run_native():
     gpt = tiny_model("decoder")
-    assert unsupported_reason(gpt) == "positions are not rotary"
-    assert "decoder-only" in unsupported_reason(tiny_model("encoder-decoder"))
-    assert unsupported_reason(_model(0, activation="gelu")) == "the activation is gelu (SiLU only)"
-    with pytest.raises(ValueError, match="TSERVE_NATIVE_DECODE=on: positions are not rotary"):
+    assert unsupported_reason(gpt).startswith("config field 'activation' is 'gelu_new'")
+    assert "not a decoder-only model" in unsupported_reason(tiny_model("encoder-decoder"))
+    assert unsupported_reason(_model(0, activation="gelu")) == (
+        "config field 'activation' is 'gelu'; the native step implements ['silu', 'swish']")
+    assert "'fused_qkv' is False" in unsupported_reason(_model(0, fused_qkv=False))
+    with pytest.raises(ValueError, match="TSERVE_NATIVE_DECODE=on: config field 'activation'"):
         wants_native("on", gpt)
-    with pytest.raises(ValueError, match="no native decode step for this model"):
-        NativeDecoder(gpt)
+    with pytest.raises(ValueError, match="no native decode step for this model: config field 'activation'"):
+        NativeStep(gpt)
+    # The check and the construction read the same rules: where one says no, so does the other.
+    separate = _model(0, fused_qkv=False)
+    with pytest.raises(ValueError, match="fused_qkv"):
+        wants_native("on", separate)
+    with pytest.raises(ValueError, match="fused_qkv"):
+        NativeStep(separate)
     llama = _model(0)
     assert wants_native("on", llama) and not wants_native("off", llama)
     assert not wants_native("auto", llama)  # float32 steps: the default leaves them alone
@@ -128,22 +154,22 @@ def test_a_machine_without_a_compiler_keeps_the_python_step(monkeypatch, caplog)
         wants_native("on", llama)
 
 
-def test_bad_steps_are_refused_and_training_drops_it(fresh_seed):
+def test_bad_steps_are_refused(fresh_seed):
     model = _model(fresh_seed)
     cache, first, slots, starts = _ragged(model, fresh_seed)
-    model.use_native_decode()
+    step = NativeStep(model, kv_dtype=torch.float32)
     with torch.inference_mode():
         with pytest.raises(ValueError, match="exceeds the KV cache's max_len 120"):
-            model.decode_step(cache, first, slots, [120] * len(slots))
+            step(cache, first, slots, [120] * len(slots))
         with pytest.raises(RuntimeError, match="slot 9 out of range"):
-            model.decode_step(cache, first, [9, 0, 2, 5], starts)
+            step(cache, first, [9, 0, 2, 5], starts)
         with pytest.raises(RuntimeError, match="token id .* out of range"):
-            model.decode_step(cache, torch.full_like(first, model.cfg.vocab_size), slots, starts)
+            step(cache, torch.full_like(first, model.cfg.vocab_size), slots, starts)
         half = model.new_cache(2, 120, dtype=torch.float16)
         with pytest.raises(ValueError, match="float32 or bfloat16 KV cache"):
-            model.decode_step(half, first[:1], [0], [0])
-    model.train()
-    assert model.native_decode is None
+            step(half, first[:1], [0], [0])
+    with pytest.raises(ValueError, match="float32 or bfloat16 KV cache"):
+        NativeStep(model, kv_dtype=torch.float16)
 
 
 def test_a_portable_prebuilt_library_loads_and_decodes_like_eager(tmp_path, monkeypatch):
@@ -161,7 +187,7 @@ def test_a_portable_prebuilt_library_loads_and_decodes_like_eager(tmp_path, monk
     check = f"""
 import torch
 from model import build_model
-from model.decode.native import build, NativeDecoder
+from model.decode.native import build, NativeStep
 from tests.model.nn.test_llama import llama_config
 build({library!r})
 model = build_model(llama_config(max_positions=64)).init_weights(7).eval()
@@ -171,8 +197,7 @@ with torch.inference_mode():
     k, v = cache.k.clone(), cache.v.clone()
     eager = model.decode_step(cache, first, [0, 1], [3, 1])
     cache.k.copy_(k); cache.v.copy_(v)
-    model.use_native_decode({library!r})
-    native = model.decode_step(cache, first, [0, 1], [3, 1])
+    native = NativeStep(model, {library!r}, torch.float32)(cache, first, [0, 1], [3, 1])
 torch.testing.assert_close(native, eager, atol=2e-4, rtol=1e-4)
 print("same logits")
 """

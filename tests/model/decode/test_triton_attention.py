@@ -22,7 +22,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from model.decode import DecodeOptions, PythonStep, prepare
 from model.decode.triton_attention import (
+    attention_kernel,
     decode_attention,
     decode_attention_reference,
     decode_attention_triton,
@@ -133,22 +135,21 @@ def test_dispatcher_uses_the_kernel_only_where_it_can_run(monkeypatch):
 
 @in_interpreter
 def test_decode_steps_through_the_kernel_match_sdpa():
-    """The wiring: DecoderLM.decode_step with TSERVE_DECODE_ATTENTION=triton (here: interpreted)
+    """The wiring: the Python decode step with TSERVE_DECODE_ATTENTION=triton (here: interpreted)
     gives SDPA's logits, for ragged rows in slots out of order."""
     model = tiny_model("decoder", n_heads=6, n_kv_heads=2, d_model=48, positional="rope", norm="rmsnorm",
                        mlp="gated", activation="silu", bias=False)
     prompts, slots = [[5, 6, 7], [8] * 19, [9, 10]], [3, 0, 5]
     logits = {}
     for mode in ("sdpa", "triton"):
-        model.set_decode_attention(mode)
+        step = prepare(model, DecodeOptions.reference().with_attention(mode))
         cache = model.new_cache(n_slots=6, max_len=32)
         model.prefill(cache, prompts, slots)
         positions, tokens, steps = [len(p) for p in prompts], torch.tensor([11, 12, 13]), []
         for _ in range(3):
-            steps.append(model.decode_step(cache, tokens, slots, positions))
+            steps.append(step(cache, tokens, slots, positions))
             tokens, positions = steps[-1].argmax(-1), [p + 1 for p in positions]
         logits[mode] = torch.stack(steps)
-    model.set_decode_attention("auto")
     torch.testing.assert_close(logits["triton"], logits["sdpa"], atol=1e-4, rtol=1e-4)
 
 
@@ -156,9 +157,11 @@ def test_triton_mode_is_refused_where_the_kernel_cannot_run(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     model = tiny_model("decoder")
     with pytest.raises(ValueError, match="cuda|CUDA"):
-        model.set_decode_attention("triton")
+        prepare(model, DecodeOptions.reference().with_attention("triton"))
     with pytest.raises(ValueError, match="one of"):
-        model.set_decode_attention("flash")
+        attention_kernel("flash", model.device)
+    with pytest.raises(ValueError, match="attention='flash'; expected one of"):
+        DecodeOptions(attention="flash")
 
 
 @collected_if(not INTERPRETED)
@@ -197,7 +200,6 @@ def test_auto_goes_back_to_sdpa_for_good_when_the_kernel_fails(monkeypatch, capl
     """Under ``auto`` a kernel that cannot build or launch (say, no C compiler in a slim
     container) costs one warning, not the request: that step and every later one use SDPA."""
     import model.decode.triton_attention as kernels
-    import model.nn.layers as layers
 
     model = tiny_model("decoder", n_kv_heads=2)
     cache = model.new_cache(n_slots=3, max_len=32)
@@ -208,13 +210,14 @@ def test_auto_goes_back_to_sdpa_for_good_when_the_kernel_fails(monkeypatch, capl
         raise RuntimeError("Failed to find C compiler")
 
     monkeypatch.setattr(kernels, "_failed", None)
-    monkeypatch.setattr(layers, "decode_attention_triton", broken)
-    monkeypatch.setattr(layers.MultiHeadAttention, "_decode_kernel",
-                        lambda self, q: kernels.kernel_runs_on(torch.device("cuda")))  # as if on a GPU
+    monkeypatch.setattr(kernels, "decode_attention_triton", broken)
+    auto = kernels.attention_kernel("auto", model.device)
+    monkeypatch.setattr(auto, "applies", lambda q: kernels.kernel_runs_on(torch.device("cuda")))  # as if on a GPU
     assert kernels.kernel_runs_on(torch.device("cuda")) == kernels.c_compiler_found()
     monkeypatch.setattr(kernels, "c_compiler_found", lambda: True)
+    step = PythonStep(model, attention=auto)
     with caplog.at_level("WARNING", logger=kernels.__name__):
-        got = model.decode_step(cache, torch.tensor([11, 12]), [2, 0], [3, 2])  # rewrites the same positions
+        got = step(cache, torch.tensor([11, 12]), [2, 0], [3, 2])  # rewrites the same positions
     assert torch.equal(got, expected)
     assert not kernels.kernel_runs_on(torch.device("cuda"))
     assert [r.getMessage() for r in caplog.records if "failed" in r.getMessage()] == [

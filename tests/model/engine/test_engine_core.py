@@ -150,13 +150,13 @@ def test_finished_sequences_leave_no_holes_so_decode_reads_are_views(family, lm,
     lengths = [12, 2, 7, 1, 15, 4]  # short ones finish first and leave holes below long ones
     sched = EngineCore(model, None, n_slots=6, max_len=48, max_src_len=24 if family == "mt" else 0)
     batches = []
-    decode_step = model.decode_step
+    decode_step = sched.runner.step
 
     def spy(cache, tokens, slots, positions):
         batches.append(list(slots))
         return decode_step(cache, tokens, slots, positions)
 
-    monkeypatch.setattr(model, "decode_step", spy)
+    monkeypatch.setattr(sched.runner, "step", spy)
     out = run_until_done(sched, {0: [EngineRequest(f"r{i}", p, greedy(n)) for i, (p, n) in
                                      enumerate(zip(ps, lengths))]})
     monkeypatch.undo()

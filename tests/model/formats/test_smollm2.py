@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from model import SamplingParams, generate
+from model.decode import PythonStep
 from model.formats.manifest import locate, read_manifest
 from model.formats.sources import load_model
 from model.tokenization.chat_template import ChatTemplate
@@ -129,11 +130,13 @@ def test_greedy_chat_reply_matches_transformers(ours, ref_model):
     assert "4" in ours.tokenizer.decode(result.token_ids)
 
 
-def _teacher_forced(model, ids: list[int]) -> torch.Tensor:
-    """Each token of ``ids`` through one decode step over the cache: (len(ids), V) logits."""
-    cache = model.new_cache(2, len(ids) + 1)
+def _teacher_forced(model, ids: list[int], step=None) -> torch.Tensor:
+    """Each token of ``ids`` through one decode step (``step``, default the Python one) over the
+    cache: (len(ids), V) logits."""
+    step = step or PythonStep(model)
+    cache = model.new_cache(2, len(ids) + 1, dtype=step.kv_dtype)
     with torch.inference_mode():
-        return torch.cat([model.decode_step(cache, torch.tensor([t]), [1], [i]) for i, t in enumerate(ids)])
+        return torch.cat([step(cache, torch.tensor([t]), [1], [i]) for i, t in enumerate(ids)])
 
 
 def _perplexity(logits: torch.Tensor, ids: list[int]) -> float:
@@ -147,6 +150,7 @@ def test_native_decode_steps_on_the_real_model(ours):
     quantisation scale redraws the int8 rounding noise of the whole layer, so the two int8
     steps differ by as much as either differs from float32 (measured 2-6 logits); what must
     hold is that the native one is as good an approximation of float32 as the Python one."""
+    from model.decode.native import NativeStep
     from model.quant.int8 import quantize_checkpoint_
 
     ids = ours.tokenizer.encode(ChatTemplate(ours.chat_template).render(CONVERSATIONS[1]))
@@ -154,15 +158,14 @@ def test_native_decode_steps_on_the_real_model(ours):
     fp32 = load_model(MANIFEST_DIR).model.eval()
     fp32.optimize_for_inference()
     reference = _teacher_forced(fp32, ids)
-    fp32.use_native_decode()
-    torch.testing.assert_close(_teacher_forced(fp32, ids), reference, atol=1e-3, rtol=1e-4)
+    native = NativeStep(fp32, kv_dtype=torch.float32)
+    torch.testing.assert_close(_teacher_forced(fp32, ids, native), reference, atol=1e-3, rtol=1e-4)
 
     int8 = load_model(MANIFEST_DIR).model
     quantize_checkpoint_(int8, ours.tokenizer)
     int8.optimize_for_inference()
     python_steps = _teacher_forced(int8, ids)
-    int8.use_native_decode()
-    native_steps = _teacher_forced(int8, ids)
+    native_steps = _teacher_forced(int8, ids, NativeStep(int8, kv_dtype=torch.float32))
     ppl = {name: _perplexity(x, ids) for name, x in
            (("fp32", reference), ("python", python_steps), ("native", native_steps))}
     assert ppl["native"] / ppl["fp32"] <= 1.05 * ppl["python"] / ppl["fp32"], ppl

@@ -1,0 +1,111 @@
+"""Which models each fast decode path can run, decided in one place.
+
+Every field of ``ModelConfig`` is classified here for every fast path (the native C++ step,
+the Triton decode-attention kernel); ``tests/model/decode/test_support.py`` fails when a field
+is added to the config without a line below. So a new architecture's feature (q/k norms,
+biases, sliding windows, soft-capping) cannot flow silently into a fast path that ignores it:
+whoever adds the field says here whether each path reads it, ignores it, or needs one value.
+
+A rule is one of:
+- ``READ``: the path takes the value from the model (a shape, an epsilon, a table built from it);
+- ``IGNORED``: the value cannot change what a decode step computes (training-only, encoder-only,
+  token ids, metadata);
+- a tuple of the values the path implements; any other value makes ``unsupported_reason``
+  name the field.
+
+The checks and the construction of a step read the same function, so they cannot disagree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from model.config import ModelConfig
+
+READ = "read"
+IGNORED = "ignored"
+Rule = Any  # READ, IGNORED, or a tuple of the values implemented
+
+FAST_PATHS = ("native", "triton")
+
+
+@dataclass(frozen=True)
+class FieldRule:
+    native: Rule  # model/decode/native.py + csrc/llama_decode.cpp: the whole decode step in C++
+    triton: Rule = READ  # model/decode/triton_attention.py: attention over q, k, v the layer computed
+
+
+# The Triton kernel replaces only the attention core of a decode step (softmax(q k^T * scale) v
+# over each row's own positions); everything around it stays the layer's own Python code, so it
+# reads most fields through the layer. A field that changes *which positions* a row attends to or
+# how scores are formed (a window, soft-capping, alibi) must say so in its triton rule.
+FIELDS: dict[str, FieldRule] = {
+    "family": FieldRule(native=("decoder",), triton=("decoder", "encoder-decoder")),
+    "vocab_size": FieldRule(native=READ),
+    "d_model": FieldRule(native=READ),
+    "n_heads": FieldRule(native=READ),
+    "n_kv_heads": FieldRule(native=READ),
+    "n_encoder_layers": FieldRule(native=IGNORED),  # the decoder family has none
+    "n_decoder_layers": FieldRule(native=READ),
+    "d_ff": FieldRule(native=READ),
+    "activation": FieldRule(native=("silu", "swish")),  # the C++ gate is SiLU
+    "dropout": FieldRule(native=IGNORED, triton=IGNORED),  # training only
+    "attention_dropout": FieldRule(native=IGNORED, triton=IGNORED),
+    "activation_dropout": FieldRule(native=IGNORED, triton=IGNORED),
+    "max_positions": FieldRule(native=READ),  # the length of the rotary table it is given
+    "positional": FieldRule(native=("rope",)),
+    "rope_theta": FieldRule(native=READ),  # through the rotary table the model built
+    "rope_scaling": FieldRule(native=READ),  # likewise
+    "sinusoidal_layout": FieldRule(native=IGNORED),  # only for sinusoidal positions, refused above
+    "norm": FieldRule(native=("rmsnorm",)),
+    "mlp": FieldRule(native=("gated",)),
+    "norm_placement": FieldRule(native=("pre",)),
+    "final_norm": FieldRule(native=(True,)),
+    "embedding_norm": FieldRule(native=(False,)),
+    "layer_norm_eps": FieldRule(native=READ),
+    "bias": FieldRule(native=(False,)),  # the int8 projections carry no bias in the C++ step
+    "fused_qkv": FieldRule(native=(True,)),  # it reads one qkv projection per layer
+    "attention_scale": FieldRule(native=READ),
+    "scale_embedding": FieldRule(native=(False,)),
+    "tie_word_embeddings": FieldRule(native=READ),  # the head is read from lm_head either way
+    "type_vocab_size": FieldRule(native=(0,)),
+    "lm_head_bias": FieldRule(native=(False,)),
+    "mlm_transform": FieldRule(native=(False,)),
+    "pooling": FieldRule(native=IGNORED, triton=IGNORED),  # encoder family only
+    "normalize_embeddings": FieldRule(native=IGNORED, triton=IGNORED),
+    "max_input_tokens": FieldRule(native=IGNORED, triton=IGNORED),
+    "mlm_head": FieldRule(native=IGNORED, triton=IGNORED),
+    "mask_placeholders": FieldRule(native=IGNORED, triton=IGNORED),  # how callers prepare text
+    "pad_token_id": FieldRule(native=IGNORED, triton=IGNORED),
+    "bos_token_id": FieldRule(native=IGNORED, triton=IGNORED),
+    "eos_token_id": FieldRule(native=IGNORED, triton=IGNORED),
+    "decoder_start_token_id": FieldRule(native=IGNORED, triton=IGNORED),
+    "mask_token_id": FieldRule(native=IGNORED, triton=IGNORED),
+}
+
+
+def config_fields() -> list[str]:
+    return [f.name for f in dataclasses.fields(ModelConfig)]
+
+
+def unclassified_fields() -> list[str]:
+    """Config fields with no rule here (a test keeps this empty)."""
+    return [name for name in config_fields() if name not in FIELDS]
+
+
+def unsupported_reason(cfg: ModelConfig, path: str) -> str | None:
+    """Why ``path`` (one of FAST_PATHS) cannot run a model of ``cfg``; None where it can."""
+    if path not in FAST_PATHS:
+        raise ValueError(f"unknown fast path {path!r}; one of {FAST_PATHS}")
+    missing = unclassified_fields()
+    if missing:  # never guess about a field nobody classified
+        return f"config field(s) {missing} are not classified for the fast paths (model/decode/support.py)"
+    for name, rule in FIELDS.items():
+        allowed = getattr(rule, path)
+        if isinstance(allowed, tuple):
+            value = getattr(cfg, name)
+            if value not in allowed:
+                return f"config field '{name}' is {value!r}; the {path} step implements {list(allowed)}"
+    return None
