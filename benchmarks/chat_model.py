@@ -13,12 +13,12 @@ GGUF itself (Q4_1), same machine, same threads.
 Each row names each side's weight format. Token agreement with transformers (float32) must
 be exact for our float32; for int8 and llama.cpp (4-bit arithmetic) it is reported.
 
-"ours int8" is ``quantize_int8_(model, calibration_ids(tok), decode_only=True)``: every
-projection and the tied output head in per-channel int8 for decode steps (SwiGLU output
-projections smoothed first), prompts in float32; the embedding lookup stays float32, decode
-steps through the Python step. "ours int8 native" is the same model with
-``model.use_native_decode()`` (model/decode/native.py, the C++ decode step) and a bfloat16 KV
-cache: what the service runs by default for this model, so the issue's targets sit on its rows.
+"ours int8 native" is ``model.decode.prepare(model, DecodeOptions(), tokenizer)``: the step the
+service runs by default for this model (every projection and the tied output head in
+per-channel int8 for decode steps, each smoothed on its own input; prompts in float32; the C++
+decode step of model/decode/native.py over a bfloat16 KV cache), so the issue's targets sit on
+its rows. "ours int8" is the same with ``native="off"``: the int8 weights through the Python
+step, over a float32 cache.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from benchmarks.report import Row, RunReport, SectionSkipped, Target, say
 from benchmarks.timing import time_interleaved
 from benchmarks.workspace import Workspace
 from model import SamplingParams, generate, load_model
+from model.decode import DecodeOptions, PythonStep, prepare
 from model.formats.manifest import locate, read_manifest
-from model.quant.int8 import calibration_ids, quantize_int8_
 
 MANIFEST = Path("weights/smollm2-135m-instruct")
 WORKLOAD = "SmolLM2-135M-Instruct"
@@ -43,9 +43,9 @@ EOS_ID = 2  # <|im_end|>: transformers' min_new_tokens forbids it, our ignore_eo
 TARGETED = "ours int8 native"  # the service's default for this model (TSERVE_QUANTIZE, TSERVE_NATIVE_DECODE auto)
 
 
-def _ours(model, prompts: list[list[int]], n: int) -> list[list[int]]:
+def _ours(model, prompts: list[list[int]], n: int, step=None) -> list[list[int]]:
     params = SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True)
-    return [r.token_ids for r in generate(model, prompts, params)]
+    return [r.token_ids for r in generate(model, prompts, params, step=step)]
 
 
 def _hf(hf_model, prompts: list[list[int]], n: int) -> list[list[int]]:
@@ -65,14 +65,12 @@ def _load(cfg: BenchConfig):
 
     ours = load_model(MANIFEST).model.eval()
     ours.optimize_for_inference()
-    int8 = {}
-    for name in ("ours int8", TARGETED):
+    int8 = {}  # name -> (model, its decode step)
+    for name, options in (("ours int8", DecodeOptions(native="off")), (TARGETED, DecodeOptions())):
         loaded = load_model(MANIFEST)
-        int8[name] = loaded.model.eval()
-        quantize_int8_(int8[name], calibration_ids(loaded.tokenizer), decode_only=True)
-        int8[name].optimize_for_inference()  # the float copies prefill uses
-    native = int8[TARGETED].use_native_decode()
-    int8[TARGETED].kv_dtype = torch.bfloat16  # as the service keeps the cache under the native step
+        int8[name] = (loaded.model, prepare(loaded.model, options, loaded.tokenizer))
+    native = int8[TARGETED][1]
+    assert native.name == "native", "the service's default step for this model is the native one"
     say(f"7. chat model: native decode step built (or loaded) in {native.build_seconds:.1f} s")
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
                                                            torch_dtype=torch.float32).eval()
@@ -153,15 +151,17 @@ def heldout_text() -> str:
     return "\n\n".join(inspect.getdoc(m) or "" for m in (json, argparse, collections))
 
 
-def decode_perplexity(model, ids: list[int]) -> float:
-    """exp(mean NLL) of ``ids[1:]``, each token scored by a decode step over the cache."""
+def decode_perplexity(model, ids: list[int], step=None) -> float:
+    """exp(mean NLL) of ``ids[1:]``, each token scored by a decode step (``step``, default the
+    model's Python step) over the cache."""
     import math
 
-    cache = model.new_cache(1, len(ids) + 1)
+    step = step or PythonStep(model)
+    cache = model.new_cache(1, len(ids) + 1, dtype=step.kv_dtype)
     nll = 0.0
     with torch.inference_mode():
         for i in range(len(ids) - 1):
-            logits = model.decode_step(cache, torch.tensor([ids[i]]), [0], [i]).float()
+            logits = step(cache, torch.tensor([ids[i]]), [0], [i]).float()
             nll -= float(logits.log_softmax(-1)[0, ids[i + 1]])
     return math.exp(nll / (len(ids) - 1))
 
@@ -170,7 +170,7 @@ def _quality(report: RunReport, section: str, cfg: BenchConfig, models: dict, to
     from benchmarks.timing import Stat
 
     ids = tokenizer.encode(heldout_text())[: cfg.chat_quality_tokens]
-    ppl = {name: decode_perplexity(m, ids) for name, m in models.items()}
+    ppl = {name: decode_perplexity(*m) for name, m in models.items()}
     work = f"{WORKLOAD}, perplexity of {len(ids)} held-out tokens (stdlib docstrings), one token per decode step"
     for name in models:
         if name != "ours fp32":
@@ -212,14 +212,14 @@ def run(ws: Workspace, cfg: BenchConfig, report: RunReport) -> None:
     section = "7. chat model"
     ours, int8, hf, peer = _load(cfg)
     sides = {"ours fp32": lambda p, n: _ours(ours, p, n),
-             **{name: (lambda p, n, m=m: _ours(m, p, n)) for name, m in int8.items()},
+             **{name: (lambda p, n, m=m, s=s: _ours(m, p, n, s)) for name, (m, s) in int8.items()},
              "transformers fp32": lambda p, n: _hf(hf, p, n)}
     if peer is not None:
         sides["llama.cpp"] = peer.generate
     else:
         say(f"{section}: llama-cpp-python not installed: llama.cpp rows left out")
     n = cfg.chat_new_tokens
-    _quality(report, section, cfg, {"ours fp32": ours, **int8}, load_model(MANIFEST).tokenizer)
+    _quality(report, section, cfg, {"ours fp32": (ours, None), **int8}, load_model(MANIFEST).tokenizer)
     _batch1(report, section, cfg, sides, n)
     _batch8(report, section, cfg, sides, n)
     _prefill(report, section, cfg, sides)

@@ -84,3 +84,112 @@ name = body.model
 """
     assert [hit.split(" ", 1)[1] for hit in internal_accesses(snippet)] == [
         "engine.tokenizer", 'registry.get(None, \'decoder\', \'/x\').cfg', "engine.model"]
+
+
+# --- no import cycles, lazy imports included ---------------------------------------------
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(*tops: str) -> dict[str, set[str]]:
+    """module -> the project modules it imports anywhere in its source (function bodies too).
+    ``from pkg import sub`` is an edge to ``pkg.sub`` (and to ``pkg`` only for names that are
+    not submodules); a package importing its own submodules is not an edge to itself."""
+    files = {module_name(p): p for top in tops for p in py_files(top)}
+    graph = {}
+    for name, path in files.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                subs = [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in files]
+                found.update(subs)
+                if len(subs) < len(node.names):
+                    found.add(node.module)
+        graph[name] = {m for m in found if m in files and m != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iteratively)."""
+    index, low, on_stack, stack, found, counter = {}, {}, set(), [], [], 0
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+@pytest.mark.parametrize("top", ["model", "service"])
+def test_no_import_cycles(top):
+    assert cycles(import_graph(top)) == []
+
+
+def test_the_cycle_check_finds_a_lazy_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert cycles(graph) == [["a", "b", "c"]]
+    lazy = "def f():\n    from model.engine.core import EngineCore\n"
+    assert "model.engine.core" in {n.module for n in ast.walk(ast.parse(lazy)) if isinstance(n, ast.ImportFrom)}
+
+
+def test_the_networks_import_nothing_from_decode_formats_or_engine():
+    """model/nn/ is the layers and the families; what decodes them, reads their weights or
+    schedules them sits above it."""
+    assert offenders(py_files("model", "nn"), ("model.decode", "model.formats", "model.engine", "model.quant",
+                                                 "model.train")) == []
+
+
+def test_model_top_level_shows_its_architecture_in_folders():
+    modules = sorted(p.name for p in (ROOT / "model").glob("*.py"))
+    folders = sorted(p.name for p in (ROOT / "model").iterdir() if (p / "__init__.py").exists())
+    assert len(modules) <= 12, modules
+    assert {"nn", "decode", "quant", "formats", "tokenization", "engine", "text", "train"} <= set(folders)
+
+
+def test_importing_the_packages_has_no_side_effects():
+    """Registering a torch op, loading a library or importing the compiler stack happens when a
+    feature is chosen (``model.decode.prepare``), never on import."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, torch\n"
+             "before = set(torch.ops.loaded_libraries)\n"
+             "import model, model.decode, model.decode.native, model.decode.triton_attention, service.app\n"
+             "print(sorted(set(torch.ops.loaded_libraries) - before), 'torch._dynamo' in sys.modules,"
+             " 'triton' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["[]", "False", "False"]

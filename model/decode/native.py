@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from model.decode import support
+from model.decode.support import unsupported_reason as config_unsupported_reason
 from model.decode.threads import decode_threads
 from model.nn.kv_cache import SlotKVCache
 from model.nn.transformer import DecoderLM
@@ -108,11 +108,11 @@ def _cpu_tag() -> str:
 
 
 def unsupported_reason(model: nn.Module) -> str | None:
-    """Why ``NativeStep`` cannot run ``model`` (None: it can): its config (``support.FIELDS``),
+    """Why ``NativeStep`` cannot run ``model`` (None: it can): its config (``model.decode.support.FIELDS``),
     then where its weights are (float32, on the CPU)."""
     if not isinstance(model, DecoderLM):
         return f"{type(model).__name__} is not a decoder-only model"
-    why = support.unsupported_reason(model.cfg, "native")
+    why = config_unsupported_reason(model.cfg, "native")
     if why is not None:
         return why
     if model.device.type != "cpu":

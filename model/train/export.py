@@ -24,9 +24,9 @@ from model.train.evaluate import (
     sample_text,
     translation_metrics,
 )
-from model.train.loop import load_records
 from model.train.model_card import MAX_LISTED_SOURCES, model_card
 from model.train.objectives import Objective
+from model.train.records import load_records
 
 LOSS_CURVE_FILE = "loss_curve.png"
 LM_PROMPTS = ("To be, or not to be", "KING.\n", "The Python interpreter", "O Romeo,")

@@ -23,12 +23,11 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from model.nn.transformer import TransformerModel, build_model
-from model.text.placeholders import mask, mask_target
 from model.tokenization.tokenizer import Tokenizer
 from model.train.config import ScheduleConfig, TrainConfig
-from model.train.data.corpus import load_split
 from model.train.distributed import Distributed
 from model.train.objectives import OBJECTIVES, Objective, batch_to, step_generator
+from model.train.records import load_records, mask_pairs  # noqa: F401 - mask_pairs: part of this module's API
 
 STATE_FILE = "train_state.pt"
 TOKENIZER_FILE = "tokenizer.json"
@@ -67,31 +66,6 @@ def make_optimizer(model: nn.Module, s: ScheduleConfig) -> torch.optim.AdamW:
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
     return torch.optim.AdamW(groups, lr=s.lr, betas=s.betas, eps=1e-8)
-
-
-def mask_pairs(records: Sequence[dict]) -> list[dict]:
-    """Translation pairs with placeholders masked to sentinels on both sides (model.text.placeholders);
-    a pair whose sides do not hold the same placeholders is dropped."""
-    out = []
-    for rec in records:
-        source, found = mask(rec["source"])
-        target = mask_target(rec["target"], found)
-        if target is not None:
-            out.append({**rec, "source": source, "target": target})
-    return out
-
-
-def load_records(cfg: TrainConfig, split: str, raw: bool = False) -> list[dict]:
-    """The records of ``split`` from every corpus; translation pairs masked when the model is
-    trained on masked placeholders, unless ``raw`` (evaluation scores the raw strings)."""
-    records: list[dict] = []
-    for corpus in cfg.data.corpora:
-        recs = load_split(corpus, split)
-        cap = cfg.data.max_train_records if split == "train" else None
-        records += recs[:cap] if cap else recs
-    if cfg.task == "translation" and cfg.model.get("mask_placeholders") and not raw:
-        records = mask_pairs(records)
-    return records
 
 
 def snapshot_paths(cfg: TrainConfig) -> list[Path]:

@@ -21,12 +21,13 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+import service.routes.compat.tei as tei
+import service.routes.compat.tgi as tgi
 from service.dependencies import RegistryDep, SettingsDep
 from service.encoder_engine import EncoderEngine
 from service.engine import MAX_STOP_STRINGS
 from service.engine_errors import InvalidRequestError
 from service.registry import EngineRegistry
-from service.routes.compat import tei, tgi
 from service.routes.compat.common import error_route, read_params, translate_texts, translation_pairs
 from service.routes.inputs import input_ids, text_list
 from service.routes.streaming import mark, unless_disconnected
