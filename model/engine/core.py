@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from model.decode.step import DecodeStep, PythonStep
 from model.engine.families import prompts_for
+from model.engine.grammar import GrammarCompiler
 from model.engine.prefix_cache import PREFIX_BLOCK, PrefixIndex
 from model.engine.requests import EngineEvent, EngineRequest
 from model.engine.runner import ModelRunner, StepOutput
@@ -35,6 +36,7 @@ class StepResult:
     prompt_tokens: int  # prompt (or source) tokens written this step
     prefix_hit_tokens: int = 0  # prompt tokens of the admitted requests copied from the prefix cache
     prefix_query_tokens: int = 0  # prompt tokens of the admitted requests looked up in it
+    constrained_tokens: int = 0  # tokens chosen under a grammar this step
 
 
 class EngineCore:
@@ -53,6 +55,16 @@ class EngineCore:
         self.scheduler = Scheduler(prompts, tokenizer, model.cfg.eos_token_id, n_slots, max_prefill_tokens,
                                    self.prefix)
         self.runner = ModelRunner(model, prompts, n_slots, max_len, self.decode_step, max_src_len, blocks, PREFIX_BLOCK)
+        self._grammars: GrammarCompiler | None = None
+
+    @property
+    def grammars(self) -> GrammarCompiler:
+        """Compiles this model's grammars (thread-safe: the service calls it off the engine thread)."""
+        if self._grammars is None:
+            if self.tokenizer is None:
+                raise ValueError("constrained decoding needs the model's tokenizer")
+            self._grammars = GrammarCompiler(self.tokenizer, self.model.cfg.vocab_size, self.model.cfg.eos_token_id)
+        return self._grammars
 
     @staticmethod
     def _prefix_blocks(model: DecoderLM, budget_mb: float, dtype) -> int:
@@ -93,6 +105,10 @@ class EngineCore:
                 "bytes": pool.nbytes, "hit_tokens": self.prefix.hit_tokens, "query_tokens": self.prefix.query_tokens}
 
     def add(self, req: EngineRequest) -> None:
+        """Queue a request; a grammar not yet compiled is compiled here (offline use: the
+        service compiles off the engine thread, with a deadline, and passes ``req.grammar``)."""
+        if req.params.grammar is not None and req.grammar is None:
+            req.grammar = self.grammars.compile(req.params.grammar)
         self.scheduler.add(req)
 
     def abort(self, request_id: str) -> bool:
@@ -124,8 +140,9 @@ class EngineCore:
         self.scheduler.advance(plan)
         events = self._update(output)
         query = sum(len(s.req.prompt_ids) for s in plan.admitted) if self.prefix is not None else 0
+        constrained = sum(1 for seq in output.samples if getattr(seq.decoding, "matcher", None) is not None)
         return StepResult(events, [s.req for s in plan.admitted], plan.batch_size, plan.prompt_tokens,
-                          plan.prefix_hit_tokens, query)
+                          plan.prefix_hit_tokens, query, constrained)
 
     def _update(self, output: StepOutput) -> list[EngineEvent]:
         events = []

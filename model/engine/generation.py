@@ -74,6 +74,13 @@ class SequenceTracker:
         delta, self.emitted = self.text[self.emitted:end], end
         return delta
 
+    def finish(self, reason: str) -> str:
+        """End the sequence now (e.g. its grammar is complete); the text still held back."""
+        self.finish_reason = reason
+        if self.detok is not None:
+            self.text += self.detok.flush()
+        return self._release(final=True)
+
     def add(self, token_id: int, logprob: float | None = None,
             top: dict[int, float] | None = None) -> TokenEvent:
         if self.finished:

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 import torch
 
 from model.engine.beam_search import BeamSearch
-from model.engine.generation import SequenceTracker
+from model.engine.generation import FINISH_STOP, SequenceTracker
+from model.engine.grammar import CompiledGrammar
 from model.engine.sampling import SamplingParams, make_generator
 from model.tokenization.tokenizer import Tokenizer
 
@@ -26,6 +27,7 @@ class EngineRequest:
     params: SamplingParams
     arrival: float = field(default_factory=time.monotonic)
     deadline: float | None = None
+    grammar: CompiledGrammar | None = None  # params.grammar compiled (EngineCore.add compiles it when absent)
 
 
 @dataclass
@@ -61,12 +63,19 @@ class SampledDecoding:
                  context: list[int], device: torch.device):
         self.tracker = SequenceTracker(req.params, tokenizer, eos_id, context)
         self.generator = make_generator(req.params.seed, device)
+        self.matcher = req.grammar.matcher() if req.grammar is not None else None
 
     width = 1
 
     def apply(self, seq: Sequence, sample: Sample) -> EngineEvent:
         tok, lp, top = sample
+        if self.matcher is not None and not self.matcher.accept(tok):  # only if the mask was not applied
+            return EngineEvent(seq.req.request_id, error="internal", prompt_tokens=len(seq.req.prompt_ids),
+                               message=f"token {tok} breaks the request's grammar", completion_tokens=seq.generated)
         event = self.tracker.add(tok, lp, top)
+        if self.matcher is not None and event.finish_reason is None and self.matcher.done:
+            event.text += self.tracker.finish(FINISH_STOP)  # the grammar is complete: nothing but the end may follow
+            event.finish_reason = FINISH_STOP
         seq.generated += 1
         seq.next_tokens = [tok]
         return EngineEvent(seq.req.request_id, event.text, [tok], [lp] if lp is not None else [],

@@ -19,6 +19,7 @@ from torch import Tensor
 from model.decode.step import DecodeStep
 from model.engine.families import DecoderPrompts, SourcePrompts
 from model.engine.generation import split_sample
+from model.engine.grammar import allowed_tokens
 from model.engine.plan import StepPlan
 from model.engine.requests import BeamDecoding, Sample, Sequence
 from model.engine.sampling import Sampler
@@ -100,11 +101,23 @@ class ModelRunner:
             seen = self.seen[slots] if any(p.repetition_penalty != 1.0 for p in params) else None
             counts = self.counts[slots] if any(p.presence_penalty or p.frequency_penalty for p in params) else None
             rows = logits if len(sampled) == len(owners) else logits[to_device(sampled, torch.long, self.device)]
-            sample = self.sampler(rows, params, [s.decoding.generator for s in seqs], seen, counts)
+            sample = self.sampler(rows, params, [s.decoding.generator for s in seqs], seen, counts,
+                                  self._allowed(seqs, rows.size(-1)))
             self.seen[slots, sample.tokens] = True
             self.counts[slots, sample.tokens] += 1.0  # one token per row: no duplicate indices
             out.samples = dict(zip(seqs, split_sample(sample, params)))
-        for seq in dict.fromkeys(s for s in owners if isinstance(s.decoding, BeamDecoding)):
+        for seq in dict.fromkeys(s for s in owners if isinstance(s.decoding, BeamDecoding)):  # never constrained
             first = owners.index(seq)  # a beam search's rows are adjacent
             out.beam_logprobs[seq] = logits[first: first + len(seq.slots)].float().log_softmax(dim=-1)
         return out
+
+    def _allowed(self, seqs: list[Sequence], vocab: int) -> Tensor | None:
+        """(B, V) bool of the tokens each row may take, or None when no row follows a grammar.
+        Free rows get all-ones bits; the backend fills every constrained row in one call."""
+        constrained = [(s.decoding.matcher, i) for i, s in enumerate(seqs) if s.decoding.matcher is not None]
+        if not constrained:
+            return None
+        backend = constrained[0][0].backend
+        bitmask = torch.full((len(seqs), backend.words), -1, dtype=torch.int32)  # (B, words), on the host
+        backend.fill(constrained, bitmask)
+        return allowed_tokens(bitmask.to(self.device, non_blocking=True), vocab)

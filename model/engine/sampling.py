@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from model.engine.grammar import GrammarSpec
 from model.nn.host_transfer import to_device
 
 MAX_STOP_STRINGS = 4
@@ -38,6 +39,7 @@ class SamplingParams:
     length_penalty: float = 1.0  # beam score = sum logprob / length ** length_penalty
     n_best: int = 1  # beam search: also return the texts of this many best hypotheses (a fallback's choices)
     ignore_eos: bool = False
+    grammar: GrammarSpec | None = None  # constrained decoding: the output must match it (model.engine.grammar)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -62,6 +64,9 @@ class SamplingParams:
             (self.beam_size >= 1, "beam_size", ">= 1"),
             (1 <= self.n_best <= self.beam_size, "n_best", "in [1, beam_size]"),
         ]
+        if self.grammar is not None and self.beam_size > 1:
+            raise ValueError("beam search cannot follow a grammar: constrained decoding needs beam_size 1, "
+                             f"got beam_size {self.beam_size}")
         for ok, name, rule in checks:
             if not ok:
                 raise ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}")
@@ -116,16 +121,19 @@ class Sampler:
         generators: Sequence[torch.Generator | None] | None = None,
         seen: Tensor | None = None,
         counts: Tensor | None = None,
+        allowed: Tensor | None = None,
     ) -> SampleOutput:
         """logits (B, V) float; ``generators[i]`` seeds row i's draws (None: global RNG);
         ``seen`` (B, V) bool marks tokens already in the sequence (for the repetition
-        penalty); ``counts`` (B, V) counts each generated token (presence/frequency)."""
+        penalty); ``counts`` (B, V) counts each generated token (presence/frequency);
+        ``allowed`` (B, V) bool: the only tokens a row may take (constrained decoding; a free
+        row's is all true). Logprobs stay those of the model's own distribution."""
         logits = logits.float()
         b, dev = logits.size(0), logits.device
-        out = SampleOutput(tokens=logits.argmax(dim=-1))
+        processed = logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))
+        out = SampleOutput(tokens=processed.argmax(dim=-1))
         want_logprobs = [p.logprobs for p in params if p.logprobs is not None]
 
-        processed = logits
         if seen is not None and any(p.repetition_penalty != 1.0 for p in params):
             penalty = to_device([p.repetition_penalty for p in params], torch.float32, dev)
             processed = apply_repetition_penalty(processed, seen, penalty)
