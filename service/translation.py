@@ -24,11 +24,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from fastapi import Request
-
 from model.text.placeholders import mask, restore, same_placeholders, unmask
 from service.engine import EngineEvent, GenerativeEngine, SamplingParams, TokenUsage
-from service.routes.streaming import collect
+from service.waiting import IsDisconnected, collect
 
 FALLBACK_BEAMS = 4
 
@@ -84,13 +82,14 @@ def _choose(engine: GenerativeEngine, src: Source, candidates: list[str]) -> tup
     return None
 
 
-async def translate(request: Request, engine: GenerativeEngine, items: list[Source], ids: list[list[int]],
-                    params: SamplingParams, fields: list[str], group_field: str) -> tuple[list[Translated], TokenUsage]:
+async def translate(is_disconnected: IsDisconnected, engine: GenerativeEngine, items: list[Source],
+                    ids: list[list[int]], params: SamplingParams, fields: list[str],
+                    group_field: str) -> tuple[list[Translated], TokenUsage]:
     """Translate every source in one group (``engine.submit_all``: all or nothing, errors name
     ``fields[i]``), then retry, together, those whose placeholders did not survive."""
     masking = masks_placeholders(engine)
     first = [_with_n_best(params) if masking else params for _ in items]
-    finals, texts = await _run(request, engine, ids, first, fields, group_field)
+    finals, texts = await _run(is_disconnected, engine, ids, first, fields, group_field)
     usage = engine.usage(ids, finals)
     results: list[Translated | None] = []
     for src, final, streamed in zip(items, finals, texts):
@@ -101,7 +100,7 @@ async def translate(request: Request, engine: GenerativeEngine, items: list[Sour
     if retry:
         beams = min(FALLBACK_BEAMS, engine.settings.max_batch)
         again = replace(params, beam_size=beams, n_best=beams, temperature=0.0, seed=None)
-        finals2, texts2 = await _run(request, engine, [ids[i] for i in retry], [again] * len(retry),
+        finals2, texts2 = await _run(is_disconnected, engine, [ids[i] for i in retry], [again] * len(retry),
                                      [fields[i] for i in retry], group_field)
         more = engine.usage([ids[i] for i in retry], finals2)
         usage = TokenUsage(usage.prompt_tokens + more.prompt_tokens, usage.completion_tokens + more.completion_tokens)
@@ -117,10 +116,11 @@ def _with_n_best(params: SamplingParams) -> SamplingParams:
     return replace(params, n_best=params.beam_size) if params.beam_size > 1 else params
 
 
-async def _run(request: Request, engine: GenerativeEngine, ids: list[list[int]], params: list[SamplingParams],
-               fields: list[str], group_field: str) -> tuple[list[EngineEvent], list[str]]:
+async def _run(is_disconnected: IsDisconnected, engine: GenerativeEngine, ids: list[list[int]],
+               params: list[SamplingParams], fields: list[str],
+               group_field: str) -> tuple[list[EngineEvent], list[str]]:
     streams = engine.submit_all([(row, p, f) for row, p, f in zip(ids, params, fields)], group_field)
-    results = await collect(request, streams)
+    results = await collect(is_disconnected, streams)
     return [events[-1] for events in results], ["".join(e.text for e in events) for events in results]
 
 

@@ -40,7 +40,7 @@ async def translate(body: TranslateRequest, request: Request, registry: Registry
         rid = f"tr-{stream.request_id}"
         return sse_response(_chunks(engine, stream, streamed, request, rid, created, ids), [stream], request)
     fields = ["text" if isinstance(body.text, str) else f"text[{i}]" for i in range(len(texts))]
-    results, usage = await translation.translate(request, engine, sources, ids, params, fields, "text")
+    results, usage = await translation.translate(request.is_disconnected, engine, sources, ids, params, fields, "text")
     mark(request, usage=usage)
     return TranslateResponse(
         id=rid, created=created, model=engine.name,

@@ -145,7 +145,7 @@ async def translate_texts(request: Request, engine: GenerativeEngine, texts: lis
     params = SamplingParams(max_new_tokens=min(256, engine.max_len - 1), beam_size=beam_size,
                             temperature=temperature, seed=seed)
     fields = [f"{field}[{i}]" for i in range(len(items))]
-    results, usage = await translation.translate(request, engine, items, ids, params, fields, field)
+    results, usage = await translation.translate(request.is_disconnected, engine, items, ids, params, fields, field)
     mark(request, usage=usage)
     return [r.text for r in results], usage.completion_tokens
 

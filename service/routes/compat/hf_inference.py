@@ -29,7 +29,8 @@ from service.registry import EngineRegistry
 from service.routes.compat import tei, tgi
 from service.routes.compat.common import error_route, read_params, translate_texts, translation_pairs
 from service.routes.inputs import input_ids, text_list
-from service.routes.streaming import mark, unless_disconnected
+from service.routes.streaming import mark
+from service.waiting import unless_disconnected
 
 router = APIRouter(tags=["Hugging Face Inference (TGI / TEI)"], route_class=error_route(tgi.render))
 
@@ -111,7 +112,7 @@ async def _fill_mask(body: dict, request: Request, registry: EngineRegistry, set
     if not isinstance(inputs, (str, list)):
         raise InvalidRequestError("inputs must be a string or a list of strings", "inputs")
     rows = input_ids(inputs, "inputs", engine, settings)
-    results = await unless_disconnected(request, engine.fill_mask(rows, top_k))
+    results = await unless_disconnected(request.is_disconnected, engine.fill_mask(rows, top_k))
     mark(request, usage=engine.usage(rows))
     shaped = [per_text[0] if len(per_text) == 1 else per_text for per_text in results]
     return shaped[0] if isinstance(inputs, str) else shaped
