@@ -24,9 +24,14 @@ TEI_ERROR_TYPES = {400: "Empty", 413: "Validation", 422: "Tokenizer", 424: "Back
                    503: "Unhealthy"}
 
 
+# Codes of the error table (service.engine_errors) TEI answers with a status of its own;
+# every other client error is a Tokenizer error (422).
+TEI_STATUSES = {"empty_input": 400, "input_too_long": 413}
+
+
 def render(exc: EngineError) -> JSONResponse:
     if exc.status in (400, 404):
-        status = 400 if "empty" in exc.message else 413 if "tokens" in exc.message else 422
+        status = TEI_STATUSES.get(exc.code, 422)
     else:
         status = exc.status if exc.status in TEI_ERROR_TYPES else 424
     headers = {"Retry-After": str(getattr(exc, "retry_after", 1))} if status == 429 else None
