@@ -70,6 +70,22 @@ def test_the_http_edge_imports_only_what_it_is_listed_for(name):
     assert offenders([path], allowed), f"service/{name} no longer needs {allowed}: take it off HTTP_EDGE"
 
 
+# The placeholder-safe translation sequence is written once, in model/: both of its users
+# import it, and a translate request passes each layer once (route -> service.translation ->
+# model.text.translate -> engine).
+TRANSLATION_DRIVER = "model.text.translate"
+
+
+def test_one_translation_driver_for_training_and_service():
+    driver = ROOT / "model" / "text" / "translate.py"
+    assert offenders([driver], ("service", "model.train", "torch")) == []  # plain text logic, a callback
+    for user in ("model/train/evaluate.py", "service/translation.py"):
+        assert TRANSLATION_DRIVER in imported_modules(ROOT / user), f"{user} does not use {TRANSLATION_DRIVER}"
+    # only the driver unmasks and retries; service.translation keeps the streamed case (no retry possible)
+    assert "unmask" not in (ROOT / "model" / "train" / "evaluate.py").read_text()
+    assert offenders([ROOT / "service" / "translation.py"], HTTP_STACK) == []
+
+
 def test_schemas_do_not_import_model():
     files = [ROOT / "service" / "schemas.py", ROOT / "service" / "openai_schemas.py"]
     assert offenders(files, ("model",)) == []
