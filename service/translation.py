@@ -23,12 +23,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from model.text.placeholders import restore, same_placeholders, unmask
 from model.text.translate import Attempt, Decoded, Source, choose, restored, translate_async
 from model.text.translate import sources as placeholder_sources
-from service.engine import EngineEvent, GenerativeEngine, SamplingParams, TokenUsage
+from service.engine import BaseEngine, EngineEvent, GenerativeEngine, SamplingParams, TokenUsage
 from service.waiting import IsDisconnected, collect
+
+if TYPE_CHECKING:
+    from service.registry import EngineRegistry
 
 FALLBACK_BEAMS = 4
 
@@ -41,6 +45,55 @@ class Translated:
     tokens: int  # generated tokens of the request whose output was taken
     retried: bool = False
 
+
+# --- which engine translates a language pair ------------------------------------------------
+
+Pair = tuple[str, str]
+_NAMED_PAIR = re.compile(r"(?:^|[-_])([a-z]{2,3})[-_]([a-z]{2,3})$")
+
+
+def language_pair(engine: BaseEngine) -> Pair | None:
+    """(source, target) language codes of a translation model: its checkpoint's
+    ``source_language``/``target_language`` (config.json). Fallback, for a checkpoint without
+    them: a guess from the model's name (``*-en-de``, ``opus-mt-en-de``); None if it has none."""
+    if engine.family != "encoder-decoder":
+        return None
+    cfg = engine.cfg
+    source, target = getattr(cfg, "source_language", None), getattr(cfg, "target_language", None)
+    if source and target:
+        return source, target
+    match = _NAMED_PAIR.search(engine.name.lower())
+    return (match.group(1), match.group(2)) if match else None
+
+
+def engine_for(registry: EngineRegistry, source: str | None = None,
+               target: str | None = None) -> tuple[Pair | None, GenerativeEngine] | None:
+    """The translation engine for ``source`` -> ``target``, the one rule of /v1/translate (no
+    ``model`` given), LibreTranslate, DeepL and the HF Inference API: the first ready
+    encoder-decoder model, in loading order, whose pair has that source and that target (either
+    None: any; both None: any translation model, with or without a known pair), and its pair.
+    None: no ready model translates it."""
+    for engine in registry.engines.values():
+        if engine.family != "encoder-decoder" or not engine.ready:
+            continue
+        pair = language_pair(engine)
+        if (source is None and target is None) or (
+                pair is not None and source in (None, pair[0]) and target in (None, pair[1])):
+            return pair, engine  # type: ignore[return-value]
+    return None
+
+
+def translation_pairs(registry: EngineRegistry) -> dict[Pair, GenerativeEngine]:
+    """Every language pair served, with the engine ``engine_for`` picks for it."""
+    pairs: dict[Pair, GenerativeEngine] = {}
+    for engine in registry.engines.values():
+        pair = language_pair(engine)
+        if pair is not None and engine.ready:
+            pairs.setdefault(pair, engine)  # type: ignore[arg-type]
+    return pairs
+
+
+# --- placeholder-safe translation -------------------------------------------------------------
 
 def masks_placeholders(engine: GenerativeEngine) -> bool:
     return bool(getattr(engine.cfg, "mask_placeholders", False))

@@ -24,7 +24,8 @@ router = APIRouter(tags=["translation"])
 @router.post("/v1/translate", response_model=TranslateResponse, responses=ERROR_RESPONSES,
              summary="Translate one text or a list of texts (stream=true streams a single text)")
 async def translate(body: TranslateRequest, request: Request, registry: RegistryDep, settings: SettingsDep):
-    engine: GenerativeEngine = registry.get(body.model, "encoder-decoder", "/v1/translate")
+    found = translation.engine_for(registry) if body.model is None else None
+    engine: GenerativeEngine = found[1] if found else registry.get(body.model, "encoder-decoder", "/v1/translate")
     mark(request, engine.name)
     if body.stream and not isinstance(body.text, str):
         raise InvalidRequestError("stream=true needs a single text, not a list", "stream")
