@@ -32,7 +32,7 @@ from service import translation
 from service.engine import GenerativeEngine, SamplingParams, TokenUsage
 from service.engine_errors import InvalidRequestError
 from service.settings import Settings
-from service.waiting import IsDisconnected
+from service.waiting import ClientGone
 
 FIELD = "file"
 MO_MAGIC = (b"\xde\x12\x04\x95", b"\x95\x04\x12\xde")
@@ -166,7 +166,7 @@ def _dress(t: Text, translated: str) -> str:
     return src[: len(src) - len(src.lstrip())] + translated + src[len(src.rstrip()):]
 
 
-async def translate_catalogue(is_disconnected: IsDisconnected, engine: GenerativeEngine, po: polib.POFile,
+async def translate_catalogue(client_gone: ClientGone, engine: GenerativeEngine, po: polib.POFile,
                               texts: list[Text], params: SamplingParams, max_chars: int) -> Summary:
     """Fill ``po`` in place with the translations of ``texts``; what happened, counted."""
     summary = Summary(entries=sum(1 for e in po if not e.obsolete))
@@ -175,7 +175,7 @@ async def translate_catalogue(is_disconnected: IsDisconnected, engine: Generativ
     too_long = {t.entry for t, row in zip(texts, ids) if len(row) > engine.max_src_len or len(t.core) > max_chars}
     run = [k for k, t in enumerate(texts) if t.entry not in too_long]
     results, summary.usage = await translation.translate(
-        is_disconnected, engine, [sources[k] for k in run], [ids[k] for k in run], params,
+        client_gone, engine, [sources[k] for k in run], [ids[k] for k in run], params,
         [texts[k].field for k in run], FIELD) if run else ([], TokenUsage(0))
     by_entry: dict[int, list[tuple[Text, translation.Translated]]] = {}
     for k, result in zip(run, results):

@@ -29,7 +29,7 @@ from model.text.placeholders import restore, same_placeholders, unmask
 from model.text.translate import Attempt, Decoded, Source, choose, restored, translate_async
 from model.text.translate import sources as placeholder_sources
 from service.engine import BaseEngine, EngineEvent, GenerativeEngine, SamplingParams, TokenUsage
-from service.waiting import IsDisconnected, collect
+from service.waiting import ClientGone, collect
 
 if TYPE_CHECKING:
     from service.registry import EngineRegistry
@@ -112,7 +112,7 @@ def _candidates(final: EngineEvent, streamed: str) -> list[str]:
     return final.hypotheses or [streamed]
 
 
-async def translate(is_disconnected: IsDisconnected, engine: GenerativeEngine, items: list[Source],
+async def translate(client_gone: ClientGone, engine: GenerativeEngine, items: list[Source],
                     ids: list[list[int]], params: SamplingParams, fields: list[str],
                     group_field: str) -> tuple[list[Translated], TokenUsage]:
     """Translate every source in one group (``engine.submit_all``: all or nothing, errors name
@@ -129,7 +129,7 @@ async def translate(is_disconnected: IsDisconnected, engine: GenerativeEngine, i
         else:
             run = _with_n_best(params) if masking else params
         rows = [ids[i] for i in attempt.indices]
-        finals, texts = await _run(is_disconnected, engine, rows, [run] * len(rows),
+        finals, texts = await _run(client_gone, engine, rows, [run] * len(rows),
                                    [fields[i] for i in attempt.indices], group_field)
         more = engine.usage(rows, finals)
         usage = TokenUsage(usage.prompt_tokens + more.prompt_tokens, usage.completion_tokens + more.completion_tokens)
@@ -144,11 +144,11 @@ def _with_n_best(params: SamplingParams) -> SamplingParams:
     return replace(params, n_best=params.beam_size) if params.beam_size > 1 else params
 
 
-async def _run(is_disconnected: IsDisconnected, engine: GenerativeEngine, ids: list[list[int]],
+async def _run(client_gone: ClientGone, engine: GenerativeEngine, ids: list[list[int]],
                params: list[SamplingParams], fields: list[str],
                group_field: str) -> tuple[list[EngineEvent], list[str]]:
     streams = engine.submit_all([(row, p, f) for row, p, f in zip(ids, params, fields)], group_field)
-    results = await collect(is_disconnected, streams)
+    results = await collect(client_gone, streams)
     return [events[-1] for events in results], ["".join(e.text for e in events) for events in results]
 
 

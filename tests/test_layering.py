@@ -48,7 +48,7 @@ def test_imports_go_one_way(where, forbidden):
 # The HTTP edge of the service: the app and its server, the ASGI middleware, the dependencies
 # routes declare, the HTTP error handlers and the OpenAPI document. Below them (engines,
 # registry, translation, catalogues, waiting for results) nothing knows about HTTP: a client is
-# an ``is_disconnected`` callable, an error an ``EngineError`` with a code.
+# a ``client_gone`` callable, an error an ``EngineError`` with a code.
 HTTP_EDGE = {"app.py": ("fastapi", "service.routes"), "server.py": ("fastapi", "uvicorn"),
              "middleware.py": ("starlette",), "dependencies.py": ("fastapi",),
              "errors.py": ("fastapi", "starlette"), "openapi.py": ("fastapi",)}

@@ -1,7 +1,7 @@
 """Answering one HTTP request from engine events: Server-Sent Events, the request log's marks.
 
 Waiting for a whole result while watching the client (``collect``, ``unless_disconnected``)
-lives below the routes, in ``service.waiting``; a route passes it ``request.is_disconnected``.
+lives below the routes, in ``service.waiting``; a route passes it ``client_gone(request)``.
 Streaming requests are cancelled by Starlette when the client disconnects; the ``finally`` in
 the chunk generator aborts them.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import Request
@@ -19,6 +19,16 @@ from fastapi.responses import StreamingResponse
 from service.engine import EngineEvent, RequestStream, TokenUsage
 from service.engine_errors import RequestFailedError
 from service.middleware import ERROR_KEY, MODEL_KEY, USAGE_KEY
+
+
+def client_gone(request: Request) -> Callable[[], Awaitable[None]]:
+    """An async callable that returns once ``request``'s client has disconnected: it waits on
+    the connection's receive channel (the body has been read by then), so a waiting request
+    costs no polling."""
+    async def wait() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+    return wait
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 

@@ -15,7 +15,7 @@ from service.engine import GenerativeEngine, RequestStream, SamplingParams
 from service.engine_errors import InvalidRequestError
 from service.errors import ERROR_RESPONSES
 from service.routes.inputs import text_list
-from service.routes.streaming import check_event, mark, sse_response
+from service.routes.streaming import check_event, client_gone, mark, sse_response
 from service.schemas import TranslateRequest, TranslateResponse, Translation, Usage
 
 router = APIRouter(tags=["translation"])
@@ -41,7 +41,7 @@ async def translate(body: TranslateRequest, request: Request, registry: Registry
         rid = f"tr-{stream.request_id}"
         return sse_response(_chunks(engine, stream, streamed, request, rid, created, ids), [stream], request)
     fields = ["text" if isinstance(body.text, str) else f"text[{i}]" for i in range(len(texts))]
-    results, usage = await translation.translate(request.is_disconnected, engine, sources, ids, params, fields, "text")
+    results, usage = await translation.translate(client_gone(request), engine, sources, ids, params, fields, "text")
     mark(request, usage=usage)
     return TranslateResponse(
         id=rid, created=created, model=engine.name,

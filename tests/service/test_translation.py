@@ -58,15 +58,15 @@ class ScriptedEngine:
         return final.completion_tokens
 
 
-async def connected() -> bool:  # the client never leaves
-    return False
+async def never_gone() -> None:  # the client never leaves
+    await asyncio.Event().wait()
 
 
 def run(engine, texts, params):
     sources = translation.sources(engine, texts)
     ids = translation.source_ids(engine, sources, "text")
     fields = [f"text[{i}]" for i in range(len(texts))]
-    return asyncio.run(translation.translate(connected, engine, sources, ids, params, fields, "text"))
+    return asyncio.run(translation.translate(never_gone, engine, sources, ids, params, fields, "text"))
 
 
 def test_masked_source_and_unmasked_output():

@@ -25,7 +25,7 @@ from service import translation
 from service.engine import GenerativeEngine, SamplingParams
 from service.engine_errors import EngineError, InvalidRequestError
 from service.routes.inputs import text_list
-from service.routes.streaming import mark
+from service.routes.streaming import client_gone, mark
 from service.settings import Settings
 
 Render = Callable[[EngineError], Response]
@@ -125,7 +125,7 @@ async def translate_texts(request: Request, engine: GenerativeEngine, texts: lis
     params = SamplingParams(max_new_tokens=min(256, engine.max_len - 1), beam_size=beam_size,
                             temperature=temperature, seed=seed)
     fields = [f"{field}[{i}]" for i in range(len(items))]
-    results, usage = await translation.translate(request.is_disconnected, engine, items, ids, params, fields, field)
+    results, usage = await translation.translate(client_gone(request), engine, items, ids, params, fields, field)
     mark(request, usage=usage)
     return [r.text for r in results], usage.completion_tokens
 

@@ -30,7 +30,7 @@ from service.engine_errors import InvalidRequestError
 from service.registry import EngineRegistry
 from service.routes.compat.common import error_route, read_params, translate_texts
 from service.routes.inputs import input_ids, text_list
-from service.routes.streaming import mark
+from service.routes.streaming import client_gone, mark
 from service.translation import engine_for, translation_pairs
 from service.waiting import unless_disconnected
 
@@ -114,7 +114,7 @@ async def _fill_mask(body: dict, request: Request, registry: EngineRegistry, set
     if not isinstance(inputs, (str, list)):
         raise InvalidRequestError("inputs must be a string or a list of strings", "inputs")
     rows = input_ids(inputs, "inputs", engine, settings)
-    results = await unless_disconnected(request.is_disconnected, engine.fill_mask(rows, top_k))
+    results = await unless_disconnected(client_gone(request), engine.fill_mask(rows, top_k))
     mark(request, usage=engine.usage(rows))
     shaped = [per_text[0] if len(per_text) == 1 else per_text for per_text in results]
     return shaped[0] if isinstance(inputs, str) else shaped

@@ -17,7 +17,7 @@ from service.encoder_engine import EncoderEngine
 from service.engine_errors import EngineError, InvalidRequestError
 from service.routes.compat.common import error_route
 from service.routes.inputs import text_list
-from service.routes.streaming import mark
+from service.routes.streaming import client_gone, mark
 from service.waiting import unless_disconnected
 
 TEI_ERROR_TYPES = {400: "Empty", 413: "Validation", 422: "Tokenizer", 424: "Backend", 429: "Overloaded",
@@ -65,7 +65,7 @@ async def embed(body: EmbedRequest, request: Request, registry, settings) -> lis
         raise InvalidRequestError("prompt_name is not supported: this model defines no prompts", "prompt_name")
     engine.check_dimensions(body.dimensions)
     rows = engine.tokenize(text_list(body.inputs, "inputs", settings), "inputs", truncate=body.truncate)
-    vectors = await unless_disconnected(request.is_disconnected, engine.embed(rows, normalize=body.normalize))
+    vectors = await unless_disconnected(client_gone(request), engine.embed(rows, normalize=body.normalize))
     mark(request, usage=engine.usage(rows))
     return vectors
 
