@@ -28,7 +28,13 @@ from model import Checkpoint, EngineCore, EngineEvent, EngineRequest, SamplingPa
 from model.decode import DecodeStep
 from model.engine.sampling import MAX_STOP_STRINGS, MAX_TOP_LOGPROBS
 from model.tokenization.chat_template import ChatMessageError, ChatTemplate, ChatTemplateError
-from service.engine_errors import EngineStoppedError, InvalidRequestError, QueueFullError
+from service.engine_errors import (
+    EmptyInputError,
+    EngineStoppedError,
+    InputTooLongError,
+    InvalidRequestError,
+    QueueFullError,
+)
 from service.metrics import Metrics
 from service.settings import Settings
 
@@ -118,7 +124,7 @@ class BaseEngine:
         vocab = self.cfg.vocab_size
         for ids in rows:
             if not ids:
-                raise InvalidRequestError(f"{field_name} contains an empty token list", field_name)
+                raise EmptyInputError(f"{field_name} contains an empty token list", field_name)
             if min(ids) < 0 or max(ids) >= vocab:
                 raise InvalidRequestError(f"{field_name} token ids must be in [0, {vocab})", field_name)
         self._check_lengths(rows, field_name, len(rows) > 1)
@@ -157,8 +163,8 @@ class BaseEngine:
         for i, ids in enumerate(rows):
             if limit is not None and len(ids) > limit:
                 where = f"{field_name}[{i}]" if indexed else field_name
-                raise InvalidRequestError(f"{where} is {len(ids)} tokens; this model accepts at most {limit}",
-                                          field_name)
+                raise InputTooLongError(f"{where} is {len(ids)} tokens; this model accepts at most {limit}",
+                                        field_name)
 
     @property
     def family(self) -> str:
@@ -254,11 +260,11 @@ class GenerativeEngine(BaseEngine):
         """Model-specific limits; raises InvalidRequestError naming the field and the limit."""
         n = len(prompt_ids)
         if n == 0:
-            raise InvalidRequestError(f"{prompt_field} must not be empty", prompt_field)
+            raise EmptyInputError(f"{prompt_field} must not be empty", prompt_field)
         if self.encdec:
             if n > self.max_src_len:
-                raise InvalidRequestError(f"{prompt_field} is {n} tokens; this model accepts at most "
-                                          f"{self.max_src_len}", prompt_field)
+                raise InputTooLongError(f"{prompt_field} is {n} tokens; this model accepts at most "
+                                        f"{self.max_src_len}", prompt_field)
             if params.max_new_tokens + 1 > self.max_len:
                 raise InvalidRequestError(f"{limit_field} must be <= {self.max_len - 1} for this model", limit_field)
             if params.beam_size > self.settings.max_batch:

@@ -1,4 +1,4 @@
-"""Import a llama.cpp GGUF file as one of our models (a Llama-family DecoderLM).
+"""Import a llama.cpp GGUF file as one of our models (a Llama-architecture DecoderLM).
 
     from model.formats.gguf_import import load_gguf
     g = load_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")

@@ -22,7 +22,7 @@ from service.dependencies import RegistryDep, SettingsDep
 from service.engine import GenerativeEngine, SamplingParams
 from service.engine_errors import InvalidRequestError
 from service.errors import ERROR_RESPONSES
-from service.routes.streaming import mark
+from service.routes.streaming import client_gone, mark
 from service.schemas import TranslatePoOptions
 
 router = APIRouter(tags=["translation"])
@@ -68,7 +68,8 @@ async def translate_po(request: Request, registry: RegistryDep, settings: Settin
             f"(e.g. {max(1, capacity // 2)}) and send the returned file again for the rest", "max_entries",
             code="body_too_large")
     params = SamplingParams(max_new_tokens=body.max_tokens, beam_size=body.beam_size, temperature=0.0)
-    summary = await po_catalogue.translate_catalogue(request, engine, po, texts, params, settings.max_text_chars)
+    summary = await po_catalogue.translate_catalogue(client_gone(request), engine, po, texts, params,
+                                                     settings.max_text_chars)
     mark(request, usage=summary.usage)
     return Response(po_catalogue.render(po), media_type=f"{PO_MEDIA_TYPE}; charset=utf-8",
                     headers=summary.headers())

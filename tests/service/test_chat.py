@@ -1,5 +1,5 @@
 """POST /v1/chat/completions with the real openai client and LangChain's ChatOpenAI, on a
-tiny random Llama-family model with a ChatML template, and on the real SmolLM2."""
+tiny random Llama-architecture model with a ChatML template, and on the real SmolLM2."""
 
 from __future__ import annotations
 
@@ -152,8 +152,33 @@ def test_a_gguf_path_in_tserve_models_is_served_under_its_name(tmp_path):
         assert [m.id for m in client.models.list()] == ["Tiny-Chat.Q8"]
         r = client.chat.completions.create(model="Tiny-Chat.Q8", messages=HELLO[1:], max_tokens=4, temperature=0)
         assert r.usage.completion_tokens >= 1
-        # A Llama-family model on the CPU: int8 decode steps through the native step (the defaults).
+        # A Llama-architecture model on the CPU: int8 decode steps through the native step (the defaults).
         metrics = httpx.get(s.url + "/metrics", timeout=10).text
         assert 'tserve_decode_step_info{model="Tiny-Chat.Q8",step="native"} 1.0' in metrics
         engine = s.app.state.registry.engines["Tiny-Chat.Q8"]  # TSERVE_KV_DTYPE=auto under the native step
         assert engine.core.runner.cache.k.dtype == torch.bfloat16 and engine.model.dtype == torch.float32
+
+
+def test_generate_runs_the_decode_step_the_service_runs(tmp_path):
+    """Offline equals served: the service's settings become one ``DecodeOptions``; ``prepare``
+    with it on the same file gives the step the engine holds, and ``generate`` through it gives
+    the served completion token for token."""
+    from model import SamplingParams, generate, load_model
+    from model.decode import prepare
+    from tests.model.gguf_tiny import tiny_llama, train_byte_bpe, write_llama_gguf
+
+    path = write_llama_gguf(tmp_path / "Tiny-Same.gguf", tiny_llama(seed=5), train_byte_bpe())
+    settings = settings_for(tmp_path / "empty", models=str(path), max_seq_len=48, prefix_cache_mb=0)
+    prompt = "Hello there"
+    with ServerThread(settings) as s:
+        served_step = s.app.state.registry.engines["Tiny-Same"].core.decode_step
+        body = {"model": "Tiny-Same", "prompt": prompt, "max_tokens": 16, "temperature": 0}
+        served = httpx.post(s.url + "/v1/completions", json=body, timeout=30).json()["choices"][0]["text"]
+    ckpt = load_model(path)
+    step = prepare(ckpt.model, settings.decode_options(), ckpt.tokenizer)
+    assert (step.name, step.kv_dtype) == (served_step.name, served_step.kv_dtype) == ("native", torch.bfloat16)
+    params = SamplingParams(max_new_tokens=16, temperature=0.0)
+    ids = [ckpt.tokenizer.encode(prompt)]
+    assert generate(ckpt.model, ids, params, ckpt.tokenizer, step=step)[0].text == served
+    fresh = load_model(path)  # the same through options=, prepared inside generate
+    assert generate(fresh.model, ids, params, fresh.tokenizer, options=settings.decode_options())[0].text == served

@@ -22,6 +22,8 @@ import pytest
 from deep_translator import LibreTranslator
 from libretranslatepy import LibreTranslateAPI
 
+from service.engine_errors import EmptyInputError, InputTooLongError, InvalidRequestError
+from service.routes.compat.tei import render as tei_render
 from tests.service.conftest import settings_for
 from tests.service.server_thread import ServerThread
 
@@ -115,6 +117,12 @@ def test_tei_embed_truncate_and_errors(server):
     assert r.status_code == 200 and len(r.json()) == 2 and len(r.json()[0]) == 384
     r = httpx.post(server.url + "/embed", json={"inputs": ""})
     assert r.status_code == 400 and r.json()["error_type"] == "Empty"
+
+
+def test_tei_status_follows_the_error_code_not_the_message():
+    assert tei_render(EmptyInputError("inputs must not be empty", "inputs")).status_code == 400
+    assert tei_render(InputTooLongError("inputs is 600 tokens; this model accepts at most 512")).status_code == 413
+    assert tei_render(InvalidRequestError("the tokens of an empty dimension")).status_code == 422
 
 
 def test_inference_client_fill_mask_honours_top_k(hf_client):

@@ -1,4 +1,4 @@
-"""What the drop-in APIs share: their own error shapes, bodies in any encoding, language pairs,
+"""What the drop-in APIs share: their own error shapes, bodies in any encoding, language names,
 and the few engine calls (translate, generate, embed, fill) each API shapes differently.
 
 Every compatibility router uses a route class from ``error_route(render)``: an error raised
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hmac
 import html
-import re
 from collections.abc import Callable, Sequence
 from html.parser import HTMLParser
 from json import JSONDecodeError
@@ -25,9 +24,8 @@ from starlette.exceptions import HTTPException
 from service import translation
 from service.engine import GenerativeEngine, SamplingParams
 from service.engine_errors import EngineError, InvalidRequestError
-from service.registry import EngineRegistry
 from service.routes.inputs import text_list
-from service.routes.streaming import mark
+from service.routes.streaming import client_gone, mark
 from service.settings import Settings
 
 Render = Callable[[EngineError], Response]
@@ -108,24 +106,6 @@ LANGUAGE_NAMES = {
     "nb": "Norwegian", "nl": "Dutch", "pl": "Polish", "pt": "Portuguese", "ro": "Romanian", "ru": "Russian",
     "sk": "Slovak", "sl": "Slovenian", "sv": "Swedish", "tr": "Turkish", "uk": "Ukrainian", "zh": "Chinese",
 }
-_PAIR = re.compile(r"(?:^|[-_])([a-z]{2,3})[-_]([a-z]{2,3})$")
-
-
-def language_pair(engine: GenerativeEngine) -> tuple[str, str] | None:
-    """(source, target) ISO 639-1 codes of a translation model, from its name (``*-en-de``)."""
-    match = _PAIR.search(engine.name.lower())
-    return (match.group(1), match.group(2)) if match else None
-
-
-def translation_pairs(registry: EngineRegistry) -> dict[tuple[str, str], GenerativeEngine]:
-    pairs: dict[tuple[str, str], GenerativeEngine] = {}
-    for engine in registry.engines.values():
-        pair = language_pair(engine) if engine.family == "encoder-decoder" else None
-        if pair is not None and engine.ready:
-            pairs.setdefault(pair, engine)  # type: ignore[arg-type]
-    return pairs
-
-
 def language_name(code: str) -> str:
     return LANGUAGE_NAMES.get(code, code)
 
@@ -145,7 +125,7 @@ async def translate_texts(request: Request, engine: GenerativeEngine, texts: lis
     params = SamplingParams(max_new_tokens=min(256, engine.max_len - 1), beam_size=beam_size,
                             temperature=temperature, seed=seed)
     fields = [f"{field}[{i}]" for i in range(len(items))]
-    results, usage = await translation.translate(request, engine, items, ids, params, fields, field)
+    results, usage = await translation.translate(client_gone(request), engine, items, ids, params, fields, field)
     mark(request, usage=usage)
     return [r.text for r in results], usage.completion_tokens
 

@@ -17,15 +17,21 @@ from service.encoder_engine import EncoderEngine
 from service.engine_errors import EngineError, InvalidRequestError
 from service.routes.compat.common import error_route
 from service.routes.inputs import text_list
-from service.routes.streaming import mark, unless_disconnected
+from service.routes.streaming import client_gone, mark
+from service.waiting import unless_disconnected
 
 TEI_ERROR_TYPES = {400: "Empty", 413: "Validation", 422: "Tokenizer", 424: "Backend", 429: "Overloaded",
                    503: "Unhealthy"}
 
 
+# Codes of the error table (service.engine_errors) TEI answers with a status of its own;
+# every other client error is a Tokenizer error (422).
+TEI_STATUSES = {"empty_input": 400, "input_too_long": 413}
+
+
 def render(exc: EngineError) -> JSONResponse:
     if exc.status in (400, 404):
-        status = 400 if "empty" in exc.message else 413 if "tokens" in exc.message else 422
+        status = TEI_STATUSES.get(exc.code, 422)
     else:
         status = exc.status if exc.status in TEI_ERROR_TYPES else 424
     headers = {"Retry-After": str(getattr(exc, "retry_after", 1))} if status == 429 else None
@@ -59,7 +65,7 @@ async def embed(body: EmbedRequest, request: Request, registry, settings) -> lis
         raise InvalidRequestError("prompt_name is not supported: this model defines no prompts", "prompt_name")
     engine.check_dimensions(body.dimensions)
     rows = engine.tokenize(text_list(body.inputs, "inputs", settings), "inputs", truncate=body.truncate)
-    vectors = await unless_disconnected(request, engine.embed(rows, normalize=body.normalize))
+    vectors = await unless_disconnected(client_gone(request), engine.embed(rows, normalize=body.normalize))
     mark(request, usage=engine.usage(rows))
     return vectors
 

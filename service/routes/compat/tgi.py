@@ -21,7 +21,8 @@ from service.engine import MAX_STOP_STRINGS, EngineEvent, GenerativeEngine, Requ
 from service.engine_errors import EngineError, InvalidRequestError
 from service.routes.compat.common import error_route
 from service.routes.inputs import input_ids
-from service.routes.streaming import check_event, collect, mark, sse_event, sse_response
+from service.routes.streaming import check_event, client_gone, mark, sse_event, sse_response
+from service.waiting import collect
 
 TGI_FINISH = {"eos": "eos_token", "length": "length", "stop": "stop_sequence"}
 TGI_ERROR_TYPES = {400: "validation", 404: "validation", 413: "validation", 422: "validation", 429: "overloaded",
@@ -108,7 +109,7 @@ def prepare(body: TGIRequest, request: Request, registry, settings) -> tuple[Gen
 
 async def generate_one(body: TGIRequest, request: Request, registry, settings) -> dict:
     engine, ids, params = prepare(body, request, registry, settings)
-    (events,) = await collect(request, [engine.submit(ids, params, "inputs")])
+    (events,) = await collect(client_gone(request), [engine.submit(ids, params, "inputs")])
     mark(request, usage=engine.usage([ids], [events[-1]]))
     text = "".join(e.text for e in events)
     out: dict = {"generated_text": (body.inputs + text) if body.parameters.return_full_text else text}
