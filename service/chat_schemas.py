@@ -1,8 +1,9 @@
 """OpenAI chat-completions bodies (``POST /v1/chat/completions``).
 
 Field names and shapes follow OpenAI's API so the official client and LangChain's
-``ChatOpenAI`` work unmodified. What a text-only model cannot do (tools, images, audio,
-structured output) is refused with a 400 naming the field, never silently ignored.
+``ChatOpenAI`` work unmodified. Structured outputs and tools (``service/structured_schemas.py``)
+are served by constrained decoding; what a text-only model cannot do (images, audio, legacy
+``functions``, ``logit_bias``) is refused with a 400 naming the field, never silently ignored.
 """
 
 from __future__ import annotations
@@ -14,6 +15,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from service.engine import MAX_TOP_LOGPROBS
 from service.openai_schemas import StreamOptions
 from service.schemas import MAX_SEED, RequestModel, StopStrings, Usage
+from service.structured_schemas import (
+    GuidedFields,
+    MessageToolCall,
+    ResponseFormat,
+    StructuredOutputs,
+    Tool,
+    ToolCall,
+    ToolChoice,
+)
 
 
 class TextPart(RequestModel):
@@ -33,19 +43,23 @@ class TextPart(RequestModel):
 
 
 class ChatMessage(RequestModel):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None  # assistant: the calls it made
+    tool_call_id: str | None = None  # tool: the call this result answers
 
     model_config = ConfigDict(extra="allow")
 
     @model_validator(mode="after")
     def _plain(self) -> ChatMessage:
-        for unsupported in ("tool_calls", "function_call", "audio", "refusal"):
+        for unsupported in ("function_call", "audio", "refusal"):
             if getattr(self, unsupported, None):
-                raise ValueError(f"'{unsupported}' in messages is not supported (no tool or audio support)")
-        if self.content is None:
-            raise ValueError("every message needs 'content'")
+                raise ValueError(f"'{unsupported}' in messages is not supported (no audio or legacy function support)")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry 'tool_calls'")
+        if self.content is None and not self.tool_calls:
+            raise ValueError("every message needs 'content' (an assistant message may have 'tool_calls' instead)")
         return self
 
     def text(self) -> str:
@@ -54,18 +68,7 @@ class ChatMessage(RequestModel):
         return "".join(part.text or "" for part in self.content or [])
 
 
-class ResponseFormat(RequestModel):
-    type: str
-
-    @field_validator("type")
-    @classmethod
-    def _text(cls, value: str) -> str:
-        if value != "text":
-            raise ValueError(f"response_format type '{value}' is not supported; only 'text'")
-        return value
-
-
-class ChatCompletionRequest(StopStrings):
+class ChatCompletionRequest(StopStrings, GuidedFields):
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1, le=4096)
@@ -81,10 +84,12 @@ class ChatCompletionRequest(StopStrings):
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None  # vLLM's
     user: str | None = None
-    # refused: a text-only model has no tools, and logit_bias is not implemented
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
+    # refused: legacy functions, audio; logit_bias is not implemented
     functions: list[Any] | None = None
     function_call: Any = None
     logit_bias: dict[str, float] | None = None
@@ -102,18 +107,18 @@ class ChatCompletionRequest(StopStrings):
             {"role": "user", "content": "Name three primary colours."}]},
     ]})
 
-    @field_validator("tools", "functions", "audio")
+    @field_validator("functions", "audio")
     @classmethod
-    def _no_tools(cls, value, info):
+    def _no_functions(cls, value, info):
         if value:
-            raise ValueError(f"'{info.field_name}' is not supported: these models have no tool or audio support")
+            raise ValueError(f"'{info.field_name}' is not supported (use 'tools'; no audio support)")
         return value
 
-    @field_validator("tool_choice", "function_call")
+    @field_validator("function_call")
     @classmethod
-    def _no_tool_choice(cls, value, info):
+    def _no_function_call(cls, value, info):
         if value not in (None, "none"):
-            raise ValueError(f"'{info.field_name}' is not supported (no tool support)")
+            raise ValueError(f"'{info.field_name}' is not supported (use 'tool_choice')")
         return value
 
     @field_validator("modalities")
@@ -158,13 +163,14 @@ class ChoiceLogprobs(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
-    finish_reason: Literal["stop", "length"] | None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None
     logprobs: ChoiceLogprobs | None = None
 
 

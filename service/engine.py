@@ -19,6 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,7 @@ import torch
 
 from model import Checkpoint, EngineCore, EngineEvent, EngineRequest, SamplingParams
 from model.decode import DecodeStep
+from model.engine.grammar import CompiledGrammar, GrammarError, GrammarSpec
 from model.engine.sampling import MAX_STOP_STRINGS, MAX_TOP_LOGPROBS
 from model.tokenization.chat_template import ChatMessageError, ChatTemplate, ChatTemplateError
 from service.engine_errors import (
@@ -41,8 +43,8 @@ from service.settings import Settings
 log = logging.getLogger("tserve.engine")
 
 # Routes and schemas take these from here, not from `model`: the engine is their one door to it.
-__all__ = ["MAX_STOP_STRINGS", "MAX_TOP_LOGPROBS", "BaseEngine", "EngineEvent", "GenerativeEngine", "RequestStream",
-           "SamplingParams", "TokenUsage"]
+__all__ = ["MAX_STOP_STRINGS", "MAX_TOP_LOGPROBS", "BaseEngine", "EngineEvent", "GenerativeEngine", "GrammarSpec",
+           "RequestStream", "SamplingParams", "TokenUsage"]
 
 TASKS = {"encoder-decoder": "translation", "decoder": "text-generation", "encoder": "fill-mask"}
 
@@ -200,6 +202,9 @@ class BaseEngine:
             self._cv.notify_all()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
+        pool = getattr(self, "_grammar_pool", None)
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def _check_accepting(self) -> None:
         if not self.accepting:
@@ -241,12 +246,61 @@ class GenerativeEngine(BaseEngine):
         self.chat = None if ckpt.chat_template is None else ChatTemplate(
             ckpt.chat_template, bos_token=self._special(self.cfg.bos_token_id),
             eos_token=self._special(self.cfg.eos_token_id))
+        # grammars compile here, never on the engine thread: a slow one cannot stall a step
+        self._grammar_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"grammar-{name}")
 
     def _special(self, token_id: int | None) -> str | None:
         return None if token_id is None else self.tokenizer.id_to_token(token_id)
 
+    @property
+    def template_takes_tools(self) -> bool:
+        """The chat template renders ``tools`` itself; otherwise the generic tool prompt is used."""
+        return self.chat is not None and "tools" in self.chat.source
+
     def info(self) -> dict[str, Any]:
-        return {**super().info(), "chat": self.chat is not None, "prefix_cache": self.prefix_cache()}
+        constrained = not self.encdec and self.cfg.eos_token_id is not None
+        return {**super().info(), "chat": self.chat is not None, "prefix_cache": self.prefix_cache(),
+                "structured_outputs": constrained, "tools": constrained and self.chat is not None,
+                "tool_prompt": ("template" if self.template_takes_tools else "generic") if self.chat else None}
+
+    async def compile_grammar(self, spec: GrammarSpec, field: str) -> CompiledGrammar:
+        """The compiled grammar (cached), compiled in this engine's grammar threads within
+        ``TSERVE_GRAMMAR_TIMEOUT_S``; a grammar that does not compile, or not in time, is a 400
+        naming ``field``. A compile that times out goes on in its thread (llguidance bounds its
+        work); it holds one of two compile threads, never the engine's."""
+        if self.encdec or self.cfg.eos_token_id is None:
+            raise InvalidRequestError(f"model '{self.name}' cannot follow a grammar (decoder models with an "
+                                      "end-of-sequence token only)", field)
+        compiler = self.core.grammars
+        compiler.cache_size = self.settings.grammar_cache_size
+        timeout = self.settings.grammar_timeout_s
+        start = time.perf_counter()
+        future = asyncio.get_running_loop().run_in_executor(self._grammar_pool, compiler.lookup, spec)
+        try:
+            grammar, hit = await asyncio.wait_for(future, timeout)
+        except asyncio.TimeoutError:  # noqa: UP041 - not the builtin before Python 3.11
+            self.metrics.rejected.labels(self.name, "grammar_timeout").inc()
+            raise InvalidRequestError(f"{field}: the grammar did not compile within {timeout:g} s "
+                                      "(TSERVE_GRAMMAR_TIMEOUT_S); simplify it", field) from None
+        except GrammarError as exc:
+            raise InvalidRequestError(f"{field} cannot be compiled: {exc}", field) from None
+        if hit:
+            self.metrics.grammar_cache_hits.labels(self.name).inc()
+        else:
+            self.metrics.grammar_compile.labels(self.name).observe(time.perf_counter() - start)
+        return grammar
+
+    async def submit_constrained(self, items: list[tuple[list[int], SamplingParams, str]], spec: GrammarSpec | None,
+                                 spec_field: str = "response_format", group_field: str = "prompt",
+                                 limit_field: str = "max_tokens") -> list[RequestStream]:
+        """``submit_all``, every item following ``spec`` (compiled first, off the engine thread)."""
+        if spec is None:
+            return self.submit_all(items, group_field, limit_field)
+        self._check_accepting()
+        grammar = await self.compile_grammar(spec, spec_field)
+        for _, params, _ in items:
+            params.grammar = spec
+        return self.submit_all(items, group_field, limit_field, grammar=grammar)
 
     def prefix_cache(self) -> dict[str, int] | None:
         """The prefix cache's shape (None: off, or an encoder-decoder model)."""
@@ -278,14 +332,15 @@ class GenerativeEngine(BaseEngine):
                     f"{prompt_field} ({n} tokens) + {limit_field} ({params.max_new_tokens}) exceeds this model's "
                     f"limit of {self.max_len} tokens", limit_field)
 
-    def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
+    def chat_prompt(self, messages: list[dict[str, str]], tools: list[dict] | None = None) -> list[int]:
         """The prompt ids of a conversation, rendered by the model's own chat template (in a
-        sandbox, with a time limit) with the assistant's turn opened."""
+        sandbox, with a time limit) with the assistant's turn opened; ``tools`` (OpenAI's
+        shape) for a template that renders them (``template_takes_tools``)."""
         if self.chat is None:
             raise InvalidRequestError(f"model '{self.name}' has no chat template; use /v1/completions for plain "
                                       "text generation", "model")
         try:
-            text = self.chat.render(messages, add_generation_prompt=True)
+            text = self.chat.render(messages, add_generation_prompt=True, **({"tools": tools} if tools else {}))
         except (ChatMessageError, ChatTemplateError) as exc:
             raise InvalidRequestError(f"messages: {exc}", "messages") from None
         ids = self.tokenizer.encode(text, add_special_tokens=False)  # the template wrote the special tokens
@@ -302,7 +357,8 @@ class GenerativeEngine(BaseEngine):
         return self.submit_all([(prompt_ids, params, prompt_field)])[0]
 
     def submit_all(self, items: list[tuple[list[int], SamplingParams, str]],
-                   group_field: str = "prompt", limit_field: str = "max_tokens") -> list[RequestStream]:
+                   group_field: str = "prompt", limit_field: str = "max_tokens",
+                   grammar: CompiledGrammar | None = None) -> list[RequestStream]:
         """Queue several requests (a list input, ``n`` completions) all or nothing.
 
         A group larger than the engine could ever hold is a client error (400 naming
@@ -320,8 +376,8 @@ class GenerativeEngine(BaseEngine):
                 f"{group_field} asks for {len(items)} sequences; this server queues at most {capacity} "
                 f"(TSERVE_MAX_QUEUE + TSERVE_MAX_BATCH)", group_field)
         now = time.monotonic()
-        reqs = [EngineRequest(uuid.uuid4().hex, list(ids), params, now, now + self.settings.request_timeout_s)
-                for ids, params, _ in items]
+        reqs = [EngineRequest(uuid.uuid4().hex, list(ids), params, now, now + self.settings.request_timeout_s,
+                              grammar=grammar) for ids, params, _ in items]
         streams = [RequestStream(self, r.request_id) for r in reqs]
         with self._cv:
             queued = len(self._inbox) + self.core.num_waiting
@@ -414,6 +470,8 @@ class GenerativeEngine(BaseEngine):
         if result.prefix_query_tokens:
             m.prefix_query_tokens.labels(name).inc(result.prefix_query_tokens)
             m.prefix_hit_tokens.labels(name).inc(result.prefix_hit_tokens)
+        if result.constrained_tokens:
+            m.constrained_tokens.labels(name).inc(result.constrained_tokens)
         if result.batch_size:
             m.steps.labels(name).inc()
             m.batch_size.labels(name).set(result.batch_size)

@@ -62,6 +62,13 @@ class Metrics:
                                    ["model"], registry=r)
         self.decode_step = Gauge(name("decode_step_info"), "1 for the decode step each generative model runs: "
                                  "native (C++) or python.", ["model", "step"], registry=r)
+        self.grammar_compile = Histogram(name("grammar_compile_seconds"), "Compiling one grammar (JSON schema, "
+                                         "regex, choice, Lark, tool call), cache misses only.", ["model"],
+                                         buckets=LATENCY_BUCKETS, registry=r)
+        self.grammar_cache_hits = Counter(name("grammar_cache_hits"), "Constrained requests whose grammar was "
+                                          "already compiled.", ["model"], registry=r)
+        self.constrained_tokens = Counter(name("constrained_tokens"), "Tokens chosen under a grammar (a share of "
+                                          "the generated tokens).", ["model"], registry=r)
         self.rejected = Counter(name("rejected_requests"), "Requests refused before reaching the engine's queue.",
                                 ["model", "reason"], registry=r)
 

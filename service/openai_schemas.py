@@ -12,13 +12,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from service.schemas import MAX_SEED, RequestModel, StopStrings, Usage
+from service.structured_schemas import GuidedFields, ResponseFormat, StructuredOutputs
 
 
 class StreamOptions(RequestModel):
     include_usage: bool = False
 
 
-class CompletionRequest(StopStrings):
+class CompletionRequest(StopStrings, GuidedFields):
     model: str
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(16, ge=1, le=4096)
@@ -40,6 +41,9 @@ class CompletionRequest(StopStrings):
     top_k: int = Field(0, ge=0, le=100_000)
     repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
     ignore_eos: bool = False
+    # structured outputs (docs/structured-outputs.md): OpenAI's chat field, vLLM accepts it here too
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
 
     model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [
         {"model": "generate-en", "prompt": "To be, or not to be", "max_tokens": 32, "temperature": 0.7},
@@ -120,6 +124,9 @@ class ModelCard(BaseModel):
     parameters: int
     chat: bool = False  # serves /v1/chat/completions (the model has a chat template)
     prefix_cache: dict[str, int] | None = None  # decoder models: block_tokens, blocks, bytes of the prefix cache
+    structured_outputs: bool = False  # follows response_format / structured_outputs / guided_* (decoder models)
+    tools: bool = False  # takes tools on /v1/chat/completions
+    tool_prompt: Literal["template", "generic"] | None = None  # who shows the model its tools (docs/structured-outputs.md)
     metrics: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -57,6 +57,17 @@ class Settings(BaseSettings):
     request_timeout_s: float = Field(300.0, gt=0, description="a request still running after this fails with 504")
     warmup: bool = True
 
+    # --- structured outputs and tools (docs/structured-outputs.md) ---------------------------
+    grammar_max_bytes: int = Field(65_536, ge=64, description="a JSON schema, regex, grammar or choice list, "
+                                   "in bytes; larger get 400")
+    grammar_max_depth: int = Field(32, ge=2, description="nesting of a JSON schema (objects and arrays); deeper "
+                                   "get 400")
+    grammar_max_enum: int = Field(1024, ge=1, description="values of one enum, or choices of a choice constraint")
+    max_tools: int = Field(64, ge=1, description="functions in one request's tools")
+    grammar_timeout_s: float = Field(5.0, gt=0, description="compiling one grammar (off the engine thread); "
+                                     "slower ones get 400")
+    grammar_cache_size: int = Field(256, ge=1, description="compiled grammars kept per model (LRU)")
+
     # --- HTTP ------------------------------------------------------------------------------
     max_body_bytes: int = Field(1_000_000, ge=1024, description="larger request bodies get 413")
     max_header_bytes: int = Field(16_384, ge=1024, description="request line + headers; larger get 431")

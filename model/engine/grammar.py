@@ -44,7 +44,8 @@ class GrammarSpec:
     """What the output must match. ``value``: a JSON Schema (JSON text) for ``json_schema``,
     ignored for ``json_object`` (any JSON object), a regular expression (Rust ``regex``
     syntax, whole output) for ``regex``, a JSON list of strings for ``choice``, a Lark grammar
-    (llguidance's dialect, ``start`` rule) for ``lark``."""
+    (llguidance's dialect, ``start`` rule; ``%json {schema}`` embeds a JSON Schema) or a GBNF
+    grammar (``root ::= ...``, translated to Lark) for ``lark``."""
 
     kind: str
     value: str = ""
@@ -153,6 +154,12 @@ class LLGuidanceBackend:
             return M.grammar_from_regex(spec.value)
         if spec.kind == "choice":
             return M.grammar_from_lark(_choice_grammar(spec.value))
+        if "::=" in spec.value:  # GBNF (llama.cpp's, vLLM's EBNF under xgrammar): llguidance translates it
+            from llguidance.gbnf_to_lark import gbnf_to_lark
+            try:
+                return M.grammar_from_lark(gbnf_to_lark(spec.value))
+            except Exception as exc:  # noqa: BLE001 - the converter's errors are the grammar's fault
+                raise GrammarError(f"GBNF grammar: {_short(str(exc))}") from None
         return M.grammar_from_lark(spec.value)
 
     def compile(self, spec: GrammarSpec) -> LLGuidanceGrammar:

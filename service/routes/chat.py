@@ -3,7 +3,9 @@
 The messages are rendered by the model's own template (in a sandbox) into one prompt; each
 of the ``n`` choices is one engine request. Streaming sends a first chunk with the role,
 then content deltas, a final chunk with ``finish_reason``, an optional usage chunk, and
-``data: [DONE]``.
+``data: [DONE]``. ``response_format`` / ``structured_outputs`` / ``guided_*`` and tools
+(``service/structured.py``, ``service/tool_calls.py``) constrain the output with a grammar;
+tool calls come back as ``message.tool_calls`` (streamed: ``delta.tool_calls``).
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import APIRouter, Request
 
+from service import tool_calls
 from service.chat_schemas import (
     AssistantMessage,
     ChatChoice,
@@ -24,11 +27,12 @@ from service.chat_schemas import (
     LogprobEntry,
     TopLogprobEntry,
 )
-from service.dependencies import RegistryDep
+from service.dependencies import RegistryDep, SettingsDep
 from service.engine import EngineEvent, GenerativeEngine, RequestStream, SamplingParams
 from service.errors import ERROR_RESPONSES
 from service.routes.streaming import check_event, client_gone, mark, merged, sse_response
 from service.schemas import Usage
+from service.structured import request_constraint
 from service.waiting import collect
 
 router = APIRouter(tags=["openai"])
@@ -44,10 +48,14 @@ class _Reply:
     rid: str
     created: int
     prompt: list[int]
+    parse_calls: bool = False
+    calls: list[tool_calls.CallStream] = field(default_factory=list)
 
 
-def _finish(reason: str | None) -> str | None:
-    return "stop" if reason in ("eos", "stop") else reason  # OpenAI knows only stop / length
+def _finish(reason: str | None, called: bool = False) -> str | None:
+    if called and reason in ("eos", "stop"):
+        return "tool_calls"
+    return "stop" if reason in ("eos", "stop") else reason  # OpenAI: stop / length / tool_calls
 
 
 def _params(body: ChatCompletionRequest, max_tokens: int, j: int) -> SamplingParams:
@@ -77,25 +85,35 @@ def _logprobs(engine: GenerativeEngine, events: list[EngineEvent]) -> ChoiceLogp
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse, response_model_exclude_none=True,
              responses={**ERROR_RESPONSES, **STREAM_RESPONSES},
              summary="OpenAI-compatible chat completion (stream=true for SSE)")
-async def chat_completions(body: ChatCompletionRequest, request: Request, registry: RegistryDep):
+async def chat_completions(body: ChatCompletionRequest, request: Request, registry: RegistryDep,
+                           settings: SettingsDep):
     engine: GenerativeEngine = registry.get(body.model, "decoder", "/v1/chat/completions")
     mark(request, engine.name)
-    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
-    prompt = engine.chat_prompt(messages)
+    tools = tool_calls.plan(body.tools, body.tool_choice, body.parallel_tool_calls, body.messages,
+                            engine.template_takes_tools, settings)
+    constraint = request_constraint(body, settings, tools.constraint)
+    prompt = engine.chat_prompt(tools.messages, tools.template_tools)
     limit = body.token_limit if body.token_limit is not None else max(1, engine.max_len - len(prompt))
-    field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-    streams = engine.submit_all([(prompt, _params(body, limit, j), "messages") for j in range(body.n)],
-                                group_field="n" if body.n > 1 else "messages", limit_field=field)
-    reply = _Reply(engine, f"chatcmpl-{streams[0].request_id}", int(time.time()), prompt)
+    limit_field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    streams = await engine.submit_constrained(
+        [(prompt, _params(body, limit, j), "messages") for j in range(body.n)],
+        constraint.spec if constraint else None, constraint.field if constraint else "",
+        group_field="n" if body.n > 1 else "messages", limit_field=limit_field)
+    reply = _Reply(engine, f"chatcmpl-{streams[0].request_id}", int(time.time()), prompt, tools.parse_calls,
+                   [tool_calls.CallStream() for _ in streams])
     if body.stream:
         return sse_response(_chunks(reply, streams, request, body), streams, request)
     results = await collect(client_gone(request), streams)
     usage = engine.usage([prompt], [events[-1] for events in results])
     mark(request, usage=usage)
-    choices = [ChatChoice(index=i, message=AssistantMessage(content="".join(e.text for e in events)),
-                          finish_reason=_finish(events[-1].finish_reason),
-                          logprobs=_logprobs(engine, events) if body.logprobs else None)
-               for i, events in enumerate(results)]
+    choices = []
+    for i, events in enumerate(results):
+        content, calls = "".join(e.text for e in events), []
+        if reply.parse_calls:
+            content, calls = tool_calls.parse(content)
+        choices.append(ChatChoice(index=i, message=AssistantMessage(content=content, tool_calls=calls or None),
+                                  finish_reason=_finish(events[-1].finish_reason, bool(calls)),
+                                  logprobs=_logprobs(engine, events) if body.logprobs else None))
     return ChatCompletionResponse(id=reply.rid, created=reply.created, model=engine.name, choices=choices,
                                   usage=Usage(**usage.as_dict()))
 
@@ -113,6 +131,16 @@ async def _chunks(reply: _Reply, streams: list[RequestStream], request: Request,
     async with aclosing(merged(streams)) as events:  # closed at once on an error: the pumps stop
         async for index, event in events:
             check_event(event)
+            if reply.parse_calls:  # content or tool-call deltas, as the call parser decides them
+                calls = reply.calls[index]
+                deltas = calls.feed(event.text) + (calls.finish() if event.finished else [])
+                for delta in deltas:
+                    yield _chunk(reply, [{"index": index, "delta": delta, "finish_reason": None}])
+                if event.finished:
+                    finals.append(event)
+                    yield _chunk(reply, [{"index": index, "delta": {},
+                                          "finish_reason": _finish(event.finish_reason, calls.calls > 0)}])
+                continue
             choice = {"index": index, "delta": {"content": event.text} if event.text else {},
                       "finish_reason": _finish(event.finish_reason)}
             if body.logprobs:

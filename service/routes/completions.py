@@ -21,6 +21,7 @@ from service.openai_schemas import CompletionChoice, CompletionLogprobs, Complet
 from service.routes.inputs import input_ids
 from service.routes.streaming import check_event, client_gone, mark, merged, sse_response
 from service.schemas import Usage
+from service.structured import request_constraint
 from service.waiting import collect
 
 router = APIRouter(tags=["openai"])
@@ -76,7 +77,10 @@ async def completions(body: CompletionRequest, request: Request, registry: Regis
         max_tokens = body.max_tokens if body.max_tokens is not None else max(1, engine.max_len - len(ids))
         field = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
         items += [(ids, _params(body, max_tokens, j), field) for j in range(body.n)]
-    streams = engine.submit_all(items, group_field="n" if body.n > 1 else "prompt")
+    constraint = request_constraint(body, settings)
+    streams = await engine.submit_constrained(items, constraint.spec if constraint else None,
+                                              constraint.field if constraint else "",
+                                              group_field="n" if body.n > 1 else "prompt")
     echoes = [engine.detokenize(ids) if body.echo else "" for ids in prompts for _ in range(body.n)]
     reply = _Reply(engine, f"cmpl-{streams[0].request_id}", int(time.time()), prompts, echoes)
     if body.stream:

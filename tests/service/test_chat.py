@@ -92,8 +92,8 @@ def test_n_choices_seeds_logprobs_and_penalties(client):
 
 
 @pytest.mark.parametrize("extra, param", [
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"functions": [{"name": "f", "parameters": {}}]}, "functions"),
+    ({"response_format": {"type": "yaml"}}, "response_format"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages"),
     ({"messages": []}, "messages"),
     ({"model": "generate-tiny"}, "model"),

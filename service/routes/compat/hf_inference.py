@@ -75,7 +75,7 @@ async def root(request: Request, registry: RegistryDep, settings: SettingsDep):
     if task == "text-generation":
         req = tgi.TGIRequest.model_validate(body)
         if req.stream:
-            return tgi.stream_response(req, request, registry, settings)
+            return await tgi.stream_response(req, request, registry, settings)
         return [await tgi.generate_one(req, request, registry, settings)]
     if task == "feature-extraction":
         return await tei.embed(tei.EmbedRequest.model_validate(body), request, registry, settings)

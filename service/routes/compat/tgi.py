@@ -22,6 +22,7 @@ from service.engine_errors import EngineError, InvalidRequestError
 from service.routes.compat.common import error_route
 from service.routes.inputs import input_ids
 from service.routes.streaming import check_event, client_gone, mark, sse_event, sse_response
+from service.structured import from_tgi
 from service.waiting import collect
 
 TGI_FINISH = {"eos": "eos_token", "length": "length", "stop": "stop_sequence"}
@@ -54,10 +55,10 @@ class TGIParameters(BaseModel):
     return_full_text: bool = False
     decoder_input_details: bool = False
     top_n_tokens: int | None = Field(None, ge=0, le=5)
+    grammar: dict | None = None  # {"type": "json" | "regex", "value": ...}: constrained decoding
     # accepted and refused when set, as a TGI without these features would do
     best_of: int | None = None
     watermark: bool = False
-    grammar: dict | None = None
     truncate: int | None = None
     typical_p: float | None = None
     frequency_penalty: float | None = None
@@ -73,7 +74,7 @@ class TGIRequest(BaseModel):
 
 def sampling(p: TGIParameters, prompt_len: int, engine: GenerativeEngine) -> SamplingParams:
     refused = [name for name, value in (("best_of", p.best_of not in (None, 1)), ("watermark", p.watermark),
-                                         ("grammar", p.grammar is not None), ("truncate", p.truncate is not None),
+                                         ("truncate", p.truncate is not None),
                                          ("typical_p", p.typical_p not in (None, 1.0)),
                                          ("frequency_penalty", p.frequency_penalty not in (None, 0.0)),
                                          ("adapter_id", p.adapter_id is not None)) if value]
@@ -107,9 +108,17 @@ def prepare(body: TGIRequest, request: Request, registry, settings) -> tuple[Gen
     return engine, ids, sampling(body.parameters, len(ids), engine)
 
 
+async def _submit(engine: GenerativeEngine, ids: list[int], params: SamplingParams, body: TGIRequest,
+                  settings) -> RequestStream:
+    constraint = from_tgi(body.parameters.grammar, settings)
+    (stream,) = await engine.submit_constrained([(ids, params, "inputs")], constraint.spec if constraint else None,
+                                                constraint.field if constraint else "", group_field="inputs")
+    return stream
+
+
 async def generate_one(body: TGIRequest, request: Request, registry, settings) -> dict:
     engine, ids, params = prepare(body, request, registry, settings)
-    (events,) = await collect(client_gone(request), [engine.submit(ids, params, "inputs")])
+    (events,) = await collect(client_gone(request), [await _submit(engine, ids, params, body, settings)])
     mark(request, usage=engine.usage([ids], [events[-1]]))
     text = "".join(e.text for e in events)
     out: dict = {"generated_text": (body.inputs + text) if body.parameters.return_full_text else text}
@@ -118,9 +127,9 @@ async def generate_one(body: TGIRequest, request: Request, registry, settings) -
     return out
 
 
-def stream_response(body: TGIRequest, request: Request, registry, settings):
+async def stream_response(body: TGIRequest, request: Request, registry, settings):
     engine, ids, params = prepare(body, request, registry, settings)
-    stream = engine.submit(ids, params, "inputs")
+    stream = await _submit(engine, ids, params, body, settings)
     return sse_response(_events(engine, stream, request, body, ids), [stream], done=False,
                         error_chunk=lambda exc: {"error": exc.message, "error_type": "generation"})
 
@@ -161,7 +170,7 @@ async def generate(body: TGIRequest, request: Request, registry: RegistryDep, se
 
 @router.post("/generate_stream", summary="TGI: generate text, one Server-Sent Event per token")
 async def generate_stream(body: TGIRequest, request: Request, registry: RegistryDep, settings: SettingsDep):
-    return stream_response(body, request, registry, settings)
+    return await stream_response(body, request, registry, settings)
 
 
 __all__ = ["TGIRequest", "generate_one", "render", "router", "sse_event", "stream_response"]
