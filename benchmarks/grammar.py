@@ -1,6 +1,7 @@
 """Grammar engines for constrained decoding: xgrammar 0.2.8 against llguidance 1.9, on our tokenizers.
 
-    python -m benchmarks.grammar [--steps 40] [--repeat 5]
+    python -m benchmarks.grammar [--steps 40] [--repeat 5]      # the two engines, in-process
+    python -m benchmarks.grammar --throughput [--tokens 64]     # constrained vs free decoding, SmolLM2
 
 Measured in-process (no model, no HTTP), on the tokenizers we serve: SmolLM2-135M-Instruct's
 (49 152 byte-level BPE tokens, rebuilt from its GGUF as the service does) and the 320-token BPE
@@ -11,6 +12,15 @@ of the test models. For each engine and tokenizer:
 - mask: filling the token bitmask of a batch of 1, 8 and 32 matchers, per step, while each
   matcher walks the tokens of a valid instance (the tokenizer's own encoding of it), i.e. the
   work the engine adds to one decode step; and the time to advance them (consume a token).
+
+``--throughput``: SmolLM2-135M-Instruct through the engine core with the service's decode step
+(``model.decode.prepare`` with the default options: int8 + the native C++ step on this CPU),
+batch 1, 8 and 32, ``--tokens`` greedy tokens per request after one shared prompt; free rows
+(``ignore_eos``) against rows constrained to ``LIST_SCHEMA`` (a list of 100+ tool-call
+argument objects, so they never finish early). tokens/s = generated tokens / wall time of the
+steps after the first token (prefill excluded), best of ``--repeat`` runs (the machine is shared: the
+best run is the one least disturbed), free and
+constrained alternated after a warm-up run.
 
 The choice: llguidance (``model/engine/grammar.py``). Numbers in docs/structured-outputs.md
 (2 shared cores, in-process); why:
@@ -158,11 +168,52 @@ def measure(engine, tok, eos: int, steps: int, repeat: int) -> dict:
     return out
 
 
+LIST_SCHEMA = {"type": "array", "items": TOOL_SCHEMA, "minItems": 100}
+
+
+def throughput(tokens: int, repeat: int) -> None:
+    import torch
+
+    from model import SamplingParams, load_model
+    from model.decode import DecodeOptions, prepare
+    from model.engine import EngineCore, EngineRequest, GrammarSpec
+
+    torch.set_grad_enabled(False)
+    ckpt = load_model(SMOLLM2)
+    step = prepare(ckpt.model, DecodeOptions(), ckpt.tokenizer)
+    prompt = ckpt.tokenizer.encode("<|im_start|>user\nList the weather for ten cities as JSON.<|im_end|>\n"
+                                   "<|im_start|>assistant\n", add_special_tokens=False)
+    spec = GrammarSpec("json_schema", json.dumps(LIST_SCHEMA))
+    print(f"## throughput: SmolLM2-135M-Instruct, {type(step).__name__}, {torch.get_num_threads()} threads, "
+          f"{tokens} tokens per request (best of {repeat})")
+    for batch in (1, 8, 32):
+        core = EngineCore(ckpt.model, ckpt.tokenizer, n_slots=batch, max_len=len(prompt) + tokens + 1,
+                          max_prefill_tokens=batch * len(prompt), step=step)
+        row = {"free": 0.0, "constrained": 0.0}
+        for r in range(repeat + 1):  # alternated, so both see the same machine; run 0 warms up
+            for label, grammar in (("free", None), ("constrained", spec)):
+                for i in range(batch):
+                    core.add(EngineRequest(f"{label}{r}-{i}", prompt, SamplingParams(
+                        max_new_tokens=tokens, temperature=0.0, ignore_eos=grammar is None, grammar=grammar)))
+                core.step()  # the prompts and the first tokens
+                t0, n = time.perf_counter(), 0
+                while core.has_work:
+                    n += sum(len(e.token_ids) for e in core.step().events)
+                if r:
+                    row[label] = max(row[label], n / (time.perf_counter() - t0))
+        print(f"batch {batch:>2}: free {row['free']:7.1f} tok/s, constrained {row['constrained']:7.1f} tok/s "
+              f"({(row['constrained'] / row['free'] - 1) * 100:+.1f} %)")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=40, help="tokens of the instance walked per run")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--throughput", action="store_true", help="constrained vs free decoding on SmolLM2")
+    ap.add_argument("--tokens", type=int, default=64, help="--throughput: tokens per request")
     args = ap.parse_args(argv)
+    if args.throughput:
+        return throughput(args.tokens, args.repeat)
     tokenizers = [("tiny BPE (320)", tiny_tokenizer, 2)]
     try:
         tokenizers.insert(0, ("SmolLM2 (49152)", smollm2_tokenizer, 2))

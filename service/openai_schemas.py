@@ -126,7 +126,7 @@ class ModelCard(BaseModel):
     prefix_cache: dict[str, int] | None = None  # decoder models: block_tokens, blocks, bytes of the prefix cache
     structured_outputs: bool = False  # follows response_format / structured_outputs / guided_* (decoder models)
     tools: bool = False  # takes tools on /v1/chat/completions
-    tool_prompt: Literal["template", "generic"] | None = None  # who shows the model its tools (docs/structured-outputs.md)
+    tool_prompt: Literal["template", "generic"] | None = None  # who shows the model its tools
     metrics: dict[str, Any] = Field(default_factory=dict)
 
 

