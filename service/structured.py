@@ -39,7 +39,40 @@ def schema_text(schema: Any, field: str, settings: Settings) -> str:
     text = json.dumps(schema, ensure_ascii=False)
     _check_bytes(text, field, settings)
     _check_shape(schema, field, settings)
-    return text
+    return json.dumps(closed(schema), ensure_ascii=False)
+
+
+SUBSCHEMA = {"items", "additionalItems", "contains", "not", "if", "then", "else", "additionalProperties",
+             "propertyNames", "unevaluatedItems"}
+SUBSCHEMA_MAPS = {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
+SUBSCHEMA_LISTS = {"anyOf", "oneOf", "prefixItems"}
+
+
+def closed(schema: Any) -> Any:
+    """The schema with every object that lists ``properties`` and says nothing about others
+    closed (``additionalProperties: false``), as OpenAI's strict mode reads schemas: a small
+    model otherwise invents extra keys. Every output is still valid against the schema sent.
+    Left as sent where ``allOf`` combines objects (closing one branch would refuse the
+    properties of the others)."""
+    if not isinstance(schema, dict) or "allOf" in json.dumps(schema):
+        return schema
+    schema = json.loads(json.dumps(schema))  # a copy
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        if isinstance(node.get("properties"), dict) and not {"additionalProperties", "patternProperties",
+                                                             "unevaluatedProperties"} & node.keys():
+            node["additionalProperties"] = False
+        for key, value in node.items():  # only where JSON Schema puts subschemas, never into a properties map
+            if key in SUBSCHEMA:
+                stack += value if isinstance(value, list) else [value]
+            elif key in SUBSCHEMA_MAPS and isinstance(value, dict):
+                stack += list(value.values())
+            elif key in SUBSCHEMA_LISTS and isinstance(value, list):
+                stack += value
+    return schema
 
 
 def _check_bytes(text: str, field: str, settings: Settings) -> None:

@@ -138,7 +138,8 @@ class LLGuidanceBackend:
         # the model's vocabulary may be padded past the tokenizer's: those tokens are never allowed
         self.tokenizer = llguidance.LLTokenizer(tokenizer.tk.to_str(), n_vocab=max(vocab_size, tokenizer.vocab_size),
                                                 eos_token=eos_id)
-        self.executor = llguidance.LLExecutor(num_threads=1)  # the engine thread's one core; masks are µs each
+        # masks are filled between forward passes, when the cores the forward pass used are free
+        self.executor = llguidance.LLExecutor(num_threads=max(1, min(4, torch.get_num_threads())))
         self.limits = llguidance.LLParserLimits(verbose_errors=False)
         self.words = bitmask_words(self.tokenizer.vocab_size)
 

