@@ -171,7 +171,7 @@ def measure(engine, tok, eos: int, steps: int, repeat: int) -> dict:
 LIST_SCHEMA = {"type": "array", "items": TOOL_SCHEMA, "minItems": 100}
 
 
-def throughput(tokens: int, repeat: int) -> None:
+def throughput(tokens: int, repeat: int, batches: list[int]) -> None:
     import torch
 
     from model import SamplingParams, load_model
@@ -186,7 +186,7 @@ def throughput(tokens: int, repeat: int) -> None:
     spec = GrammarSpec("json_schema", json.dumps(LIST_SCHEMA))
     print(f"## throughput: SmolLM2-135M-Instruct, {type(step).__name__}, {torch.get_num_threads()} threads, "
           f"{tokens} tokens per request (best of {repeat})")
-    for batch in (1, 8, 32):
+    for batch in batches:
         core = EngineCore(ckpt.model, ckpt.tokenizer, n_slots=batch, max_len=len(prompt) + tokens + 1,
                           max_prefill_tokens=batch * len(prompt), step=step)
         row = {"free": 0.0, "constrained": 0.0}
@@ -211,9 +211,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--throughput", action="store_true", help="constrained vs free decoding on SmolLM2")
     ap.add_argument("--tokens", type=int, default=64, help="--throughput: tokens per request")
+    ap.add_argument("--batches", default="1,8,32", help="--throughput: batch sizes, comma-separated")
     args = ap.parse_args(argv)
     if args.throughput:
-        return throughput(args.tokens, args.repeat)
+        return throughput(args.tokens, args.repeat, [int(b) for b in args.batches.split(",")])
     tokenizers = [("tiny BPE (320)", tiny_tokenizer, 2)]
     try:
         tokenizers.insert(0, ("SmolLM2 (49152)", smollm2_tokenizer, 2))
