@@ -37,11 +37,9 @@ class ResponseFormat(RequestModel):
     model_config = ConfigDict(extra="forbid")
 
     @model_validator(mode="after")
-    def _schema_iff_json_schema(self) -> ResponseFormat:
+    def _schema_for_json_schema(self) -> ResponseFormat:  # with another type, json_schema is ignored
         if self.type == "json_schema" and self.json_schema is None:
             raise ValueError("response_format of type 'json_schema' needs a 'json_schema' object")
-        if self.type != "json_schema" and self.json_schema is not None:
-            raise ValueError(f"'json_schema' goes with response_format type 'json_schema', not '{self.type}'")
         return self
 
 

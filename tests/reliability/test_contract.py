@@ -29,7 +29,12 @@ EXAMPLES = 30  # per operation and mode
 # 400s for schema-valid data: limits that depend on tokenization or on two fields together
 NOT_IN_SCHEMA = re.compile(r"tokens|mask token|best_of must equal n|echo together with logprobs|"
                            r"stream=true needs a single text|queues at most|'top_logprobs' needs 'logprobs'|"
-                           r"not a gettext \.po file|file is empty|compiled \.mo catalogue")
+                           r"not a gettext \.po file|file is empty|compiled \.mo catalogue|"
+                           # structured outputs: whether a schema, regex or grammar compiles, one constraint at most
+                           r"cannot be compiled|constrain the output|takes exactly one of|TSERVE_GRAMMAR_|"
+                           r"TSERVE_MAX_TOOLS|is not valid JSON|must be a JSON Schema|needs 'tools'|"
+                           r"names must be unique|not in tools|cannot follow a grammar|non-empty list|"
+                           r"must not be empty|needs a 'json_schema' object")
 
 
 @pytest.fixture(scope="module")
