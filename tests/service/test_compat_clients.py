@@ -117,6 +117,15 @@ def test_tei_embed_truncate_and_errors(server):
     assert r.status_code == 400 and r.json()["error_type"] == "Empty"
 
 
+def test_a_missing_or_empty_body_is_a_client_error_naming_it(server):
+    """Found by fuzzing: POST / with no body was a 500 (the task's body validated outside FastAPI)."""
+    for path in ("/", "/generate", "/generate_stream", "/embed"):
+        for body in ({}, None):
+            r = httpx.post(server.url + path, json=body)
+            assert r.status_code == 422 and r.json()["error_type"] in ("validation", "Tokenizer"), (path, r.text)
+            assert "inputs" in r.json()["error"] or "body" in r.json()["error"], (path, r.text)
+
+
 def test_inference_client_fill_mask_honours_top_k(hf_client):
     results = hf_client.fill_mask("The quick brown [MASK] jumps.", top_k=3)
     assert len(results) == 3 and all(r.token_str and "[MASK]" not in r.sequence for r in results)

@@ -20,6 +20,7 @@ from urllib.parse import parse_qsl
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from service import translation
@@ -54,10 +55,12 @@ def error_route(render: Render) -> type[APIRoute]:
                     return await handler(request)
                 except EngineError as exc:
                     return render(exc)
-                except RequestValidationError as exc:
+                except (RequestValidationError, ValidationError) as exc:  # a body a route validates itself
                     err = exc.errors()[0]
                     where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
-                    return render(InvalidRequestError(f"{where}: {err['msg']}" if where else err["msg"], where))
+                    msg = "request body required (a JSON object)" if not where and err["type"] == "missing" \
+                        else f"{where}: {err['msg']}" if where else err["msg"]
+                    return render(InvalidRequestError(msg, where or None))
                 except HTTPException as exc:
                     return render(CompatError(exc.status_code, str(exc.detail)))
 
