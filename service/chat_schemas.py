@@ -48,6 +48,16 @@ class ChatMessage(RequestModel):
             raise ValueError("every message needs 'content'")
         return self
 
+    @field_validator("content")
+    @classmethod
+    def _not_blank(cls, value, info):
+        """Blank texts are refused, as for every text input; only an assistant turn (an earlier
+        reply, possibly empty) may have empty content."""
+        text = value if isinstance(value, str) else "".join(p.text or "" for p in value or [])
+        if value is not None and not text.strip() and info.data.get("role") != "assistant":
+            raise ValueError("must not be empty or blank (only an assistant message may have empty content)")
+        return value
+
     def text(self) -> str:
         if isinstance(self.content, str):
             return self.content
