@@ -263,6 +263,11 @@ class GenerativeEngine(BaseEngine):
         else:
             if params.beam_size != 1:
                 raise InvalidRequestError("beam_size > 1 is only supported for translation models", "beam_size")
+            if n >= self.max_len:  # the prompt alone leaves no room: name it, not max_tokens
+                raise InvalidRequestError(
+                    f"{prompt_field} is {n} tokens; this model's limit is {self.max_len} tokens, prompt and "
+                    f"generated tokens together, so a prompt may have at most {self.max_len - 1}",
+                    prompt_field.split("[", 1)[0])
             if n + params.max_new_tokens > self.max_len:
                 raise InvalidRequestError(
                     f"{prompt_field} ({n} tokens) + {limit_field} ({params.max_new_tokens}) exceeds this model's "
