@@ -28,7 +28,8 @@ FLAGS = {
     "--host": ("host", "bind address (0.0.0.0: every interface)"),
     "--port": ("port", "TCP port, 1-65535"),
     "--weights-dir": ("weights_dir", "directory of checkpoints, one sub-directory each"),
-    "--models": ("models", "comma-separated checkpoint names to load; empty: all in the weights directory"),
+    "--models": ("models", ("comma-separated models to load, each a checkpoint name in the weights directory, a path "
+                          "to a model directory, or a path to a .gguf file; empty: all in the weights directory")),
     "--device": ("device", "torch device: cpu, cuda, cuda:1, ..."),
     "--dtype": ("dtype", "weights and KV cache"),
     "--log-level": ("log_level", "log level"),

@@ -36,6 +36,7 @@ def test_help_lists_every_flag_with_its_variable_and_default():
         assert re.search(rf"{flag}\b.*?\[env TSERVE_{name.upper()}; default: [^\]]+\]", text), flag
     for flag in ("--host", "--port", "--weights-dir", "--models", "--device", "--dtype", "--log-level", "--version"):
         assert flag in text
+    assert re.search(r"--models .*path to a model directory, or a path to a \.gguf file", text)
     assert "--workers" in text and "replicas" in text  # says why there is none and what to do instead
 
 
