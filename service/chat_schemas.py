@@ -36,8 +36,11 @@ class ChatMessage(RequestModel):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
     name: str | None = None
-
-    model_config = ConfigDict(extra="allow")
+    # OpenAI's other message fields: known, so refused by name when set (no tools, no audio)
+    tool_calls: Any = None
+    function_call: Any = None
+    audio: Any = None
+    refusal: Any = None
 
     @model_validator(mode="after")
     def _plain(self) -> ChatMessage:
@@ -104,7 +107,7 @@ class ChatCompletionRequest(StopStrings):
     top_k: int = Field(0, ge=0, le=100_000)
     repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
 
-    model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [
+    model_config = ConfigDict(json_schema_extra={"examples": [
         {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "What is the capital of France?"}],
          "max_tokens": 64, "temperature": 0},
         {"model": "smollm2-135m-instruct", "stream": True, "messages": [

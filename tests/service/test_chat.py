@@ -136,6 +136,15 @@ def test_a_prompt_over_the_limit_is_named_not_max_tokens(server):
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.json()
 
 
+def test_an_unknown_field_is_a_400_naming_it_as_openai_does(server, client):
+    with pytest.raises(openai.BadRequestError) as info:  # what the client's extra_body sends through
+        client.chat.completions.create(model="chat-tiny", messages=HELLO, max_tokens=2, extra_body={"foo": 1})
+    assert info.value.body["param"] == "foo"
+    assert info.value.body["message"] == "Unrecognized request argument supplied: foo"
+    r = client.chat.completions.create(model="chat-tiny", messages=HELLO, max_tokens=2, extra_body={"top_k": 5})
+    assert r.choices  # the documented extensions (vLLM's names) are known fields
+
+
 @pytest.mark.skipif(importlib.util.find_spec("langchain_openai") is None, reason="langchain-openai not installed")
 def test_langchain_chat_openai(server):
     from langchain_openai import ChatOpenAI
