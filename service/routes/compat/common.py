@@ -188,7 +188,11 @@ async def translate_html(request: Request, engine: GenerativeEngine, documents: 
     """Translate the text between tags; tags, attributes and surrounding whitespace stay as sent."""
     split = [html_segments(doc) for doc in documents]
     runs = [text for parts in split for is_text, text in parts if is_text and text.strip()]
-    translated = iter((await translate_texts(request, engine, runs, field, settings, beam_size))[0] if runs else [])
+    done: list[str] = []
+    for start in range(0, len(runs), settings.max_texts):  # runs, not documents: TSERVE_MAX_TEXTS limits documents
+        done += (await translate_texts(request, engine, runs[start:start + settings.max_texts], field, settings,
+                                       beam_size))[0]
+    translated = iter(done)
     out = []
     for parts in split:
         pieces = []
