@@ -150,11 +150,13 @@ def main(argv: list[str] | None = None) -> None:
                 for label in ("old", "new"):
                     for name, value in asyncio.run(workload(servers[label].url)).items():
                         results[label].setdefault(name, []).append(value)
-        print(f"| workload ({args.reps} alternated runs, medians) | {args.old} | {args.new} | new / old |")
+        print(f"| workload ({args.reps} alternated runs: median, min-max) | {args.old} | {args.new} | new / old |")
         print("|---|---|---|---|")
         for name in results["old"]:
-            old, new = statistics.median(results["old"][name]), statistics.median(results["new"][name])
-            print(f"| {name} | {old:.1f} | {new:.1f} | {new / old:.3f} |")
+            old, new = results["old"][name], results["new"][name]
+            ratio = statistics.median(new) / statistics.median(old)
+            print(f"| {name} | {statistics.median(old):.1f} ({min(old):.1f}-{max(old):.1f}) | "
+                  f"{statistics.median(new):.1f} ({min(new):.1f}-{max(new):.1f}) | {ratio:.3f} |")
     finally:
         for s in servers.values():
             s.stop()

@@ -45,7 +45,7 @@ class CompletionRequest(StopStrings, GuidedFields):
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
 
-    model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [
+    model_config = ConfigDict(json_schema_extra={"examples": [
         {"model": "generate-en", "prompt": "To be, or not to be", "max_tokens": 32, "temperature": 0.7},
         {"model": "generate-en", "prompt": "HAMLET:", "max_tokens": 48, "stream": True, "stop": ["\n\n"],
          "logprobs": 2, "seed": 7},
@@ -94,7 +94,7 @@ class EmbeddingRequest(RequestModel):
     dimensions: int | None = Field(None, ge=1)
     user: str | None = None
 
-    model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [
+    model_config = ConfigDict(json_schema_extra={"examples": [
         {"model": "fill-mask-en", "input": "The quick brown fox"},
         {"model": "fill-mask-en", "input": ["first sentence", "second sentence"], "encoding_format": "base64"},
     ]})

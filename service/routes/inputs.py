@@ -17,12 +17,16 @@ Input = str | list[str] | list[int] | list[list[int]]
 
 def text_list(value: str | list[str], field: str, settings: Settings) -> list[str]:
     """A single text or a list of texts -> a non-empty list within the configured limits."""
+    if not isinstance(value, str | list):  # the drop-ins read their parameters untyped
+        raise InvalidRequestError(f"{field} must be a string or a list of strings", field)
     texts = [value] if isinstance(value, str) else list(value)
     if not texts:
         raise EmptyInputError(f"{field} must not be an empty list", field)
     _check_count(len(texts), field, settings)
     for i, text in enumerate(texts):
         where = f"{field}[{i}]" if len(texts) > 1 or not isinstance(value, str) else field
+        if not isinstance(text, str):
+            raise InvalidRequestError(f"{where} must be a string", field)
         if not text.strip():
             raise EmptyInputError(f"{where} must not be empty", field)
         if len(text) > settings.max_text_chars:

@@ -33,8 +33,14 @@ FILE_SCHEMA = {"type": "string", "format": "binary", "description": "a gettext .
                "header declares); at most TSERVE_MAX_BODY_BYTES and TSERVE_MAX_PO_ENTRIES entries"}
 
 
+def _not_null(schema: dict[str, Any]) -> dict[str, Any]:
+    """A form field has no null: leaving it out gives the default."""
+    branches = [b for b in schema.pop("anyOf", []) if b.get("type") != "null"]
+    return {**schema, **branches[0]} if len(branches) == 1 else {**schema, **({"anyOf": branches} if branches else {})}
+
+
 def _options_schema() -> dict[str, Any]:
-    props = {name: {k: v for k, v in schema.items() if k != "title"}
+    props = {name: _not_null({k: v for k, v in schema.items() if k != "title"})
              for name, schema in TranslatePoOptions.model_json_schema()["properties"].items()}
     return {"type": "object", "required": ["file"], "properties": {"file": FILE_SCHEMA, **props}}
 

@@ -107,6 +107,44 @@ def test_what_cannot_be_served_is_a_400_naming_the_field(client, extra, param):
     assert info.value.body["param"].split(".")[0].split("[")[0] == param, info.value.body
 
 
+@pytest.mark.parametrize("messages, where", [
+    ([{"role": "user", "content": ""}], "messages[0].content"),
+    ([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "  \n"}], "messages[1].content"),
+    ([{"role": "system", "content": ""}, {"role": "user", "content": "Hi"}], "messages[0].content"),
+    ([{"role": "user", "content": [{"type": "text", "text": " "}]}], "messages[0].content"),
+])
+def test_a_blank_message_is_a_400_naming_it(server, messages, where):
+    r = httpx.post(server.url + "/v1/chat/completions", json={"model": "chat-tiny", "messages": messages})
+    assert r.status_code == 400, r.text
+    assert where in r.json()["error"]["message"] and r.json()["error"]["param"] == "messages", r.json()
+
+
+def test_an_empty_assistant_turn_is_accepted(server):
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": ""},
+                {"role": "user", "content": "Hello?"}]
+    r = httpx.post(server.url + "/v1/chat/completions", json={"model": "chat-tiny", "messages": messages,
+                                                              "max_tokens": 2})
+    assert r.status_code == 200, r.text
+
+
+def test_a_prompt_over_the_limit_is_named_not_max_tokens(server):
+    long = [{"role": "user", "content": "word " * 400}]
+    r = httpx.post(server.url + "/v1/chat/completions", json={"model": "chat-tiny", "messages": long})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.json()
+    r = httpx.post(server.url + "/v1/chat/completions", json={"model": "chat-tiny", "messages": long,
+                                                              "max_completion_tokens": 4})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.json()
+
+
+def test_an_unknown_field_is_a_400_naming_it_as_openai_does(server, client):
+    with pytest.raises(openai.BadRequestError) as info:  # what the client's extra_body sends through
+        client.chat.completions.create(model="chat-tiny", messages=HELLO, max_tokens=2, extra_body={"foo": 1})
+    assert info.value.body["param"] == "foo"
+    assert info.value.body["message"] == "Unrecognized request argument supplied: foo"
+    r = client.chat.completions.create(model="chat-tiny", messages=HELLO, max_tokens=2, extra_body={"top_k": 5})
+    assert r.choices  # the documented extensions (vLLM's names) are known fields
+
+
 @pytest.mark.skipif(importlib.util.find_spec("langchain_openai") is None, reason="langchain-openai not installed")
 def test_langchain_chat_openai(server):
     from langchain_openai import ChatOpenAI

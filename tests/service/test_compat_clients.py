@@ -125,6 +125,43 @@ def test_tei_status_follows_the_error_code_not_the_message():
     assert tei_render(InvalidRequestError("the tokens of an empty dimension")).status_code == 422
 
 
+def test_a_missing_or_empty_body_is_a_client_error_naming_it(server):
+    """Found by fuzzing: POST / with no body was a 500 (the task's body validated outside FastAPI)."""
+    for path in ("/", "/generate", "/generate_stream", "/embed"):
+        for body in ({}, None):
+            r = httpx.post(server.url + path, json=body)
+            assert r.status_code == 422 and r.json()["error_type"] in ("validation", "Tokenizer"), (path, r.text)
+            assert "inputs" in r.json()["error"] or "body" in r.json()["error"], (path, r.text)
+
+
+def test_drop_ins_ignore_unknown_fields_as_their_servers_do(server):
+    r = httpx.post(server.url + "/generate", json={"inputs": "To be", "parameters": {"max_new_tokens": 2,
+                                                                                      "not_a_tgi_field": 1}, "x": 2})
+    assert r.status_code == 200, r.text
+    r = httpx.post(server.url + "/translate", json={"q": "Open the file", "source": "en", "target": "de", "x": 1})
+    assert r.status_code == 200, r.text
+    r = httpx.post(server.url + "/v2/translate", json={"text": ["Open"], "target_lang": "DE", "x": 1})
+    assert r.status_code == 200, r.text
+
+
+def test_drop_in_texts_of_the_wrong_type_are_client_errors(server):
+    """Found by fuzzing: a list inside ``q`` / ``text`` was a 500, so were non-object ``parameters``."""
+    r = httpx.post(server.url + "/translate", json={"q": [["a"]], "source": "en", "target": "de"})
+    assert r.status_code == 400 and "q[0] must be a string" in r.json()["error"]
+    r = httpx.post(server.url + "/v2/translate", json={"text": [1], "target_lang": "DE"})
+    assert r.status_code == 400 and "text[0] must be a string" in r.json()["message"]
+    r = httpx.post(server.url + "/", json={"inputs": "a [MASK]", "parameters": True})
+    assert r.status_code == 422 and "parameters" in r.json()["error"]
+
+
+def test_html_with_more_text_runs_than_max_texts_is_translated(compat_weights):
+    """TSERVE_MAX_TEXTS limits the documents sent, not the text runs between their tags."""
+    with ServerThread(settings_for(compat_weights, max_texts=2, models="translate-tiny-en-de")) as srv:
+        html = "<p>Open</p><p>the</p><p>file</p>"
+        r = httpx.post(srv.url + "/translate", json={"q": html, "source": "en", "target": "de", "format": "html"})
+        assert r.status_code == 200 and r.json()["translatedText"].count("<p>") == 3, r.text
+
+
 def test_inference_client_fill_mask_honours_top_k(hf_client):
     results = hf_client.fill_mask("The quick brown [MASK] jumps.", top_k=3)
     assert len(results) == 3 and all(r.token_str and "[MASK]" not in r.sequence for r in results)

@@ -19,6 +19,7 @@ from urllib.parse import parse_qsl
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from service import translation
@@ -52,10 +53,12 @@ def error_route(render: Render) -> type[APIRoute]:
                     return await handler(request)
                 except EngineError as exc:
                     return render(exc)
-                except RequestValidationError as exc:
+                except (RequestValidationError, ValidationError) as exc:  # a body a route validates itself
                     err = exc.errors()[0]
                     where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
-                    return render(InvalidRequestError(f"{where}: {err['msg']}" if where else err["msg"], where))
+                    msg = "request body required (a JSON object)" if not where and err["type"] == "missing" \
+                        else f"{where}: {err['msg']}" if where else err["msg"]
+                    return render(InvalidRequestError(msg, where or None))
                 except HTTPException as exc:
                     return render(CompatError(exc.status_code, str(exc.detail)))
 
@@ -165,7 +168,11 @@ async def translate_html(request: Request, engine: GenerativeEngine, documents: 
     """Translate the text between tags; tags, attributes and surrounding whitespace stay as sent."""
     split = [html_segments(doc) for doc in documents]
     runs = [text for parts in split for is_text, text in parts if is_text and text.strip()]
-    translated = iter((await translate_texts(request, engine, runs, field, settings, beam_size))[0] if runs else [])
+    done: list[str] = []
+    for start in range(0, len(runs), settings.max_texts):  # runs, not documents: TSERVE_MAX_TEXTS limits documents
+        done += (await translate_texts(request, engine, runs[start:start + settings.max_texts], field, settings,
+                                       beam_size))[0]
+    translated = iter(done)
     out = []
     for parts in split:
         pieces = []

@@ -130,7 +130,7 @@ async def translate(request: Request, registry: RegistryDep, settings: SettingsD
 @router.post("/v2/languages", summary="DeepL: source or target languages", operation_id="deepl_languages_post")
 async def languages(request: Request, registry: RegistryDep, settings: SettingsDep):
     _auth(request, settings)
-    kind = (await read_params(request)).get("type") or "source"
+    kind = (await read_params(request)).get("type", "source")
     if kind not in ("source", "target"):
         raise _bad("Value for 'type' not supported.", "type")
     pairs = translation_pairs(registry)

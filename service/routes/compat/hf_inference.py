@@ -71,6 +71,8 @@ def pick_task(body: dict[str, Any], registry: EngineRegistry) -> str:
 @router.post("/", summary="TGI/TEI/HF Inference: the task is read from the payload (see the module docs)")
 async def root(request: Request, registry: RegistryDep, settings: SettingsDep):
     body = await read_params(request)
+    if not isinstance(body.get("parameters", {}), dict | None):
+        raise InvalidRequestError("parameters: must be an object", "parameters")
     task = pick_task(body, registry)
     if task == "text-generation":
         req = tgi.TGIRequest.model_validate(body)

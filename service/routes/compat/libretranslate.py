@@ -41,6 +41,8 @@ router = APIRouter(tags=["LibreTranslate"], route_class=error_route(_render))
 
 
 def _check_key(settings, params: dict) -> None:
+    if not isinstance(params.get("api_key", ""), str):
+        raise InvalidRequestError("Invalid request: api_key must be a string", "api_key")
     if not key_matches(settings, params.get("api_key")):
         raise CompatError(403, "Invalid API key", "invalid_api_key")
 
@@ -93,7 +95,7 @@ async def translate(request: Request, registry: RegistryDep, settings: SettingsD
     found = engine_for(registry, source, target)
     if found is None:
         raise InvalidRequestError(f"{language_name(target)} ({target}) is not available as a target language from "
-                                  f"{language_name(source)} ({source})", "target")
+                                  f"{language_name(source)} ({source}{', detected' if detected else ''})", "target")
     engine = found[1]
     if fmt == "html":
         translated = await translate_html(request, engine, texts, "q", settings)

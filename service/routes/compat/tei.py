@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from service.dependencies import RegistryDep, SettingsDep
 from service.encoder_engine import EncoderEngine
@@ -18,6 +18,7 @@ from service.engine_errors import EngineError, InvalidRequestError
 from service.routes.compat.common import error_route
 from service.routes.inputs import text_list
 from service.routes.streaming import client_gone, mark
+from service.schemas import RequestModel
 from service.waiting import unless_disconnected
 
 TEI_ERROR_TYPES = {400: "Empty", 413: "Validation", 422: "Tokenizer", 424: "Backend", 429: "Overloaded",
@@ -42,8 +43,8 @@ def render(exc: EngineError) -> JSONResponse:
 router = APIRouter(tags=["Text Embeddings Inference"], route_class=error_route(render))
 
 
-class EmbedRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class EmbedRequest(RequestModel):
+    model_config = ConfigDict(extra="ignore")  # strict JSON types, as TEI (serde) reads them
 
     model: str | None = Field(None, description="extension: which loaded model (TEI serves one)")
     inputs: str | list[str]

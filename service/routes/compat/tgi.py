@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from typing import Annotated
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from service.dependencies import RegistryDep, SettingsDep
 from service.engine import MAX_STOP_STRINGS, EngineEvent, GenerativeEngine, RequestStream, SamplingParams
@@ -22,6 +23,7 @@ from service.engine_errors import EngineError, InvalidRequestError
 from service.routes.compat.common import error_route
 from service.routes.inputs import input_ids
 from service.routes.streaming import check_event, client_gone, mark, sse_event, sse_response
+from service.schemas import RequestModel
 from service.structured import from_tgi
 from service.waiting import collect
 
@@ -40,8 +42,8 @@ def render(exc: EngineError) -> JSONResponse:
 router = APIRouter(tags=["Text Generation Inference"], route_class=error_route(render))
 
 
-class TGIParameters(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class TGIParameters(RequestModel):
+    model_config = ConfigDict(extra="ignore")  # strict JSON types, as TGI (serde) reads them: 0 is no bool
 
     do_sample: bool = False
     max_new_tokens: int | None = Field(None, ge=1, le=4096)
@@ -49,7 +51,7 @@ class TGIParameters(BaseModel):
     top_k: int | None = Field(None, ge=1)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
-    stop: list[str] = Field(default_factory=list, max_length=MAX_STOP_STRINGS)
+    stop: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list, max_length=MAX_STOP_STRINGS)
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     details: bool = False
     return_full_text: bool = False
@@ -65,7 +67,9 @@ class TGIParameters(BaseModel):
     adapter_id: str | None = None
 
 
-class TGIRequest(BaseModel):
+class TGIRequest(RequestModel):
+    model_config = ConfigDict(extra="ignore")
+
     model: str | None = Field(None, description="extension: which loaded model (TGI serves one)")
     inputs: str = Field(..., min_length=1)
     parameters: TGIParameters = Field(default_factory=TGIParameters)
