@@ -90,14 +90,23 @@ export function setupChat(panel) {
     form.elements.message.value = "";
     const reply = bubble("assistant", "");
     const messages = (system ? [{ role: "system", content: system }] : []).concat(history);
+    const calls = [];  // tool calls of this answer, as the stream assembles them
     try {
-      const body = { ...sampling(form), messages, stream: true, stream_options: { include_usage: true } };
+      const body = { ...sampling(form), ...structured(form), messages, stream: true,
+                     stream_options: { include_usage: true } };
       for await (const chunk of streamEvents("v1/chat/completions", body, signal)) {
         const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta;
         if (delta && delta.content) {
           reply.textContent += delta.content;
           log.scrollTop = log.scrollHeight;  // follow the answer as it grows
           figures.tokens(1);
+        }
+        for (const part of (delta && delta.tool_calls) || []) {  // OpenAI's shape: id and name, then arguments
+          const call = calls[part.index] || (calls[part.index] = { id: part.id, type: "function",
+                                                                   function: { name: "", arguments: "" } });
+          call.function.name += (part.function && part.function.name) || "";
+          call.function.arguments += (part.function && part.function.arguments) || "";
+          showCalls(reply, calls);
         }
         figures.usage(chunk.usage);
       }
@@ -113,8 +122,39 @@ export function setupChat(panel) {
       history.push({ role: "assistant", content: reply.textContent });  // a stopped answer stays as far as it got
       throw err;
     }
-    history.push({ role: "assistant", content: reply.textContent });
+    history.push(calls.length ? { role: "assistant", content: null, tool_calls: calls }
+                              : { role: "assistant", content: reply.textContent });
   });
+}
+
+function parsedJSON(form, name, label) {
+  const text = form.elements[name].value.trim();
+  if (!text) return null;
+  try {
+    return JSON.parse(text);
+  } catch (err) {
+    throw new Error(`${label} is not valid JSON: ${err.message}`);
+  }
+}
+
+// The chat's optional JSON schema (response_format) and tools, as the API takes them.
+function structured(form) {
+  const body = {};
+  const schema = parsedJSON(form, "json_schema", "The JSON schema");
+  if (schema) body.response_format = { type: "json_schema", json_schema: { name: "playground", schema } };
+  const tools = parsedJSON(form, "tools", "Tools");
+  if (tools) {
+    body.tools = tools;
+    body.tool_choice = form.elements.tool_choice.value;
+  }
+  return body;
+}
+
+function showCalls(reply, calls) {
+  reply.dataset.toolCalls = "";
+  reply.replaceChildren(...calls.map((c) => Object.assign(document.createElement("code"), {
+    className: "tool-call", textContent: `${c.function.name}(${c.function.arguments})`,
+  })));
 }
 
 export function setupGenerate(panel) {

@@ -10,6 +10,7 @@ for the README.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -448,3 +449,42 @@ def test_chat_turns_stream_and_stop(server, driver):
     assert [li.get_attribute("data-role") for li in panel.find_elements(By.CSS_SELECTOR, "[data-log] li")] == \
         ["user", "assistant", "user", "assistant"]
     _screenshot(driver, "playground-chat")
+
+
+def test_chat_with_a_json_schema_and_tools(tmp_path, driver):
+    import jsonschema
+    from selenium.webdriver.common.by import By
+
+    from tests.service.test_structured_outputs import PERSON, WEATHER, make_weights
+
+    with ServerThread(settings_for(make_weights(tmp_path), max_seq_len=1024, max_batch=2)) as s:
+        panel = _open(driver, s.url, "chat")
+        panel.find_element(By.CSS_SELECTOR, "details.params summary").click()
+        panel.find_element(By.CSS_SELECTOR, "details[data-structured] summary").click()
+        _fill(panel, "max_tokens", 200)
+        _fill(panel, "seed", 3)
+        put = lambda name, value: driver.execute_script(  # noqa: E731 - long JSON: set, not typed
+            "arguments[0].value = arguments[1]", panel.find_element(By.NAME, name), value)
+        put("json_schema", "{not json")
+        panel.find_element(By.NAME, "message").send_keys("Invent a person.")
+        panel.find_element(By.CSS_SELECTOR, "[data-send]").click()
+        assert _finished(panel) == "error" and "The JSON schema is not valid JSON" in _error(panel)
+
+        put("json_schema", json.dumps(PERSON))
+        panel.find_element(By.CSS_SELECTOR, "[data-send]").click()
+        assert _finished(panel) == "done", _error(panel)
+        reply = panel.find_elements(By.CSS_SELECTOR, "[data-log] li[data-role=assistant]")[-1]
+        jsonschema.validate(json.loads(reply.text), PERSON)
+
+        put("json_schema", "")
+        put("tools", json.dumps([WEATHER]))
+        _fill(panel, "tool_choice", "required")
+        panel.find_element(By.NAME, "message").send_keys("Weather in Paris?")
+        panel.find_element(By.CSS_SELECTOR, "[data-send]").click()
+        assert _finished(panel) == "done", _error(panel)
+        reply = panel.find_elements(By.CSS_SELECTOR, "[data-log] li[data-role=assistant]")[-1]
+        shown = [c.text for c in reply.find_elements(By.CSS_SELECTOR, "code.tool-call")]
+        assert shown and reply.get_attribute("data-tool-calls") is not None
+        name, arguments = shown[0].split("(", 1)
+        assert name == "get_weather"
+        jsonschema.validate(json.loads(arguments[:-1]), WEATHER["function"]["parameters"])
