@@ -25,6 +25,7 @@ ERRORS: dict[str, tuple[int, str]] = {
     "headers_too_large": (431, "invalid_request_error"),  # TSERVE_MAX_HEADER_BYTES / TSERVE_MAX_HEADERS
     "queue_full": (429, "overloaded_error"),  # with Retry-After
     "client_disconnected": (499, "client_disconnected"),  # nginx's "client closed request": logs only
+    "grammar_limit": (400, "invalid_request_error"),  # a grammar past the grammar engine's limits while decoding
     "internal": (500, "server_error"),
     "not_ready": (503, "unavailable_error"),  # loading, or stopped admitting
     "shutdown": (503, "unavailable_error"),  # admitted, then failed by the shutdown

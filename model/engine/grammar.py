@@ -63,6 +63,8 @@ class GrammarMatcher(Protocol):
     def done(self) -> bool: ...  # the grammar matched whole and allows nothing more (but the end)
     @property
     def accepting(self) -> bool: ...  # the output so far is a complete match
+    @property
+    def error(self) -> str: ...  # why the matcher stopped accepting ("" while it has not)
 
 
 class CompiledGrammar(Protocol):
@@ -115,7 +117,7 @@ class LLGuidanceMatcher:
 
     @property
     def error(self) -> str:
-        return self.m.get_error() if self.m.is_error() else ""
+        return _short(self.m.get_error().replace("<non-verbose/>", "")) if self.m.is_error() else ""
 
 
 class LLGuidanceGrammar:

@@ -40,7 +40,7 @@ class EngineEvent:
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[dict[int, float]] = field(default_factory=list)
     finish_reason: str | None = None
-    error: str | None = None  # "timeout", "aborted", "internal", "shutdown"
+    error: str | None = None  # "timeout", "aborted", "internal", "shutdown", "grammar_limit"
     message: str = ""
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -69,9 +69,13 @@ class SampledDecoding:
 
     def apply(self, seq: Sequence, sample: Sample) -> EngineEvent:
         tok, lp, top = sample
-        if self.matcher is not None and not self.matcher.accept(tok):  # only if the mask was not applied
-            return EngineEvent(seq.req.request_id, error="internal", prompt_tokens=len(seq.req.prompt_ids),
-                               message=f"token {tok} breaks the request's grammar", completion_tokens=seq.generated)
+        if self.matcher is not None and not self.matcher.accept(tok):
+            # the grammar engine gave up (its per-step limits: a grammar that grows too large as it
+            # is matched, e.g. nested counted repetitions); the request's fault, said as such
+            why = self.matcher.error or f"token {tok} was refused"
+            return EngineEvent(seq.req.request_id, error="grammar_limit", prompt_tokens=len(seq.req.prompt_ids),
+                               message=f"the output's grammar failed after {seq.generated} tokens: {why}",
+                               completion_tokens=seq.generated)
         event = self.tracker.add(tok, lp, top)
         if self.matcher is not None and event.finish_reason is None and self.matcher.done:
             event.text += self.tracker.finish(FINISH_STOP)  # the grammar is complete: nothing but the end may follow

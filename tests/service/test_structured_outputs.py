@@ -345,6 +345,12 @@ def test_max_tokens_inside_a_value_is_length(client):
         json.loads(content)
 
 
+
+def test_a_grammar_past_the_grammar_engines_limits_is_a_400(client):
+    with pytest.raises(openai.BadRequestError, match="grammar failed after"):
+        chat(client, extra_body={"guided_regex": "(a{1,1000}){1000}"}, max_tokens=20)
+    assert chat(client, max_tokens=3).choices[0].finish_reason in ("stop", "length")  # the engine serves on
+
 TOOLS_TEMPLATE = ("{% if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>\n{% endif %}" + CHATML)
 
 

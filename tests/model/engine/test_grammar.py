@@ -178,3 +178,15 @@ def test_step_counts_constrained_tokens(lm, tok):
     while core.has_work:
         counted += core.step().constrained_tokens
     assert counted == 8
+
+
+def test_a_grammar_past_the_engines_limits_fails_its_request_alone(lm, tok):
+    core = EngineCore(lm, tok, n_slots=2, max_len=96)
+    core.add(EngineRequest("hostile", prompt(tok), sampled(1, 20, GrammarSpec("regex", "(a{1,1000}){1000}"))))
+    core.add(EngineRequest("free", prompt(tok, 1), sampled(1, 20)))
+    events: dict[str, list] = {}
+    while core.has_work:
+        for e in core.step().events:
+            events.setdefault(e.request_id, []).append(e)
+    assert events["hostile"][-1].error == "grammar_limit" and "too many" in events["hostile"][-1].message
+    assert events["free"][-1].finish_reason == "length" and len(events["free"]) == 20
