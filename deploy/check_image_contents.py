@@ -17,7 +17,7 @@ import shutil
 import sys
 
 SERVING = ["torch", "fastapi", "uvicorn", "tokenizers", "safetensors", "numpy",
-           "prometheus_client", "pydantic", "pydantic_settings", "model"]
+           "prometheus_client", "pydantic", "pydantic_settings", "llguidance", "model"]
 # One module from each extra that must not be installed in a serving image.
 NOT_SERVING = ["pytest", "matplotlib", "sacrebleu", "transformers", "ctranslate2", "openai", "httpx"]
 CHECKPOINT_FILES = ["config.json", "model.safetensors", "tokenizer.json"]
