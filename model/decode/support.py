@@ -57,7 +57,7 @@ FIELDS: dict[str, FieldRule] = {
     "max_positions": FieldRule(native=READ),  # the length of the rotary table it is given
     "positional": FieldRule(native=("rope",)),
     "rope_theta": FieldRule(native=READ),  # through the rotary table the model built
-    "rope_scaling": FieldRule(native=READ),  # likewise
+    "rope_scaling": FieldRule(native=READ),  # likewise (LongRoPE's attention factor is in the table too)
     "sinusoidal_layout": FieldRule(native=IGNORED),  # only for sinusoidal positions, refused above
     "norm": FieldRule(native=("rmsnorm",)),
     "mlp": FieldRule(native=("gated",)),
@@ -70,6 +70,16 @@ FIELDS: dict[str, FieldRule] = {
     "attention_scale": FieldRule(native=READ),
     "scale_embedding": FieldRule(native=(False,)),
     "tie_word_embeddings": FieldRule(native=READ),  # the head is read from lm_head either way
+    # The lineages after Llama (Qwen2, Qwen3, Gemma 3, Phi-3, Mistral): the C++ step implements none of these
+    # yet, so each is refused there by name and those models decode with the Python step.
+    "head_dim_override": FieldRule(native=(None,)),  # the C++ step is built for d_model = n_heads * head_dim
+    "qkv_bias": FieldRule(native=(False,)),
+    "qk_norm": FieldRule(native=(False,)),
+    "post_sublayer_norm": FieldRule(native=(False,)),
+    # A window changes which positions a row attends to: the C++ loop and the Triton kernel read the whole history.
+    "sliding_window": FieldRule(native=(None,), triton=(None,)),
+    "sliding_window_layers": FieldRule(native=IGNORED, triton=IGNORED),  # only read with a window, refused above
+    "local_rope_theta": FieldRule(native=(None,)),  # one rotary table in the C++ step
     "type_vocab_size": FieldRule(native=(0,)),
     "lm_head_bias": FieldRule(native=(False,)),
     "mlm_transform": FieldRule(native=(False,)),
