@@ -103,3 +103,21 @@ def test_an_unknown_architecture_is_refused_with_the_supported_list(saved, tmp_p
     bad = _copy(saved["qwen2-tied"][0], tmp_path / "bad", {"architectures": ["Gemma2ForCausalLM"]})
     with pytest.raises(HFImportError, match=r"Gemma2ForCausalLM.*not supported.*Gemma3ForCausalLM.*Qwen3ForCausalLM"):
         load_hf(bad)
+
+
+@pytest.mark.parametrize("name, step", [("qwen2-untied-window", "python"), ("qwen3", "python"),
+                                        ("mistral-window", "python"), ("phi3", "native"), ("gemma3", "python")])
+def test_served_as_the_service_prepares_them(name, step, saved):
+    """prepare(): int8 decode projections (biases included), and the native step only where every
+    config field is one it implements (a Phi-3 without window or LongRoPE is a Llama after import)."""
+    from model.decode import DecodeOptions, prepare
+    from model.decode.native import unsupported_reason
+
+    ours = load_model(saved[name][0])
+    ids = [ours.tokenizer.encode("The quick brown fox jumps over the lazy dog.")]
+    plain = generate(ours.model, ids, SamplingParams(max_new_tokens=1, temperature=0.0))[0]
+    chosen = prepare(ours.model, DecodeOptions(), ours.tokenizer)
+    assert chosen.name == step, unsupported_reason(ours.model)
+    served = generate(ours.model, ids, SamplingParams(max_new_tokens=8, temperature=0.0), step=chosen)[0]
+    assert served.token_ids[0] == plain.token_ids[0]  # the prompt (and so the first token) stays float
+    assert len(served.token_ids) == 8
