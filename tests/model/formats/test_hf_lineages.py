@@ -105,11 +105,11 @@ def test_an_unknown_architecture_is_refused_with_the_supported_list(saved, tmp_p
         load_hf(bad)
 
 
-@pytest.mark.parametrize("name, step", [("qwen2-untied-window", "python"), ("qwen3", "python"),
-                                        ("mistral-window", "python"), ("phi3", "native"), ("gemma3", "python")])
-def test_served_as_the_service_prepares_them(name, step, saved):
-    """prepare(): int8 decode projections (biases included), and the native step only where every
-    config field is one it implements (a Phi-3 without window or LongRoPE is a Llama after import)."""
+@pytest.mark.parametrize("name", ["qwen2-untied-window", "qwen3", "mistral-window", "phi3-longrope-window", "gemma3"])
+def test_served_as_the_service_prepares_them(name, saved):
+    """prepare(): int8 decode projections (biases included) and the native step, which reads every
+    lineage's features as data."""
+    step = "native"
     from model.decode import DecodeOptions, prepare
     from model.decode.native import unsupported_reason
 
