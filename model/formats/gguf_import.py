@@ -19,6 +19,7 @@ RoPE and are stored unpermuted. Gemma's ``1 + w`` norm weights are stored with t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -137,6 +138,28 @@ def _window(f: GGUFFile, arch: str, max_positions: int, layers: list[int] | None
     return {"sliding_window": int(window), "sliding_window_layers": layers}
 
 
+def _longrope(f: GGUFFile, arch: str, head_dim: int, max_positions: int) -> dict[str, Any]:
+    """Phi-3's LongRoPE as llama.cpp stores it (rope_factors_short/long tensors, the attention factor
+    and the original context under rope.scaling.*): the short factors, served up to the original
+    context, as from a Hugging Face directory (model.formats.hf.phi3)."""
+    if "rope_factors_short.weight" not in f.tensors:
+        return {}
+    short = f.take("rope_factors_short.weight")
+    if "rope_factors_long.weight" in f.tensors:
+        f.take("rope_factors_long.weight")  # beyond the original context, which we do not serve
+    if short.numel() != head_dim // 2:
+        raise GGUFImportError(f"{f.path}: tensor 'rope_factors_short.weight' has {short.numel()} values; expected "
+                              f"{head_dim // 2}")
+    original = f.require(f"{arch}.rope.scaling.original_context_length")
+    factor = max_positions / original
+    attention = f.get(f"{arch}.rope.scaling.attn_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return {"rope_scaling": {"type": "longrope", "factors": [float(x) for x in short.tolist()],
+                             "attention_factor": float(attention)},
+            "max_positions": min(max_positions, int(original))}
+
+
 def _lineage(f: GGUFFile, arch: str, head_dim: int, max_positions: int, n_layers: int) -> dict[str, Any]:
     """The ModelConfig fields by which ``arch`` differs from a Llama, as llama.cpp reads its file."""
     if arch == "llama":  # Llama, SmolLM2, Mistral (whose window, where a file gives one, is on every layer)
@@ -146,11 +169,7 @@ def _lineage(f: GGUFFile, arch: str, head_dim: int, max_positions: int, n_layers
     if arch == "qwen3":
         return {"qk_norm": True}
     if arch == "phi3":
-        for name in ("rope_factors_long.weight", "rope_factors_short.weight"):
-            if name in f.tensors:
-                raise GGUFImportError(f"{f.path}: tensor '{name}' (Phi-3 LongRoPE factors) is not supported from GGUF; "
-                                      "import the Hugging Face directory instead (LongRoPE is served from there)")
-        return _window(f, arch, max_positions)
+        return {**_longrope(f, arch, head_dim, max_positions), **_window(f, arch, max_positions)}
     if arch == "gemma3":
         for key in ("attn_logit_softcapping", "final_logit_softcapping"):
             if f.get(f"{arch}.{key}") is not None:
@@ -201,6 +220,11 @@ def gguf_config(f: GGUFFile) -> ModelConfig:
     lineage = _lineage(f, arch, head_dim, max_positions, n_layers)
     if d_model % n_heads or head_dim != d_model // n_heads:
         lineage["head_dim_override"] = head_dim
+    if "rope_scaling" in lineage:  # Phi-3's LongRoPE: its factors, and the context it is exact over
+        if scaling is not None:
+            raise GGUFImportError(f"{f.path}: both '{k('rope.scaling.type')}' and LongRoPE factors are set")
+        scaling = lineage.pop("rope_scaling")
+        max_positions = lineage.pop("max_positions")
     try:
         return llama_model_config(
             vocab_size=int(vocab), d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv,

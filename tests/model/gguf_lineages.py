@@ -50,6 +50,13 @@ VARIANTS = {
         tie_word_embeddings=True)),
 }
 
+# Phi-3 with LongRoPE and a window, as llama.cpp writes it (rope_factors_* tensors, rope.scaling.*
+# keys). transformers ignores those when it reads a GGUF, so this one is compared with the
+# transformers model it was written from.
+PHI3_LONGROPE = Variant("phi3", "Phi3Config", "Phi3ForCausalLM", "spm", dict(
+    tie_word_embeddings=False, sliding_window=8, max_position_embeddings=256, original_max_position_embeddings=64,
+    rope_scaling={"rope_type": "longrope", "short_factor": [1.0, 1.3, 2.1, 3.7], "long_factor": [1.5, 2.5, 4.0, 9.0]}))
+
 # SentencePiece token types, as llama.cpp stores them
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 1, 2, 3, 4, 6
 
@@ -143,10 +150,11 @@ def _tensors(variant: Variant, model: torch.nn.Module) -> dict[str, np.ndarray]:
     return out
 
 
-def write_lineage_gguf(path: Path, key: str, seed: int = 0, extra_kv: dict[str, Any] | None = None,
+def write_lineage_gguf(path: Path, key: str | Variant, seed: int = 0, extra_kv: dict[str, Any] | None = None,
                        chat_template: str | None = CHATML) -> tuple[Path, torch.nn.Module]:
-    """Write the tiny model of VARIANTS[key] to ``path``; returns the path and the transformers model."""
-    variant = VARIANTS[key]
+    """Write the tiny model of VARIANTS[key] (or the variant ``key``) to ``path``; returns the path
+    and the transformers model."""
+    variant = VARIANTS[key] if isinstance(key, str) else key
     vocab = bpe_vocab() if variant.vocab == "bpe" else spm_vocab(gemma=variant.vocab == "gemma-spm")
     model = tiny_model(variant, len(vocab.tokens), vocab.bos, vocab.eos, vocab.pad, seed)
     cfg, arch = model.config, variant.arch
@@ -167,8 +175,17 @@ def write_lineage_gguf(path: Path, key: str, seed: int = 0, extra_kv: dict[str, 
         "tokenizer.ggml.eos_token_id": vocab.eos, "tokenizer.ggml.padding_token_id": vocab.pad,
         "tokenizer.ggml.unknown_token_id": vocab.unk,
     }
-    if arch == "gemma3":
+    if arch in ("gemma3", "phi3") and cfg.sliding_window:
         kv[f"{arch}.attention.sliding_window"] = cfg.sliding_window
+    rope = cfg.rope_parameters
+    tensors = _tensors(variant, model)
+    if rope.get("rope_type") == "longrope":  # as llama.cpp's Phi-3 converter writes it
+        original = cfg.original_max_position_embeddings
+        scale = cfg.max_position_embeddings / original
+        kv[f"{arch}.rope.scaling.original_context_length"] = original
+        kv[f"{arch}.rope.scaling.attn_factor"] = float(np.sqrt(1 + np.log(scale) / np.log(original)))
+        tensors["rope_factors_long.weight"] = np.array(rope["long_factor"], dtype=np.float32)
+        tensors["rope_factors_short.weight"] = np.array(rope["short_factor"], dtype=np.float32)
     if vocab.model == "llama":
         kv["tokenizer.ggml.add_space_prefix"] = vocab.add_space_prefix
         kv["tokenizer.ggml.add_bos_token"] = True
@@ -193,7 +210,7 @@ def write_lineage_gguf(path: Path, key: str, seed: int = 0, extra_kv: dict[str, 
         w.add_token_merges(vocab.merges)
     if chat_template is not None:
         w.add_chat_template(chat_template)
-    for name, values in _tensors(variant, model).items():
+    for name, values in tensors.items():
         w.add_tensor(name, values.astype(np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -11,7 +11,7 @@ import torch
 from model import SamplingParams, generate
 from model.formats.gguf_import import GGUFImportError, load_gguf
 from model.formats.sources import load_model
-from tests.model.gguf_lineages import VARIANTS, write_lineage_gguf
+from tests.model.gguf_lineages import PHI3_LONGROPE, VARIANTS, write_lineage_gguf
 from tests.model.hf_tiny import SENTENCES, transformers
 
 TEXTS = SENTENCES + [
@@ -96,3 +96,15 @@ def test_an_unsupported_architecture_is_named_with_the_supported_list(tmp_path):
     path, _ = write_lineage_gguf(tmp_path / "bad.gguf", "qwen2", extra_kv={"general.architecture": "falcon"})
     with pytest.raises(GGUFImportError, match=r"'falcon'; supported: \['llama', 'qwen2', 'qwen3', 'gemma3', 'phi3'\]"):
         load_gguf(path)
+
+
+def test_phi3_longrope_and_window_from_gguf_match_the_model_it_was_written_from(tmp_path):
+    """transformers drops llama.cpp's LongRoPE factors when it reads a GGUF; we read them (the
+    short factors and the attention factor, context capped at the original length)."""
+    path, reference = write_lineage_gguf(tmp_path / "longrope.gguf", PHI3_LONGROPE, seed=5)
+    ours = load_model(path)
+    assert ours.config.max_positions == 64 and ours.config.rope_scaling["type"] == "longrope"
+    assert ours.config.sliding_window == 8
+    ids = torch.randint(4, ours.config.vocab_size, (2, 60), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        torch.testing.assert_close(ours.model(ids), reference(input_ids=ids).logits, atol=1e-4, rtol=0)
