@@ -248,6 +248,7 @@ void attend_item(const float* q, const T* keys, const T* values, int64_t n, int6
   static const bool avx512 = __builtin_cpu_supports("avx512f");
   if (avx512 && hs == 64) return attend_one_avx512<4>(q, keys, values, n, group, scale, scores, total, out);
   if (avx512 && hs == 128) return attend_one_avx512<8>(q, keys, values, n, group, scale, scores, total, out);
+  if (avx512 && hs == 256) return attend_one_avx512<16>(q, keys, values, n, group, scale, scores, total, out);  // Gemma 3
 #endif
   attend_one(q, keys, values, n, group, hs, scale, scores, total, out);
 }

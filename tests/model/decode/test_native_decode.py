@@ -50,8 +50,9 @@ def _eager_then_native(model, seed: int, n: int):
 
 
 # GQA groups of 3, plain multi-head, multi-query at head size 8 (the portable loops); head sizes
-# 64 and 128 (the vectorised attention where the CPU has AVX-512).
-@pytest.mark.parametrize("kv_heads,d_model,n_heads", [(2, 48, 6), (6, 48, 6), (1, 48, 6), (2, 256, 4), (1, 256, 2)])
+# 64, 128 and 256 (the vectorised attention where the CPU has AVX-512).
+@pytest.mark.parametrize("kv_heads,d_model,n_heads", [(2, 48, 6), (6, 48, 6), (1, 48, 6), (2, 256, 4), (1, 256, 2),
+                                                     (1, 512, 2)])
 def test_float32_steps_equal_eager_logits_and_cache(kv_heads, d_model, n_heads, fresh_seed):
     model = _model(fresh_seed, n_kv_heads=kv_heads, d_model=d_model, n_heads=n_heads)
     eager, native, (ek, ev), (nk, nv) = _eager_then_native(model, fresh_seed, 24)  # crosses span buckets
