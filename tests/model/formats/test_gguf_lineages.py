@@ -108,3 +108,13 @@ def test_phi3_longrope_and_window_from_gguf_match_the_model_it_was_written_from(
     ids = torch.randint(4, ours.config.vocab_size, (2, 60), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         torch.testing.assert_close(ours.model(ids), reference(input_ids=ids).logits, atol=1e-4, rtol=0)
+
+
+def test_a_llama_file_with_a_sliding_window_gets_it_on_every_layer(tmp_path):
+    """Mistral as a "llama" GGUF: a window the file states is applied (llama.cpp's converter
+    writes none; transformers reads none and keeps Mistral's 4096, longer than this context)."""
+    path, _ = write_lineage_gguf(tmp_path / "m.gguf", "mistral", extra_kv={"llama.attention.sliding_window": 8})
+    cfg = load_gguf(path).config
+    assert (cfg.sliding_window, cfg.sliding_window_layers) == (8, None)
+    path, _ = write_lineage_gguf(tmp_path / "long.gguf", "mistral", extra_kv={"llama.attention.sliding_window": 4096})
+    assert load_gguf(path).config.sliding_window is None  # no shorter than the context: changes nothing
