@@ -121,3 +121,17 @@ def test_served_as_the_service_prepares_them(name, saved):
     served = generate(ours.model, ids, SamplingParams(max_new_tokens=8, temperature=0.0), step=chosen)[0]
     assert served.token_ids[0] == plain.token_ids[0]  # the prompt (and so the first token) stays float
     assert len(served.token_ids) == 8
+
+
+@pytest.mark.parametrize("name", ["gemma3", "qwen2-untied-window", "phi3-longrope-window"])
+def test_convert_to_our_checkpoint_keeps_every_lineage_field(name, saved, tmp_path):
+    from model.formats.checkpoint import load
+    from model.formats.convert import main as convert_main
+
+    directory, _ = saved[name]
+    assert convert_main([str(directory), str(tmp_path / "ckpt")]) == 0
+    ckpt, direct = load(tmp_path / "ckpt"), load_model(directory)
+    assert ckpt.config == direct.config
+    ids = torch.randint(3, direct.config.vocab_size, (1, 30), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(ckpt.model(ids), direct.model(ids))
