@@ -1,6 +1,6 @@
 # Serving image for transformer-serve: the three shipped checkpoints in weights/, the core
 # dependencies of pyproject.toml only (no train/test/bench extras), CPU torch by default,
-# the native C++ decode step for Llama-family models prebuilt (TSERVE_NATIVE_LIBRARY), a
+# the native C++ decode step for Llama-architecture models prebuilt (TSERVE_NATIVE_LIBRARY), a
 # non-root user, settings through TSERVE_* environment variables. The runtime stage adds no
 # compiler: the native stage builds the library (g++, torch's headers) and only the .so is
 # copied over.
@@ -92,7 +92,7 @@ RUN set -eu; \
         echo "native: built /opt/tserve-native/tserve_native_llama.so with g++ $(g++ -dumpfullversion)"; \
     else \
         echo "native: WARNING: no C++ compiler (g++ is not in the build base and apt-get could not" \
-             "install it): the image carries no native decode library and decodes Llama-family" \
+             "install it): the image carries no native decode library and decodes Llama-architecture" \
              "models through the Python step. Build with network access, or pass a" \
              "BUILD_BASE_IMAGE that has g++."; \
     fi

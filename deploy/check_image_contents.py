@@ -65,7 +65,7 @@ elif not os.path.isfile(native_library):
     if "--require-native" in sys.argv:
         problems.append(f"no native decode library at {native_library} (the native stage had no compiler?)")
     else:
-        print(f"image: no native decode library at {native_library}: Llama-family models use the Python step")
+        print(f"image: no native decode library at {native_library}: Llama-architecture models use the Python step")
 elif "torch" in sys.modules:
     try:
         sys.modules["torch"].ops.load_library(native_library)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ ROPE_SCALINGS = ("linear", "llama3", "longrope")
 SINUSOIDAL_LAYOUTS = ("interleaved", "split")
 NORM_PLACEMENTS = ("post", "pre")
 POOLINGS = ("mean", "cls", "max")
+LANGUAGE_CODE = re.compile(r"[a-z]{2,3}")  # ISO 639-1 (de) or 639-3 (deu), lower case
 
 
 # The floating-point types weights can be stored or served in, by the names configs and flags use.
@@ -94,6 +96,10 @@ class ModelConfig:
     eos_token_id: int | None = None
     decoder_start_token_id: int | None = None  # encoder-decoder: first decoder input (Marian: pad)
     mask_token_id: int | None = None  # encoder family: the [MASK] id
+    # Translation: the language pair the checkpoint translates (ISO 639 codes, e.g. "en" -> "de"),
+    # both or neither; None: unknown (the service then guesses it from the model's name)
+    source_language: str | None = None
+    target_language: str | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -208,6 +214,15 @@ class ModelConfig:
         if self.family == "encoder-decoder":
             need(self.decoder_start_token_id is not None,
                  "config field 'decoder_start_token_id' is required for the encoder-decoder family")
+        for name in ("source_language", "target_language"):
+            value = getattr(self, name)
+            need(value is None or (isinstance(value, str) and LANGUAGE_CODE.fullmatch(value) is not None),
+                 f"config field '{name}' is {value!r}; expected an ISO 639 language code such as 'en' or 'deu'")
+        if self.source_language is not None or self.target_language is not None:
+            need(self.family == "encoder-decoder", "config fields 'source_language'/'target_language' are for the "
+                 "encoder-decoder (translation) family")
+            need(self.source_language is not None and self.target_language is not None,
+                 "config fields 'source_language' and 'target_language' go together: set both or neither")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

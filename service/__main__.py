@@ -28,7 +28,8 @@ FLAGS = {
     "--host": ("host", "bind address (0.0.0.0: every interface)"),
     "--port": ("port", "TCP port, 1-65535"),
     "--weights-dir": ("weights_dir", "directory of checkpoints, one sub-directory each"),
-    "--models": ("models", "comma-separated checkpoint names to load; empty: all in the weights directory"),
+    "--models": ("models", ("comma-separated models to load, each a checkpoint name in the weights directory, a path "
+                          "to a model directory, or a path to a .gguf file; empty: all in the weights directory")),
     "--device": ("device", "torch device: cpu, cuda, cuda:1, ..."),
     "--dtype": ("dtype", "weights and KV cache"),
     "--log-level": ("log_level", "log level"),
@@ -64,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
         parser.add_argument(flag, dest=name, type=kind, choices=choices, default=argparse.SUPPRESS,
                             metavar=None if choices else name.upper(),
                             help=f"{text} [env TSERVE_{name.upper()}; default: {default}]")
+    parser.add_argument("--exit-on-load-failure", dest="exit_on_load_failure", action="store_true",
+                        default=argparse.SUPPRESS,
+                        help="exit with status 1 when a model fails to load, instead of staying up unready "
+                             "[env TSERVE_EXIT_ON_LOAD_FAILURE; default: false]")
     parser.add_argument("--version", action="version", version=f"transformer-serve {_version()}")
     return parser
 
@@ -92,6 +97,8 @@ def main(argv: list[str] | None = None) -> None:
 
     app = create_app(settings)
     build_server(app, settings).run()
+    if app.state.exit_code is not None:
+        sys.exit(app.state.exit_code)
 
 
 if __name__ == "__main__":

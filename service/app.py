@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 
 import torch
@@ -35,9 +36,32 @@ from service.routes import (
 )
 from service.settings import Settings
 
+log = logging.getLogger("tserve.app")
+
 DESCRIPTION = """Transformer inference: translation (encoder-decoder), generation (decoder-only),
 fill-mask and embeddings (encoder-only), with continuous batching over a slot KV cache.
 OpenAI-compatible `/v1/completions`, `/v1/embeddings`, `/v1/models`; streaming via Server-Sent Events."""
+
+
+async def _load(registry: EngineRegistry, app: FastAPI) -> None:
+    """Load the models; a failure is logged loudly and, with TSERVE_EXIT_ON_LOAD_FAILURE, ends the
+    process (``app.state.exit_code``, which the server polls and ``python -m service`` exits with)."""
+    await registry.start()
+    if registry.error is None:
+        return
+    try:
+        names = [name for name, _ in registry.discover()]
+    except Exception:  # discovery itself failed: the error says what it found
+        names = []
+    failed = next((n for n in names if n not in registry.engines or not registry.engines[n].ready), None)
+    exiting = app.state.settings.exit_on_load_failure
+    log.error("model %s failed to load: %s; %s", f"'{failed}'" if failed else "discovery", registry.error,
+              "exiting with status 1 (TSERVE_EXIT_ON_LOAD_FAILURE)" if exiting else
+              "the process stays up: /ready answers 503 and /health 503 with this error (set "
+              "TSERVE_EXIT_ON_LOAD_FAILURE=true or --exit-on-load-failure to exit instead)",
+              extra={"model": failed, "error": registry.error})
+    if exiting:
+        app.state.exit_code = 1
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -50,7 +74,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        loading = asyncio.create_task(registry.start())
+        loading = asyncio.create_task(_load(registry, app))
         app.state.loading = loading
         try:
             yield
@@ -65,6 +89,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="transformer-serve", version="0.1.0", description=DESCRIPTION, lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.state.settings, app.state.metrics, app.state.registry = settings, metrics, registry
+    app.state.exit_code = None  # set when the process should end (a load failure, with the option)
     install_error_handlers(app)
 
     auth = [Depends(require_api_key)]

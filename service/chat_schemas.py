@@ -36,8 +36,11 @@ class ChatMessage(RequestModel):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
     name: str | None = None
-
-    model_config = ConfigDict(extra="allow")
+    # OpenAI's other message fields: known, so refused by name when set (no tools, no audio)
+    tool_calls: Any = None
+    function_call: Any = None
+    audio: Any = None
+    refusal: Any = None
 
     @model_validator(mode="after")
     def _plain(self) -> ChatMessage:
@@ -47,6 +50,16 @@ class ChatMessage(RequestModel):
         if self.content is None:
             raise ValueError("every message needs 'content'")
         return self
+
+    @field_validator("content")
+    @classmethod
+    def _not_blank(cls, value, info):
+        """Blank texts are refused, as for every text input; only an assistant turn (an earlier
+        reply, possibly empty) may have empty content."""
+        text = value if isinstance(value, str) else "".join(p.text or "" for p in value or [])
+        if value is not None and not text.strip() and info.data.get("role") != "assistant":
+            raise ValueError("must not be empty or blank (only an assistant message may have empty content)")
+        return value
 
     def text(self) -> str:
         if isinstance(self.content, str):
@@ -94,7 +107,7 @@ class ChatCompletionRequest(StopStrings):
     top_k: int = Field(0, ge=0, le=100_000)
     repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
 
-    model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [
+    model_config = ConfigDict(json_schema_extra={"examples": [
         {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "What is the capital of France?"}],
          "max_tokens": 64, "temperature": 0},
         {"model": "smollm2-135m-instruct", "stream": True, "messages": [

@@ -15,6 +15,8 @@ from typing import Any
 ERRORS: dict[str, tuple[int, str]] = {
     "invalid_value": (400, "invalid_request_error"),  # a field out of range, a bad combination
     "invalid_json": (400, "invalid_request_error"),  # the body is not JSON, or not sent as JSON
+    "empty_input": (400, "invalid_request_error"),  # an empty text, list of texts or list of token ids
+    "input_too_long": (400, "invalid_request_error"),  # an input past the model's token limit
     "invalid_api_key": (401, "authentication_error"),
     "model_not_found": (404, "invalid_request_error"),  # OpenAI's type for an unknown model
     "not_found": (404, "not_found_error"),  # no such path
@@ -60,6 +62,18 @@ class EngineError(Exception):
 
 class InvalidRequestError(EngineError):
     code = "invalid_value"
+
+
+class EmptyInputError(InvalidRequestError):
+    """An empty input (TEI answers these with its own status, 400 ``Empty``)."""
+
+    code = "empty_input"
+
+
+class InputTooLongError(InvalidRequestError):
+    """An input with more tokens than the model accepts (TEI: 413 ``Validation``)."""
+
+    code = "input_too_long"
 
 
 class ModelNotFoundError(EngineError):

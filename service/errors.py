@@ -72,6 +72,8 @@ def _validation_error(exc: RequestValidationError, content_type: str | None) -> 
     where, param = _location(tuple(err.get("loc", ())))
     if err.get("type") == "json_invalid":
         return "invalid_json", f"request body is not valid JSON: {err.get('ctx', {}).get('error', err['msg'])}", None
+    if err.get("type") == "extra_forbidden":  # OpenAI's own words for an unknown field
+        return "invalid_value", f"Unrecognized request argument supplied: {where}", param
     if err.get("type") == "missing":
         return "invalid_value", (f"{where}: field required" if where else "request body required (a JSON object)"), \
             param

@@ -41,7 +41,7 @@ class CompletionRequest(StopStrings):
     repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
     ignore_eos: bool = False
 
-    model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [
+    model_config = ConfigDict(json_schema_extra={"examples": [
         {"model": "generate-en", "prompt": "To be, or not to be", "max_tokens": 32, "temperature": 0.7},
         {"model": "generate-en", "prompt": "HAMLET:", "max_tokens": 48, "stream": True, "stop": ["\n\n"],
          "logprobs": 2, "seed": 7},
@@ -90,7 +90,7 @@ class EmbeddingRequest(RequestModel):
     dimensions: int | None = Field(None, ge=1)
     user: str | None = None
 
-    model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [
+    model_config = ConfigDict(json_schema_extra={"examples": [
         {"model": "fill-mask-en", "input": "The quick brown fox"},
         {"model": "fill-mask-en", "input": ["first sentence", "second sentence"], "encoding_format": "base64"},
     ]})

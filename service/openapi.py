@@ -3,7 +3,7 @@ what the server enforces at run time, so a schema-driven client (or schemathesis
 server agree.
 
 Added to FastAPI's schema:
-- text inputs: ``minLength`` 1 and ``pattern`` ``\\S`` (blank text is refused), ``maxLength``
+- text inputs: ``minLength`` 1 and ``pattern`` ``NOT_BLANK`` (blank text is refused), ``maxLength``
   TSERVE_MAX_TEXT_CHARS; lists: ``minItems`` 1 and ``maxItems`` TSERVE_MAX_TEXTS; token ids
   within the vocabulary;
 - ``model``: the loaded models of the family the endpoint serves (another family's model is a
@@ -23,7 +23,9 @@ from typing import Any
 from fastapi import FastAPI
 
 from service.engine import MAX_STOP_STRINGS
+from service.openapi_compat import drop_ins
 from service.registry import FAMILY_NAMES
+from service.schemas import NOT_BLANK
 
 # request schema -> (the family its endpoint serves, its text-input fields)
 REQUESTS = {
@@ -95,6 +97,11 @@ def contract(app: FastAPI) -> dict[str, Any]:
             b for b in message["properties"]["content"]["anyOf"] if b.get("type") != "null"]
         for name in ("tool_calls", "function_call", "audio", "refusal"):
             message["properties"][name] = {"type": "null", "description": neutral[1]}
+        # blank content is refused, except in an assistant turn
+        not_blank = {"anyOf": [{"type": "string", "pattern": NOT_BLANK}, {"type": "array", "contains": {
+            "type": "object", "required": ["text"], "properties": {"text": {"type": "string", "pattern": NOT_BLANK}}}}]}
+        message["if"] = {"required": ["role"], "properties": {"role": {"const": "assistant"}}}
+        message["else"] = {"properties": {"content": not_blank}}
         part = components["TextPart"]
         part["properties"]["type"] = {"const": "text"}
         part["properties"]["text"] = {"type": "string"}
@@ -108,6 +115,7 @@ def contract(app: FastAPI) -> dict[str, Any]:
             responses.pop("422", None)
             if path in STREAMING:
                 responses["200"]["content"]["text/event-stream"] = {"schema": _sse_event(STREAMING[path])}
+    drop_ins(schema, settings, registry)
     models = schema["paths"]["/v1/models/{model_id}"]["get"]["responses"]
     models["404"] = {"description": "no loaded model has this id", "content": {"application/json": {"schema": ERROR}}}
     for probe in ("/health", "/ready"):
@@ -161,7 +169,7 @@ def _sse_event(chunk: str) -> dict:
 
 
 def _text_input(prop: dict, max_chars: int, max_items: int, vocab: int | None) -> None:
-    text = {"type": "string", "minLength": 1, "maxLength": max_chars, "pattern": r"\S"}
+    text = {"type": "string", "minLength": 1, "maxLength": max_chars, "pattern": NOT_BLANK}
     ids = {"type": "integer", "minimum": 0, **({"maximum": vocab - 1} if vocab else {})}
     for branch in prop.get("anyOf", [prop]):
         if branch.get("type") == "string":

@@ -26,13 +26,13 @@ import tempfile
 from dataclasses import dataclass, field
 
 import polib
-from fastapi import Request
 
 from model.text.mnemonics import add_mnemonic, find_mnemonic
 from service import translation
 from service.engine import GenerativeEngine, SamplingParams, TokenUsage
 from service.engine_errors import InvalidRequestError
 from service.settings import Settings
+from service.waiting import ClientGone
 
 FIELD = "file"
 MO_MAGIC = (b"\xde\x12\x04\x95", b"\x95\x04\x12\xde")
@@ -166,8 +166,8 @@ def _dress(t: Text, translated: str) -> str:
     return src[: len(src) - len(src.lstrip())] + translated + src[len(src.rstrip()):]
 
 
-async def translate_catalogue(request: Request, engine: GenerativeEngine, po: polib.POFile, texts: list[Text],
-                              params: SamplingParams, max_chars: int) -> Summary:
+async def translate_catalogue(client_gone: ClientGone, engine: GenerativeEngine, po: polib.POFile,
+                              texts: list[Text], params: SamplingParams, max_chars: int) -> Summary:
     """Fill ``po`` in place with the translations of ``texts``; what happened, counted."""
     summary = Summary(entries=sum(1 for e in po if not e.obsolete))
     sources = translation.sources(engine, [t.core for t in texts])
@@ -175,8 +175,8 @@ async def translate_catalogue(request: Request, engine: GenerativeEngine, po: po
     too_long = {t.entry for t, row in zip(texts, ids) if len(row) > engine.max_src_len or len(t.core) > max_chars}
     run = [k for k, t in enumerate(texts) if t.entry not in too_long]
     results, summary.usage = await translation.translate(
-        request, engine, [sources[k] for k in run], [ids[k] for k in run], params, [texts[k].field for k in run],
-        FIELD) if run else ([], TokenUsage(0))
+        client_gone, engine, [sources[k] for k in run], [ids[k] for k in run], params,
+        [texts[k].field for k in run], FIELD) if run else ([], TokenUsage(0))
     by_entry: dict[int, list[tuple[Text, translation.Translated]]] = {}
     for k, result in zip(run, results):
         by_entry.setdefault(texts[k].entry, []).append((texts[k], result))

@@ -33,6 +33,10 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
+# A text that is not blank, as the server decides it (``str.strip``: Python's whitespace), written
+# out so that a JSON Schema validator in any regex dialect agrees (ECMA's \S differs from Python's).
+NOT_BLANK = r"[^\t\n\v\f\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+
 # The largest integer every JSON parser reads exactly (IEEE doubles: JavaScript, jsonschema validators).
 MAX_SEED = 2**53 - 1
 
@@ -83,11 +87,12 @@ class RequestModel(BaseModel):
 
     Strict JSON types, as OpenAI's API: ``"5"`` is not an integer, ``false`` is not 0, ``0`` is
     not ``false`` (a float field still takes an integer, ``1`` for ``1.0``); numbers must be
-    finite; every text must be valid Unicode (no lone surrogates). A violation is a 400 naming
-    the field.
+    finite; every text must be valid Unicode (no lone surrogates); a field the endpoint does not
+    know is refused, as OpenAI refuses it ("Unrecognized request argument supplied"), not silently
+    ignored. A violation is a 400 naming the field.
     """
 
-    model_config = ConfigDict(strict=True, allow_inf_nan=False, populate_by_name=True)
+    model_config = ConfigDict(strict=True, allow_inf_nan=False, populate_by_name=True, extra="forbid")
 
     @field_validator("*", mode="before")
     @classmethod

@@ -65,6 +65,11 @@ class Server(uvicorn.Server):
         super().__init__(config)
         self.app = app
 
+    async def on_tick(self, counter: int) -> bool:
+        if self.app.state.exit_code is not None:  # the app asked to end (TSERVE_EXIT_ON_LOAD_FAILURE)
+            return True
+        return await super().on_tick(counter)
+
     async def shutdown(self, sockets: Any = None) -> None:
         for server in self.servers:  # no new connections while in-flight requests finish
             server.close()

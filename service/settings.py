@@ -68,6 +68,9 @@ class Settings(BaseSettings):
     protect_health_and_metrics: bool = False
     playground: bool = Field(True, description="serve the web playground at / and /playground")
     cors_origins: str = Field("", description="comma-separated allowed origins; '*' for any; empty = no CORS")
+    exit_on_load_failure: bool = Field(
+        False, description="a model that fails to load ends the process with exit code 1; default: it stays "
+                           "up, /ready 503, /health 503 naming the error (an orchestrator restarts it)")
     shutdown_grace_s: float = Field(10.0, ge=0, description="in-flight requests get this long on shutdown")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_json: bool = True

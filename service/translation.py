@@ -1,5 +1,6 @@
-"""Placeholder-safe translation, written once for /v1/translate, /v1/translate/po and the
-drop-in APIs' translation (``routes/compat/common.translate_texts``).
+"""Placeholder-safe translation for /v1/translate, /v1/translate/po and the drop-in APIs'
+translation (``routes/compat/common.translate_texts``): the engine side of the one sequence
+in ``model.text.translate`` (mask -> decode -> unmask -> retry -> restore).
 
 A checkpoint trained with ``mask_placeholders`` (``model.text.placeholders``) sees each format
 placeholder (``%s``, ``{0}``, ``%(name)s``, ``$1``...) as a numbered sentinel ``⟪n⟫``: the
@@ -8,38 +9,32 @@ When the output lost, repeated or invented a sentinel, the fallback is defined:
 
 1. a beam search request already asks for its ``beam_size`` best hypotheses (``n_best``);
    the first, best first, whose sentinels map back is taken;
-2. a greedy or sampled request (or a beam whose hypotheses all failed with fewer than
-   ``FALLBACK_BEAMS`` beams) is retried once with beam search of ``FALLBACK_BEAMS``
-   hypotheses (capped by the engine's slots), same rule;
-3. if none maps back, the best hypothesis is returned with the placeholders restored as far
-   as they survived (``model.text.placeholders.restore``) and ``placeholders_ok`` false.
+2. the sources none of whose hypotheses mapped back are retried once, together, with beam
+   search of ``FALLBACK_BEAMS`` hypotheses (capped by the engine's slots), same rule;
+3. if none maps back, the retry's best hypothesis is returned with the placeholders restored
+   as far as they survived (``model.text.placeholders.restore``) and ``placeholders_ok`` false.
 
 Every translation reports ``placeholders_ok``: for a checkpoint that does not mask, it
 compares the placeholders of the source and of the output (``same_placeholders``); its
-output is never retried.
+output is never retried. Texts are returned stripped.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from fastapi import Request
+from model.text.placeholders import restore, same_placeholders, unmask
+from model.text.translate import Attempt, Decoded, Source, choose, restored, translate_async
+from model.text.translate import sources as placeholder_sources
+from service.engine import BaseEngine, EngineEvent, GenerativeEngine, SamplingParams, TokenUsage
+from service.waiting import ClientGone, collect
 
-from model.text.placeholders import mask, restore, same_placeholders, unmask
-from service.engine import EngineEvent, GenerativeEngine, SamplingParams, TokenUsage
-from service.routes.streaming import collect
+if TYPE_CHECKING:
+    from service.registry import EngineRegistry
 
 FALLBACK_BEAMS = 4
-
-
-@dataclass(frozen=True)
-class Source:
-    """One text to translate: the client's text, what the model reads, the masked placeholders."""
-
-    text: str
-    masked: str
-    originals: tuple[str, ...] = ()
 
 
 @dataclass
@@ -51,14 +46,61 @@ class Translated:
     retried: bool = False
 
 
+# --- which engine translates a language pair ------------------------------------------------
+
+Pair = tuple[str, str]
+_NAMED_PAIR = re.compile(r"(?:^|[-_])([a-z]{2,3})[-_]([a-z]{2,3})$")
+
+
+def language_pair(engine: BaseEngine) -> Pair | None:
+    """(source, target) language codes of a translation model: its checkpoint's
+    ``source_language``/``target_language`` (config.json). Fallback, for a checkpoint without
+    them: a guess from the model's name (``*-en-de``, ``opus-mt-en-de``); None if it has none."""
+    if engine.family != "encoder-decoder":
+        return None
+    cfg = engine.cfg
+    source, target = getattr(cfg, "source_language", None), getattr(cfg, "target_language", None)
+    if source and target:
+        return source, target
+    match = _NAMED_PAIR.search(engine.name.lower())
+    return (match.group(1), match.group(2)) if match else None
+
+
+def engine_for(registry: EngineRegistry, source: str | None = None,
+               target: str | None = None) -> tuple[Pair | None, GenerativeEngine] | None:
+    """The translation engine for ``source`` -> ``target``, the one rule of /v1/translate (no
+    ``model`` given), LibreTranslate, DeepL and the HF Inference API: the first ready
+    encoder-decoder model, in loading order, whose pair has that source and that target (either
+    None: any; both None: any translation model, with or without a known pair), and its pair.
+    None: no ready model translates it."""
+    for engine in registry.engines.values():
+        if engine.family != "encoder-decoder" or not engine.ready:
+            continue
+        pair = language_pair(engine)
+        if (source is None and target is None) or (
+                pair is not None and source in (None, pair[0]) and target in (None, pair[1])):
+            return pair, engine  # type: ignore[return-value]
+    return None
+
+
+def translation_pairs(registry: EngineRegistry) -> dict[Pair, GenerativeEngine]:
+    """Every language pair served, with the engine ``engine_for`` picks for it."""
+    pairs: dict[Pair, GenerativeEngine] = {}
+    for engine in registry.engines.values():
+        pair = language_pair(engine)
+        if pair is not None and engine.ready:
+            pairs.setdefault(pair, engine)  # type: ignore[arg-type]
+    return pairs
+
+
+# --- placeholder-safe translation -------------------------------------------------------------
+
 def masks_placeholders(engine: GenerativeEngine) -> bool:
     return bool(getattr(engine.cfg, "mask_placeholders", False))
 
 
 def sources(engine: GenerativeEngine, texts: list[str]) -> list[Source]:
-    if not masks_placeholders(engine):
-        return [Source(t, t) for t in texts]
-    return [Source(t, masked, tuple(found)) for t in texts for masked, found in [mask(t)]]
+    return placeholder_sources(texts, masks_placeholders(engine))
 
 
 def source_ids(engine: GenerativeEngine, items: list[Source], field: str) -> list[list[int]]:
@@ -70,57 +112,43 @@ def _candidates(final: EngineEvent, streamed: str) -> list[str]:
     return final.hypotheses or [streamed]
 
 
-def _choose(engine: GenerativeEngine, src: Source, candidates: list[str]) -> tuple[str, bool] | None:
-    """(text, placeholders_ok) of the first candidate that keeps the placeholders; for a checkpoint
-    that does not mask, the first candidate, checked. None: a masked source none of them kept."""
-    if not masks_placeholders(engine):
-        text = candidates[0].strip()
-        return text, same_placeholders(src.text, text)
-    for candidate in candidates:
-        text = unmask(candidate, src.originals)
-        if text is not None:
-            text = text.strip()
-            return text, same_placeholders(src.text, text)
-    return None
-
-
-async def translate(request: Request, engine: GenerativeEngine, items: list[Source], ids: list[list[int]],
-                    params: SamplingParams, fields: list[str], group_field: str) -> tuple[list[Translated], TokenUsage]:
+async def translate(client_gone: ClientGone, engine: GenerativeEngine, items: list[Source],
+                    ids: list[list[int]], params: SamplingParams, fields: list[str],
+                    group_field: str) -> tuple[list[Translated], TokenUsage]:
     """Translate every source in one group (``engine.submit_all``: all or nothing, errors name
-    ``fields[i]``), then retry, together, those whose placeholders did not survive."""
+    ``fields[i]``), then retry, together, those whose placeholders did not survive; the usage
+    counts both."""
     masking = masks_placeholders(engine)
-    first = [_with_n_best(params) if masking else params for _ in items]
-    finals, texts = await _run(request, engine, ids, first, fields, group_field)
-    usage = engine.usage(ids, finals)
-    results: list[Translated | None] = []
-    for src, final, streamed in zip(items, finals, texts):
-        chosen = _choose(engine, src, _candidates(final, streamed))
-        results.append(None if chosen is None else Translated(*chosen, final.finish_reason,
-                                                              engine.completion_tokens(final)))
-    retry = [i for i, r in enumerate(results) if r is None]
-    if retry:
-        beams = min(FALLBACK_BEAMS, engine.settings.max_batch)
-        again = replace(params, beam_size=beams, n_best=beams, temperature=0.0, seed=None)
-        finals2, texts2 = await _run(request, engine, [ids[i] for i in retry], [again] * len(retry),
-                                     [fields[i] for i in retry], group_field)
-        more = engine.usage([ids[i] for i in retry], finals2)
+    usage = TokenUsage(0)
+
+    async def decode(attempt: Attempt) -> list[Decoded[EngineEvent]]:
+        nonlocal usage
+        if attempt.retry:
+            beams = min(FALLBACK_BEAMS, engine.settings.max_batch)
+            run = replace(params, beam_size=beams, n_best=beams, temperature=0.0, seed=None)
+        else:
+            run = _with_n_best(params) if masking else params
+        rows = [ids[i] for i in attempt.indices]
+        finals, texts = await _run(client_gone, engine, rows, [run] * len(rows),
+                                   [fields[i] for i in attempt.indices], group_field)
+        more = engine.usage(rows, finals)
         usage = TokenUsage(usage.prompt_tokens + more.prompt_tokens, usage.completion_tokens + more.completion_tokens)
-        for i, final, streamed in zip(retry, finals2, texts2):
-            src = items[i]
-            candidates = _candidates(final, streamed)
-            chosen = _choose(engine, src, candidates) or (restore(candidates[0], src.originals).strip(), False)
-            results[i] = Translated(*chosen, final.finish_reason, engine.completion_tokens(final), retried=True)
-    return [r for r in results if r is not None], usage
+        return [Decoded(_candidates(final, text), final) for final, text in zip(finals, texts)]
+
+    done = await translate_async(items, decode, masking)
+    return [Translated(r.text.strip(), r.placeholders_ok, r.info.finish_reason, engine.completion_tokens(r.info),
+                       r.retried) for r in done], usage
 
 
 def _with_n_best(params: SamplingParams) -> SamplingParams:
     return replace(params, n_best=params.beam_size) if params.beam_size > 1 else params
 
 
-async def _run(request: Request, engine: GenerativeEngine, ids: list[list[int]], params: list[SamplingParams],
-               fields: list[str], group_field: str) -> tuple[list[EngineEvent], list[str]]:
+async def _run(client_gone: ClientGone, engine: GenerativeEngine, ids: list[list[int]],
+               params: list[SamplingParams], fields: list[str],
+               group_field: str) -> tuple[list[EngineEvent], list[str]]:
     streams = engine.submit_all([(row, p, f) for row, p, f in zip(ids, params, fields)], group_field)
-    results = await collect(request, streams)
+    results = await collect(client_gone, streams)
     return [events[-1] for events in results], ["".join(e.text for e in events) for events in results]
 
 
@@ -143,9 +171,9 @@ class StreamedTranslation:
     def feed(self, event: EngineEvent) -> str:
         """The text to send for ``event`` (with the rest of the held-back text once it is the last)."""
         if event.finished and event.hypotheses:  # beam search: one final event, hypotheses to choose from
-            chosen = _choose(self.engine, self.src, event.hypotheses)
-            text, self.placeholders_ok = chosen or (restore(event.hypotheses[0], self.src.originals).strip(), False)
-            return text
+            chosen = choose(self.src, event.hypotheses, masks_placeholders(self.engine))
+            text, self.placeholders_ok = chosen or (restored(self.src, event.hypotheses), False)
+            return text.strip()
         self.raw += event.text
         if not masks_placeholders(self.engine):
             out = event.text

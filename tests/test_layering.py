@@ -45,6 +45,48 @@ def test_imports_go_one_way(where, forbidden):
     assert offenders(py_files(*where), forbidden) == []
 
 
+# The HTTP edge of the service: the app and its server, the ASGI middleware, the dependencies
+# routes declare, the HTTP error handlers and the OpenAPI document. Below them (engines,
+# registry, translation, catalogues, waiting for results) nothing knows about HTTP: a client is
+# a ``client_gone`` callable, an error an ``EngineError`` with a code.
+HTTP_EDGE = {"app.py": ("fastapi", "service.routes"), "server.py": ("fastapi", "uvicorn"),
+             "middleware.py": ("starlette",), "dependencies.py": ("fastapi",),
+             "errors.py": ("fastapi", "starlette"), "openapi.py": ("fastapi",),
+             "openapi_compat.py": ("service.routes",)}
+HTTP_STACK = ("fastapi", "starlette", "uvicorn", "service.routes")
+
+
+def test_the_service_layer_under_the_routes_is_http_free():
+    below = [f for f in py_files("service") if "routes" not in f.relative_to(ROOT / "service").parts
+             and f.name not in HTTP_EDGE]
+    assert ROOT / "service" / "translation.py" in below and ROOT / "service" / "waiting.py" in below
+    assert offenders(below, HTTP_STACK) == []
+
+
+@pytest.mark.parametrize("name", sorted(HTTP_EDGE))
+def test_the_http_edge_imports_only_what_it_is_listed_for(name):
+    allowed = HTTP_EDGE[name]
+    path = ROOT / "service" / name
+    assert offenders([path], tuple(m for m in HTTP_STACK if m not in allowed)) == []
+    assert offenders([path], allowed), f"service/{name} no longer needs {allowed}: take it off HTTP_EDGE"
+
+
+# The placeholder-safe translation sequence is written once, in model/: both of its users
+# import it, and a translate request passes each layer once (route -> service.translation ->
+# model.text.translate -> engine).
+TRANSLATION_DRIVER = "model.text.translate"
+
+
+def test_one_translation_driver_for_training_and_service():
+    driver = ROOT / "model" / "text" / "translate.py"
+    assert offenders([driver], ("service", "model.train", "torch")) == []  # plain text logic, a callback
+    for user in ("model/train/evaluate.py", "service/translation.py"):
+        assert TRANSLATION_DRIVER in imported_modules(ROOT / user), f"{user} does not use {TRANSLATION_DRIVER}"
+    # only the driver unmasks and retries; service.translation keeps the streamed case (no retry possible)
+    assert "unmask" not in (ROOT / "model" / "train" / "evaluate.py").read_text()
+    assert offenders([ROOT / "service" / "translation.py"], HTTP_STACK) == []
+
+
 def test_schemas_do_not_import_model():
     files = [ROOT / "service" / "schemas.py", ROOT / "service" / "openai_schemas.py"]
     assert offenders(files, ("model",)) == []

@@ -88,6 +88,8 @@ FIELDS: dict[str, FieldRule] = {
     "max_input_tokens": FieldRule(native=IGNORED, triton=IGNORED),
     "mlm_head": FieldRule(native=IGNORED, triton=IGNORED),
     "mask_placeholders": FieldRule(native=IGNORED, triton=IGNORED),  # how callers prepare text
+    "source_language": FieldRule(native=IGNORED, triton=IGNORED),  # metadata: which engine serves a pair
+    "target_language": FieldRule(native=IGNORED, triton=IGNORED),
     "pad_token_id": FieldRule(native=IGNORED, triton=IGNORED),
     "bos_token_id": FieldRule(native=IGNORED, triton=IGNORED),
     "eos_token_id": FieldRule(native=IGNORED, triton=IGNORED),

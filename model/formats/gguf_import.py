@@ -1,4 +1,4 @@
-"""Import a llama.cpp GGUF file as one of our models (a DecoderLM of the Llama lineages).
+"""Import a llama.cpp GGUF file as one of our models (a DecoderLM of Llama's architecture or one derived from it).
 
     from model.formats.gguf_import import load_gguf
     g = load_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -9,7 +9,7 @@ tokenizer from ``tokenizer.ggml.*`` (model.tokenization.gguf_vocab), the chat te
 ``tokenizer.chat_template``. Quantized tensors are dequantized to float32 at load time
 (the supported types are in ``SUPPORTED_TYPES``; any other fails naming tensor and type).
 
-Architectures (``general.architecture``; ``LINEAGES`` says what each adds to a Llama):
+Architectures (``general.architecture``; ``_lineage`` says what each adds to a Llama):
 ``llama`` (Llama, SmolLM2, Mistral), ``qwen2``, ``qwen3``, ``gemma3`` (text), ``phi3``.
 llama.cpp's converter permutes the rows of ``attn_q`` / ``attn_k`` for its interleaved
 (GPT-J style) RoPE only for ``llama``; they are put back into Hugging Face's rotate-half

@@ -271,7 +271,7 @@ class FeedForward(nn.Module):
 
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
-    """LayerNorm, or RMSNorm (scale only, no centring, no bias) for the Llama family."""
+    """LayerNorm, or RMSNorm (scale only, no centring, no bias) for the Llama architecture."""
     if cfg.norm == "rmsnorm":
         return nn.RMSNorm(cfg.d_model, eps=cfg.layer_norm_eps)
     return nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)

@@ -181,7 +181,7 @@ def quantize_int8_(model: nn.Module, calibration: Tensor | None = None, decode_o
 
 def wants_int8(mode: str, config, device: str) -> bool:
     """The service's ``TSERVE_QUANTIZE``: ``int8`` for every model, ``none`` for none, ``auto``
-    (the default) for the Llama family (decoder-only, gated feed-forward) on the CPU, where
+    (the default) for the Llama architecture (decoder-only, gated feed-forward) on the CPU, where
     decoding is bound by reading weights and int8 halves what a step reads."""
     if mode == "auto":
         return device == "cpu" and config.family == "decoder" and config.mlp == "gated"

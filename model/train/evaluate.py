@@ -24,11 +24,14 @@ import torch.nn.functional as F
 from model import beam_search, generate
 from model.engine.sampling import SamplingParams
 from model.nn.transformer import DecoderLM, EncoderDecoder, MaskedLM
-from model.text.placeholders import mask, placeholders, restore, same_placeholders, unmask
+from model.text.placeholders import placeholders, same_placeholders
+from model.text.translate import Attempt, Decoded, translate
+from model.text.translate import sources as placeholder_sources
 from model.tokenization.tokenizer import Tokenizer
 from model.train.batches import IGNORE, encode_documents, encode_sentences, lm_blocks, pad
 
 WORD = re.compile(r"\w+|[^\w\s]+")
+RETRY_BEAMS = 4  # beam search for the greedy outputs whose placeholders did not map back
 
 
 def bleu_chrf(hyps: Sequence[str], refs: Sequence[str]) -> dict[str, float]:
@@ -53,20 +56,21 @@ class Glossary:
 
 def translate_all(model: EncoderDecoder, tok: Tokenizer, sources: Sequence[str], max_new_tokens: int,
                   beam_size: int = 1, batch_size: int = 64) -> list[str]:
-    """Translations of ``sources``. A checkpoint trained on masked placeholders sees them
-    masked; an output that lost a sentinel is decoded again with beam search (4), and if
-    that fails too its placeholders are restored as far as they survived."""
-    if not model.cfg.mask_placeholders:
-        return _translate(model, tok, sources, max_new_tokens, beam_size, batch_size)
-    masked = [mask(s) for s in sources]
-    outs = _translate(model, tok, [m for m, _ in masked], max_new_tokens, beam_size, batch_size)
-    done = [unmask(o, found) for o, (_, found) in zip(outs, masked)]
-    retry = [i for i, d in enumerate(done) if d is None]
-    if retry and beam_size == 1:
-        again = _translate(model, tok, [masked[i][0] for i in retry], max_new_tokens, 4, batch_size)
-        for i, o in zip(retry, again):
-            done[i] = unmask(o, masked[i][1])
-    return [d if d is not None else restore(o, found) for d, o, (_, found) in zip(done, outs, masked)]
+    """Translations of ``sources``, through the placeholder-safe sequence the service runs too
+    (``model.text.translate``): a checkpoint trained on masked placeholders sees them masked;
+    an output that lost a sentinel is decoded again with beam search (4) when the first
+    decoding was greedy, and if that fails too the first output's placeholders are restored as
+    far as they survived (the greedy metrics stay those of greedy output)."""
+    masking = bool(model.cfg.mask_placeholders)
+
+    def decode(attempt: Attempt) -> list[Decoded[None]]:
+        beams = RETRY_BEAMS if attempt.retry else beam_size
+        outs = _translate(model, tok, attempt.texts, max_new_tokens, beams, batch_size)
+        return [Decoded([out], None) for out in outs]
+
+    done = translate(placeholder_sources(sources, masking), decode, masking, retry=beam_size == 1,
+                     restore_from="first")
+    return [r.text for r in done]
 
 
 def _translate(model: EncoderDecoder, tok: Tokenizer, sources: Sequence[str], max_new_tokens: int,

@@ -27,8 +27,9 @@ from service.chat_schemas import (
 from service.dependencies import RegistryDep
 from service.engine import EngineEvent, GenerativeEngine, RequestStream, SamplingParams
 from service.errors import ERROR_RESPONSES
-from service.routes.streaming import check_event, collect, mark, merged, sse_response
+from service.routes.streaming import check_event, client_gone, mark, merged, sse_response
 from service.schemas import Usage
+from service.waiting import collect
 
 router = APIRouter(tags=["openai"])
 
@@ -88,7 +89,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, regist
     reply = _Reply(engine, f"chatcmpl-{streams[0].request_id}", int(time.time()), prompt)
     if body.stream:
         return sse_response(_chunks(reply, streams, request, body), streams, request)
-    results = await collect(request, streams)
+    results = await collect(client_gone(request), streams)
     usage = engine.usage([prompt], [events[-1] for events in results])
     mark(request, usage=usage)
     choices = [ChatChoice(index=i, message=AssistantMessage(content="".join(e.text for e in events)),

@@ -19,8 +19,9 @@ from service.engine_errors import InvalidRequestError
 from service.errors import ERROR_RESPONSES
 from service.openai_schemas import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
 from service.routes.inputs import input_ids
-from service.routes.streaming import check_event, collect, mark, merged, sse_response
+from service.routes.streaming import check_event, client_gone, mark, merged, sse_response
 from service.schemas import Usage
+from service.waiting import collect
 
 router = APIRouter(tags=["openai"])
 
@@ -80,7 +81,7 @@ async def completions(body: CompletionRequest, request: Request, registry: Regis
     reply = _Reply(engine, f"cmpl-{streams[0].request_id}", int(time.time()), prompts, echoes)
     if body.stream:
         return sse_response(_chunks(reply, streams, request, body), streams, request)
-    results = await collect(request, streams)
+    results = await collect(client_gone(request), streams)
     usage = engine.usage(prompts, [events[-1] for events in results])
     mark(request, usage=usage)
     choices = [CompletionChoice(

@@ -12,8 +12,9 @@ from service.encoder_engine import EncoderEngine
 from service.errors import ERROR_RESPONSES
 from service.openai_schemas import EmbeddingItem, EmbeddingRequest, EmbeddingResponse
 from service.routes.inputs import input_ids
-from service.routes.streaming import mark, unless_disconnected
+from service.routes.streaming import client_gone, mark
 from service.schemas import FillMaskRequest, FillMaskResponse, Usage
+from service.waiting import unless_disconnected
 
 router = APIRouter(tags=["encoder"])
 
@@ -24,7 +25,7 @@ async def fill_mask(body: FillMaskRequest, request: Request, registry: RegistryD
     engine: EncoderEngine = registry.get(body.model, "encoder", "/v1/fill-mask", "fill-mask")
     mark(request, engine.name)
     rows = input_ids(body.text, "text", engine, settings)
-    results = await unless_disconnected(request, engine.fill_mask(rows, body.top_k))
+    results = await unless_disconnected(client_gone(request), engine.fill_mask(rows, body.top_k))
     mark(request, usage=engine.usage(rows))
     shaped = [per_text[0] if len(per_text) == 1 else per_text for per_text in results]
     return shaped[0] if isinstance(body.text, str) else shaped
@@ -37,7 +38,7 @@ async def embeddings(body: EmbeddingRequest, request: Request, registry: Registr
     mark(request, engine.name)
     engine.check_dimensions(body.dimensions)
     rows = input_ids(body.input, "input", engine, settings)
-    vectors = await unless_disconnected(request, engine.embed(rows))
+    vectors = await unless_disconnected(client_gone(request), engine.embed(rows))
     usage = engine.usage(rows)
     mark(request, usage=usage)
     if body.encoding_format == "base64":

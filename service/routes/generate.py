@@ -11,8 +11,9 @@ from service.dependencies import RegistryDep, SettingsDep
 from service.engine import EngineEvent, GenerativeEngine, RequestStream, SamplingParams
 from service.errors import ERROR_RESPONSES
 from service.routes.inputs import input_ids
-from service.routes.streaming import check_event, collect, mark, sse_response
+from service.routes.streaming import check_event, client_gone, mark, sse_response
 from service.schemas import GenerateRequest, GenerateResponse, TokenLogprob, TopLogprob, Usage
+from service.waiting import collect
 
 router = APIRouter(tags=["generation"])
 
@@ -43,7 +44,7 @@ async def generate(body: GenerateRequest, request: Request, registry: RegistryDe
     if body.stream:
         return sse_response(_chunks(engine, stream, request, rid, created, prompts, body.logprobs is not None),
                             [stream], request)
-    (events,) = await collect(request, [stream])
+    (events,) = await collect(client_gone(request), [stream])
     usage = engine.usage(prompts, [events[-1]])
     mark(request, usage=usage)
     return GenerateResponse(

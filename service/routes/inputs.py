@@ -9,7 +9,7 @@ engine's (``engine.tokenize`` / ``engine.validate_ids``).
 from __future__ import annotations
 
 from service.engine import BaseEngine
-from service.engine_errors import InvalidRequestError
+from service.engine_errors import EmptyInputError, InvalidRequestError
 from service.settings import Settings
 
 Input = str | list[str] | list[int] | list[list[int]]
@@ -17,14 +17,18 @@ Input = str | list[str] | list[int] | list[list[int]]
 
 def text_list(value: str | list[str], field: str, settings: Settings) -> list[str]:
     """A single text or a list of texts -> a non-empty list within the configured limits."""
+    if not isinstance(value, str | list):  # the drop-ins read their parameters untyped
+        raise InvalidRequestError(f"{field} must be a string or a list of strings", field)
     texts = [value] if isinstance(value, str) else list(value)
     if not texts:
-        raise InvalidRequestError(f"{field} must not be an empty list", field)
+        raise EmptyInputError(f"{field} must not be an empty list", field)
     _check_count(len(texts), field, settings)
     for i, text in enumerate(texts):
         where = f"{field}[{i}]" if len(texts) > 1 or not isinstance(value, str) else field
+        if not isinstance(text, str):
+            raise InvalidRequestError(f"{where} must be a string", field)
         if not text.strip():
-            raise InvalidRequestError(f"{where} must not be empty", field)
+            raise EmptyInputError(f"{where} must not be empty", field)
         if len(text) > settings.max_text_chars:
             raise InvalidRequestError(f"{where} has {len(text)} characters; at most {settings.max_text_chars} are "
                                       f"allowed (TSERVE_MAX_TEXT_CHARS)", field)
@@ -38,7 +42,7 @@ def is_text(value: Input) -> bool:
 def input_ids(value: Input, field: str, engine: BaseEngine, settings: Settings) -> list[list[int]]:
     """Any of the four input shapes -> one list of token ids per input, checked."""
     if isinstance(value, list) and not value:
-        raise InvalidRequestError(f"{field} must not be an empty list", field)
+        raise EmptyInputError(f"{field} must not be an empty list", field)
     if is_text(value):
         return engine.tokenize(text_list(value, field, settings), field)
     rows = [list(value)] if isinstance(value[0], int) else [list(row) for row in value]

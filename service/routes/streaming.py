@@ -1,9 +1,9 @@
-"""Waiting for engine events on behalf of one HTTP request.
+"""Answering one HTTP request from engine events: Server-Sent Events, the request log's marks.
 
-Non-streaming requests watch the connection while they wait: if the client goes away
-the request is aborted and its slot freed at the next engine step. Streaming requests
-are cancelled by Starlette when the client disconnects; the ``finally`` in the chunk
-generator aborts them the same way.
+Waiting for a whole result while watching the client (``collect``, ``unless_disconnected``)
+lives below the routes, in ``service.waiting``; a route passes it ``client_gone(request)``.
+Streaming requests are cancelled by Starlette when the client disconnects; the ``finally`` in
+the chunk generator aborts them.
 """
 
 from __future__ import annotations
@@ -11,16 +11,25 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from service.engine import EngineEvent, RequestStream, TokenUsage
-from service.engine_errors import ClientDisconnectedError, RequestFailedError
+from service.engine_errors import RequestFailedError
 from service.middleware import ERROR_KEY, MODEL_KEY, USAGE_KEY
 
-T = TypeVar("T")
+
+def client_gone(request: Request) -> Callable[[], Awaitable[None]]:
+    """An async callable that returns once ``request``'s client has disconnected: it waits on
+    the connection's receive channel (the body has been read by then), so a waiting request
+    costs no polling."""
+    async def wait() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+    return wait
+
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -34,49 +43,6 @@ def mark(request: Request, model: str | None = None, usage: TokenUsage | None = 
         request.scope[USAGE_KEY] = (usage.prompt_tokens, usage.completion_tokens)
     if error is not None:
         request.scope[ERROR_KEY] = error
-
-
-async def _wait_for_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-async def _drain(stream: RequestStream) -> list[EngineEvent]:
-    events = []
-    async for event in stream:
-        if event.error:
-            raise RequestFailedError(event.error, f"request failed: {event.message}")
-        events.append(event)
-    return events
-
-
-async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Await ``work`` while watching the connection; a client that leaves cancels it."""
-    consumer = asyncio.ensure_future(work)
-    # Once the client is gone nobody awaits the result: mark its outcome retrieved so a late
-    # failure is not reported as "exception was never retrieved".
-    consumer.add_done_callback(lambda f: f.cancelled() or f.exception())
-    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
-    try:
-        done, _ = await asyncio.wait({consumer, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if consumer in done:
-            return consumer.result()
-        raise ClientDisconnectedError("the client closed the connection; the request was aborted")
-    finally:
-        watcher.cancel()
-        if not consumer.done():
-            consumer.cancel()
-
-
-async def collect(request: Request, streams: list[RequestStream]) -> list[list[EngineEvent]]:
-    """All events of every stream; aborts them all if the client disconnects or one fails."""
-    try:
-        return await unless_disconnected(request, asyncio.gather(*(_drain(s) for s in streams)))
-    finally:
-        for s in streams:
-            s.abort()
 
 
 def sse_event(data: dict[str, Any] | str) -> bytes:

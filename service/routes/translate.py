@@ -15,7 +15,7 @@ from service.engine import GenerativeEngine, RequestStream, SamplingParams
 from service.engine_errors import InvalidRequestError
 from service.errors import ERROR_RESPONSES
 from service.routes.inputs import text_list
-from service.routes.streaming import check_event, mark, sse_response
+from service.routes.streaming import check_event, client_gone, mark, sse_response
 from service.schemas import TranslateRequest, TranslateResponse, Translation, Usage
 
 router = APIRouter(tags=["translation"])
@@ -24,7 +24,8 @@ router = APIRouter(tags=["translation"])
 @router.post("/v1/translate", response_model=TranslateResponse, responses=ERROR_RESPONSES,
              summary="Translate one text or a list of texts (stream=true streams a single text)")
 async def translate(body: TranslateRequest, request: Request, registry: RegistryDep, settings: SettingsDep):
-    engine: GenerativeEngine = registry.get(body.model, "encoder-decoder", "/v1/translate")
+    found = translation.engine_for(registry) if body.model is None else None
+    engine: GenerativeEngine = found[1] if found else registry.get(body.model, "encoder-decoder", "/v1/translate")
     mark(request, engine.name)
     if body.stream and not isinstance(body.text, str):
         raise InvalidRequestError("stream=true needs a single text, not a list", "stream")
@@ -40,7 +41,7 @@ async def translate(body: TranslateRequest, request: Request, registry: Registry
         rid = f"tr-{stream.request_id}"
         return sse_response(_chunks(engine, stream, streamed, request, rid, created, ids), [stream], request)
     fields = ["text" if isinstance(body.text, str) else f"text[{i}]" for i in range(len(texts))]
-    results, usage = await translation.translate(request, engine, sources, ids, params, fields, "text")
+    results, usage = await translation.translate(client_gone(request), engine, sources, ids, params, fields, "text")
     mark(request, usage=usage)
     return TranslateResponse(
         id=rid, created=created, model=engine.name,

@@ -22,7 +22,7 @@ from service.dependencies import RegistryDep, SettingsDep
 from service.engine import GenerativeEngine, SamplingParams
 from service.engine_errors import InvalidRequestError
 from service.errors import ERROR_RESPONSES
-from service.routes.streaming import mark
+from service.routes.streaming import client_gone, mark
 from service.schemas import TranslatePoOptions
 
 router = APIRouter(tags=["translation"])
@@ -33,8 +33,14 @@ FILE_SCHEMA = {"type": "string", "format": "binary", "description": "a gettext .
                "header declares); at most TSERVE_MAX_BODY_BYTES and TSERVE_MAX_PO_ENTRIES entries"}
 
 
+def _not_null(schema: dict[str, Any]) -> dict[str, Any]:
+    """A form field has no null: leaving it out gives the default."""
+    branches = [b for b in schema.pop("anyOf", []) if b.get("type") != "null"]
+    return {**schema, **branches[0]} if len(branches) == 1 else {**schema, **({"anyOf": branches} if branches else {})}
+
+
 def _options_schema() -> dict[str, Any]:
-    props = {name: {k: v for k, v in schema.items() if k != "title"}
+    props = {name: _not_null({k: v for k, v in schema.items() if k != "title"})
              for name, schema in TranslatePoOptions.model_json_schema()["properties"].items()}
     return {"type": "object", "required": ["file"], "properties": {"file": FILE_SCHEMA, **props}}
 
@@ -68,7 +74,8 @@ async def translate_po(request: Request, registry: RegistryDep, settings: Settin
             f"(e.g. {max(1, capacity // 2)}) and send the returned file again for the rest", "max_entries",
             code="body_too_large")
     params = SamplingParams(max_new_tokens=body.max_tokens, beam_size=body.beam_size, temperature=0.0)
-    summary = await po_catalogue.translate_catalogue(request, engine, po, texts, params, settings.max_text_chars)
+    summary = await po_catalogue.translate_catalogue(client_gone(request), engine, po, texts, params,
+                                                     settings.max_text_chars)
     mark(request, usage=summary.usage)
     return Response(po_catalogue.render(po), media_type=f"{PO_MEDIA_TYPE}; charset=utf-8",
                     headers=summary.headers())

@@ -42,3 +42,20 @@ def test_unreadable_config_names_the_file(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(ConfigError, match="config.json"):
         ModelConfig.load(tmp_path / "config.json")
+
+
+def test_language_pair_is_validated_and_round_trips(tmp_path):
+    assert tiny_config("encoder-decoder").source_language is None  # unknown unless the checkpoint says
+    cfg = ModelConfig.from_dict(tiny_config("encoder-decoder").to_dict() | {"source_language": "en",
+                                                                           "target_language": "deu"})
+    cfg.save(tmp_path / "config.json")
+    assert ModelConfig.load(tmp_path / "config.json") == cfg
+    assert (cfg.source_language, cfg.target_language) == ("en", "deu")
+    for bad, needle in [({"source_language": "EN", "target_language": "de"}, "source_language"),
+                        ({"source_language": "en", "target_language": "de-DE"}, "target_language"),
+                        ({"source_language": "en"}, "set both or neither"),
+                        ({"target_language": 7, "source_language": "en"}, "target_language")]:
+        with pytest.raises(ConfigError, match=needle):
+            ModelConfig.from_dict(tiny_config("encoder-decoder").to_dict() | bad)
+    with pytest.raises(ConfigError, match="encoder-decoder"):
+        ModelConfig.from_dict(tiny_config("decoder").to_dict() | {"source_language": "en", "target_language": "de"})

@@ -196,6 +196,16 @@ INVALID = [
      "this server queues at most 24"),
     ("/v1/completions", {"model": "generate-tiny", "prompt": [5] * 100, "max_tokens": 50}, "max_tokens",
      "limit of 128 tokens"),
+    # unknown fields: refused as OpenAI refuses them, on every route of the service's own API
+    ("/v1/completions", {"model": "generate-tiny", "prompt": "x", "max_tokenz": 3}, "max_tokenz",
+     "Unrecognized request argument supplied: max_tokenz"),
+    ("/v1/embeddings", {"input": "x", "foo": None}, "foo", "Unrecognized request argument supplied: foo"),
+    ("/v1/generate", {"prompt": "x", "temprature": 0}, "temprature", "Unrecognized request argument"),
+    ("/v1/translate", {"text": "x", "beams": 2}, "beams", "Unrecognized request argument"),
+    ("/v1/completions", {"model": "generate-tiny", "prompt": [5] * 128, "max_tokens": 1}, "prompt",
+     "at most 127"),  # the prompt alone is over the limit: named, not max_tokens
+    ("/v1/completions", {"model": "generate-tiny", "prompt": [[5], [5] * 130]}, "prompt", "prompt[1] is 130 tokens"),
+    ("/v1/generate", {"prompt": "word " * 99}, "prompt", "limit is 128 tokens"),
     ("/v1/completions", {"model": "generate-tiny", "prompt": "x", "best_of": 2}, None, "best_of"),
     ("/v1/completions", {"model": "generate-tiny", "prompt": "x", "logit_bias": {"5": 1}}, None, "logit_bias"),
     ("/v1/completions", {"model": "generate-tiny", "prompt": "x", "suffix": "y"}, None, "suffix"),

@@ -1,5 +1,5 @@
 """POST /v1/chat/completions with the real openai client and LangChain's ChatOpenAI, on a
-tiny random Llama-family model with a ChatML template, and on the real SmolLM2."""
+tiny random Llama-architecture model with a ChatML template, and on the real SmolLM2."""
 
 from __future__ import annotations
 
@@ -107,6 +107,44 @@ def test_what_cannot_be_served_is_a_400_naming_the_field(client, extra, param):
     assert info.value.body["param"].split(".")[0].split("[")[0] == param, info.value.body
 
 
+@pytest.mark.parametrize("messages, where", [
+    ([{"role": "user", "content": ""}], "messages[0].content"),
+    ([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "  \n"}], "messages[1].content"),
+    ([{"role": "system", "content": ""}, {"role": "user", "content": "Hi"}], "messages[0].content"),
+    ([{"role": "user", "content": [{"type": "text", "text": " "}]}], "messages[0].content"),
+])
+def test_a_blank_message_is_a_400_naming_it(server, messages, where):
+    r = httpx.post(server.url + "/v1/chat/completions", json={"model": "chat-tiny", "messages": messages})
+    assert r.status_code == 400, r.text
+    assert where in r.json()["error"]["message"] and r.json()["error"]["param"] == "messages", r.json()
+
+
+def test_an_empty_assistant_turn_is_accepted(server):
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": ""},
+                {"role": "user", "content": "Hello?"}]
+    r = httpx.post(server.url + "/v1/chat/completions", json={"model": "chat-tiny", "messages": messages,
+                                                              "max_tokens": 2})
+    assert r.status_code == 200, r.text
+
+
+def test_a_prompt_over_the_limit_is_named_not_max_tokens(server):
+    long = [{"role": "user", "content": "word " * 400}]
+    r = httpx.post(server.url + "/v1/chat/completions", json={"model": "chat-tiny", "messages": long})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.json()
+    r = httpx.post(server.url + "/v1/chat/completions", json={"model": "chat-tiny", "messages": long,
+                                                              "max_completion_tokens": 4})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.json()
+
+
+def test_an_unknown_field_is_a_400_naming_it_as_openai_does(server, client):
+    with pytest.raises(openai.BadRequestError) as info:  # what the client's extra_body sends through
+        client.chat.completions.create(model="chat-tiny", messages=HELLO, max_tokens=2, extra_body={"foo": 1})
+    assert info.value.body["param"] == "foo"
+    assert info.value.body["message"] == "Unrecognized request argument supplied: foo"
+    r = client.chat.completions.create(model="chat-tiny", messages=HELLO, max_tokens=2, extra_body={"top_k": 5})
+    assert r.choices  # the documented extensions (vLLM's names) are known fields
+
+
 @pytest.mark.skipif(importlib.util.find_spec("langchain_openai") is None, reason="langchain-openai not installed")
 def test_langchain_chat_openai(server):
     from langchain_openai import ChatOpenAI
@@ -152,8 +190,33 @@ def test_a_gguf_path_in_tserve_models_is_served_under_its_name(tmp_path):
         assert [m.id for m in client.models.list()] == ["Tiny-Chat.Q8"]
         r = client.chat.completions.create(model="Tiny-Chat.Q8", messages=HELLO[1:], max_tokens=4, temperature=0)
         assert r.usage.completion_tokens >= 1
-        # A Llama-family model on the CPU: int8 decode steps through the native step (the defaults).
+        # A Llama-architecture model on the CPU: int8 decode steps through the native step (the defaults).
         metrics = httpx.get(s.url + "/metrics", timeout=10).text
         assert 'tserve_decode_step_info{model="Tiny-Chat.Q8",step="native"} 1.0' in metrics
         engine = s.app.state.registry.engines["Tiny-Chat.Q8"]  # TSERVE_KV_DTYPE=auto under the native step
         assert engine.core.runner.cache.k.dtype == torch.bfloat16 and engine.model.dtype == torch.float32
+
+
+def test_generate_runs_the_decode_step_the_service_runs(tmp_path):
+    """Offline equals served: the service's settings become one ``DecodeOptions``; ``prepare``
+    with it on the same file gives the step the engine holds, and ``generate`` through it gives
+    the served completion token for token."""
+    from model import SamplingParams, generate, load_model
+    from model.decode import prepare
+    from tests.model.gguf_tiny import tiny_llama, train_byte_bpe, write_llama_gguf
+
+    path = write_llama_gguf(tmp_path / "Tiny-Same.gguf", tiny_llama(seed=5), train_byte_bpe())
+    settings = settings_for(tmp_path / "empty", models=str(path), max_seq_len=48, prefix_cache_mb=0)
+    prompt = "Hello there"
+    with ServerThread(settings) as s:
+        served_step = s.app.state.registry.engines["Tiny-Same"].core.decode_step
+        body = {"model": "Tiny-Same", "prompt": prompt, "max_tokens": 16, "temperature": 0}
+        served = httpx.post(s.url + "/v1/completions", json=body, timeout=30).json()["choices"][0]["text"]
+    ckpt = load_model(path)
+    step = prepare(ckpt.model, settings.decode_options(), ckpt.tokenizer)
+    assert (step.name, step.kv_dtype) == (served_step.name, served_step.kv_dtype) == ("native", torch.bfloat16)
+    params = SamplingParams(max_new_tokens=16, temperature=0.0)
+    ids = [ckpt.tokenizer.encode(prompt)]
+    assert generate(ckpt.model, ids, params, ckpt.tokenizer, step=step)[0].text == served
+    fresh = load_model(path)  # the same through options=, prepared inside generate
+    assert generate(fresh.model, ids, params, fresh.tokenizer, options=settings.decode_options())[0].text == served

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -36,6 +37,7 @@ def test_help_lists_every_flag_with_its_variable_and_default():
         assert re.search(rf"{flag}\b.*?\[env TSERVE_{name.upper()}; default: [^\]]+\]", text), flag
     for flag in ("--host", "--port", "--weights-dir", "--models", "--device", "--dtype", "--log-level", "--version"):
         assert flag in text
+    assert re.search(r"--models .*path to a model directory, or a path to a \.gguf file", text)
     assert "--workers" in text and "replicas" in text  # says why there is none and what to do instead
 
 
@@ -97,3 +99,54 @@ def test_python_m_service_serves_on_the_given_port(weights_dir):
         out, _ = proc.communicate(timeout=30)
     # uvicorn shuts down gracefully, then re-raises the SIGTERM it caught, as it should
     assert proc.returncode in (0, -signal.SIGTERM) and "Traceback" not in out, out
+
+
+def _broken_weights(root: Path) -> Path:
+    broken = root / "broken-model"
+    broken.mkdir(parents=True)
+    (broken / "config.json").write_text('{"family": "decoder"}')
+    (broken / "model.safetensors").write_bytes(b"not safetensors")
+    return root
+
+
+def _serve_broken(tmp_path: Path, *flags: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    env = {**os.environ, "TSERVE_LOG_JSON": "false", "TSERVE_WARMUP": "false"}
+    env.pop("TSERVE_EXIT_ON_LOAD_FAILURE", None)
+    proc = subprocess.Popen([sys.executable, "-m", "service", "--port", str(port), "--weights-dir",
+                             str(_broken_weights(tmp_path)), "--log-level", "warning", *flags],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def test_a_model_that_fails_to_load_is_logged_and_the_process_stays_up_unready(tmp_path):
+    proc, url = _serve_broken(tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                health = httpx.get(url + "/health", timeout=2)
+                if health.status_code == 503:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "loading never failed"
+            time.sleep(0.2)
+        assert "error" in health.json() and httpx.get(url + "/ready").status_code == 503
+        time.sleep(0.5)
+        assert proc.poll() is None  # still up: Kubernetes restarts it after its liveness probe fails
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    line = next(ln for ln in out.splitlines() if "failed to load" in ln)
+    assert "ERROR" in line and "'broken-model'" in line and "/ready answers 503" in line, out
+    assert "--exit-on-load-failure" in line
+
+
+def test_exit_on_load_failure_ends_the_process_with_status_1(tmp_path):
+    proc, _ = _serve_broken(tmp_path, "--exit-on-load-failure")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1, out
+    line = next(ln for ln in out.splitlines() if "failed to load" in ln)
+    assert "ERROR" in line and "'broken-model'" in line and "exiting with status 1" in line, out

@@ -22,6 +22,8 @@ import pytest
 from deep_translator import LibreTranslator
 from libretranslatepy import LibreTranslateAPI
 
+from service.engine_errors import EmptyInputError, InputTooLongError, InvalidRequestError
+from service.routes.compat.tei import render as tei_render
 from tests.service.conftest import settings_for
 from tests.service.server_thread import ServerThread
 
@@ -115,6 +117,49 @@ def test_tei_embed_truncate_and_errors(server):
     assert r.status_code == 200 and len(r.json()) == 2 and len(r.json()[0]) == 384
     r = httpx.post(server.url + "/embed", json={"inputs": ""})
     assert r.status_code == 400 and r.json()["error_type"] == "Empty"
+
+
+def test_tei_status_follows_the_error_code_not_the_message():
+    assert tei_render(EmptyInputError("inputs must not be empty", "inputs")).status_code == 400
+    assert tei_render(InputTooLongError("inputs is 600 tokens; this model accepts at most 512")).status_code == 413
+    assert tei_render(InvalidRequestError("the tokens of an empty dimension")).status_code == 422
+
+
+def test_a_missing_or_empty_body_is_a_client_error_naming_it(server):
+    """Found by fuzzing: POST / with no body was a 500 (the task's body validated outside FastAPI)."""
+    for path in ("/", "/generate", "/generate_stream", "/embed"):
+        for body in ({}, None):
+            r = httpx.post(server.url + path, json=body)
+            assert r.status_code == 422 and r.json()["error_type"] in ("validation", "Tokenizer"), (path, r.text)
+            assert "inputs" in r.json()["error"] or "body" in r.json()["error"], (path, r.text)
+
+
+def test_drop_ins_ignore_unknown_fields_as_their_servers_do(server):
+    r = httpx.post(server.url + "/generate", json={"inputs": "To be", "parameters": {"max_new_tokens": 2,
+                                                                                      "not_a_tgi_field": 1}, "x": 2})
+    assert r.status_code == 200, r.text
+    r = httpx.post(server.url + "/translate", json={"q": "Open the file", "source": "en", "target": "de", "x": 1})
+    assert r.status_code == 200, r.text
+    r = httpx.post(server.url + "/v2/translate", json={"text": ["Open"], "target_lang": "DE", "x": 1})
+    assert r.status_code == 200, r.text
+
+
+def test_drop_in_texts_of_the_wrong_type_are_client_errors(server):
+    """Found by fuzzing: a list inside ``q`` / ``text`` was a 500, so were non-object ``parameters``."""
+    r = httpx.post(server.url + "/translate", json={"q": [["a"]], "source": "en", "target": "de"})
+    assert r.status_code == 400 and "q[0] must be a string" in r.json()["error"]
+    r = httpx.post(server.url + "/v2/translate", json={"text": [1], "target_lang": "DE"})
+    assert r.status_code == 400 and "text[0] must be a string" in r.json()["message"]
+    r = httpx.post(server.url + "/", json={"inputs": "a [MASK]", "parameters": True})
+    assert r.status_code == 422 and "parameters" in r.json()["error"]
+
+
+def test_html_with_more_text_runs_than_max_texts_is_translated(compat_weights):
+    """TSERVE_MAX_TEXTS limits the documents sent, not the text runs between their tags."""
+    with ServerThread(settings_for(compat_weights, max_texts=2, models="translate-tiny-en-de")) as srv:
+        html = "<p>Open</p><p>the</p><p>file</p>"
+        r = httpx.post(srv.url + "/translate", json={"q": html, "source": "en", "target": "de", "format": "html"})
+        assert r.status_code == 200 and r.json()["translatedText"].count("<p>") == 3, r.text
 
 
 def test_inference_client_fill_mask_honours_top_k(hf_client):

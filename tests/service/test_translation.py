@@ -58,16 +58,15 @@ class ScriptedEngine:
         return final.completion_tokens
 
 
-class Connected:
-    async def receive(self):
-        await asyncio.Event().wait()
+async def never_gone() -> None:  # the client never leaves
+    await asyncio.Event().wait()
 
 
 def run(engine, texts, params):
     sources = translation.sources(engine, texts)
     ids = translation.source_ids(engine, sources, "text")
     fields = [f"text[{i}]" for i in range(len(texts))]
-    return asyncio.run(translation.translate(Connected(), engine, sources, ids, params, fields, "text"))
+    return asyncio.run(translation.translate(never_gone, engine, sources, ids, params, fields, "text"))
 
 
 def test_masked_source_and_unmasked_output():
@@ -120,3 +119,37 @@ def test_streamed_sentinels_are_mapped_back_as_they_complete(chunks, expected, o
             for i, c in enumerate(chunks)]
     assert "".join(sent) == expected and streamed.placeholders_ok is ok
     assert all("⟪" not in s for s in sent)
+
+
+def fake_engine(name, pair=(None, None), family="encoder-decoder", ready=True):
+    cfg = SimpleNamespace(source_language=pair[0], target_language=pair[1])
+    return SimpleNamespace(name=name, family=family, ready=ready, cfg=cfg)
+
+
+def test_the_language_pair_is_the_checkpoints_and_the_name_only_a_fallback():
+    assert translation.language_pair(fake_engine("my-model", ("en", "fr"))) == ("en", "fr")
+    assert translation.language_pair(fake_engine("translate-en-de", ("en", "fr"))) == ("en", "fr")
+    assert translation.language_pair(fake_engine("opus-mt-en-de")) == ("en", "de")  # no metadata: the name
+    assert translation.language_pair(fake_engine("my-model")) is None
+    assert translation.language_pair(fake_engine("gpt-en-de", family="decoder")) is None
+
+
+def test_one_rule_chooses_the_engine_for_a_pair():
+    engines = [fake_engine("gpt", family="decoder"), fake_engine("loading-en-de", ready=False),
+               fake_engine("a", ("en", "de")), fake_engine("b", ("fr", "de")), fake_engine("c", ("en", "de")),
+               fake_engine("anonymous")]
+    registry = SimpleNamespace(engines={e.name: e for e in engines})
+
+    def chosen(source, target):
+        found = translation.engine_for(registry, source, target)
+        return found and (found[0], found[1].name)
+
+    assert chosen("en", "de") == (("en", "de"), "a")  # the first ready model, in loading order
+    assert chosen("fr", "de") == (("fr", "de"), "b")
+    assert chosen(None, "de") == (("en", "de"), "a")  # DeepL without source_lang
+    assert chosen("fr", None) == (("fr", "de"), "b")
+    assert chosen("de", "en") is None
+    assert chosen(None, None) == (("en", "de"), "a")  # /v1/translate without a model: any translation model
+    assert list(translation.translation_pairs(registry)) == [("en", "de"), ("fr", "de")]
+    assert {p: e.name for p, e in translation.translation_pairs(registry).items()} == {("en", "de"): "a",
+                                                                                       ("fr", "de"): "b"}

@@ -1,4 +1,4 @@
-// One decode step of a Llama-family decoder in C++ (see model/decode/native.py for why and how
+// One decode step of a Llama-architecture decoder in C++ (see model/decode/native.py for why and how
 // it is built). The projections are fbgemm's dynamic int8 linears (or float ones, at::linear):
 // the same kernels the eager int8 path calls. Everything between them (RMSNorm, smoothing
 // scales, RoPE, the K/V write into the slot cache, grouped-query attention over each row's own

@@ -33,8 +33,8 @@ def llama_model_config(*, vocab_size: int, d_model: int, n_heads: int, n_kv_head
                        max_positions: int, rope_theta: float, rope_scaling: dict[str, Any] | None, rms_eps: float,
                        tie_word_embeddings: bool, bos: int | None, eos: int | None, pad: int | None,
                        activation: str = "silu", **lineage: Any) -> ModelConfig:
-    """The ModelConfig of a Llama-family decoder, whichever file format described it. ``lineage``:
-    the fields by which a later lineage differs (qkv_bias, qk_norm, sliding_window, ...)."""
+    """The ModelConfig of a Llama-architecture decoder, whichever file format described it. ``lineage``:
+    the fields by which a later architecture differs (qkv_bias, qk_norm, sliding_window, ...)."""
     return ModelConfig(
         family="decoder", vocab_size=vocab_size, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads,
         n_decoder_layers=n_layers, d_ff=d_ff, activation=activation, dropout=0.0, max_positions=max_positions,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from model.config import ModelConfig
+from model.config import LANGUAGE_CODE, ModelConfig
 from model.formats.hf.format import HFConfig, HFImportError, HFWeights, Importer, TensorMap, activation, read_json
 from model.nn.layers import sinusoidal_table
 from model.tokenization.spm import SentencePieceError, read_sentencepiece, unigram_tokenizer
@@ -56,6 +56,18 @@ def marian_tokenizer(directory: Path) -> Tokenizer:
         raise HFImportError(f"{spm_path} + vocab.json: {exc}") from None
 
 
+def marian_languages(directory: Path) -> tuple[str | None, str | None]:
+    """(source, target) language codes where the HF directory says them: ``source_lang`` and
+    ``target_lang`` of tokenizer_config.json (what transformers' Marian conversion writes, e.g.
+    ``en``/``de`` for opus-mt-en-de); (None, None) when absent or when either is not an ISO 639
+    code (``ROMANCE`` of opus-mt-en-ROMANCE)."""
+    path = directory / "tokenizer_config.json"
+    settings = read_json(path) if path.is_file() else {}
+    pair = [settings.get("source_lang"), settings.get("target_lang")]
+    codes = [p.lower() for p in pair if isinstance(p, str) and LANGUAGE_CODE.fullmatch(p.lower())]
+    return (codes[0], codes[1]) if len(codes) == 2 else (None, None)
+
+
 def marian_config(hf: HFConfig, tokenizer: Tokenizer, directory: Path) -> ModelConfig:
     hf.expect("share_encoder_decoder_embeddings", True)
     vocab_size = hf.require("vocab_size")
@@ -69,6 +81,7 @@ def marian_config(hf: HFConfig, tokenizer: Tokenizer, directory: Path) -> ModelC
         if value is not None and in_vocab is not None and value != in_vocab:
             raise HFImportError(f"{hf.path}: {key} is {value} but vocab.json maps {text!r} to {in_vocab}")
     start = hf.token_id("decoder_start_token_id")
+    source_language, target_language = marian_languages(directory)
     return ModelConfig(
         family="encoder-decoder",
         vocab_size=vocab_size,
@@ -94,6 +107,8 @@ def marian_config(hf: HFConfig, tokenizer: Tokenizer, directory: Path) -> ModelC
         bos_token_id=hf.token_id("bos_token_id"),
         eos_token_id=hf.token_id("eos_token_id"),
         decoder_start_token_id=start if start is not None else pad,
+        source_language=source_language,
+        target_language=target_language,
     )
 
 

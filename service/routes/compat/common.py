@@ -1,4 +1,4 @@
-"""What the drop-in APIs share: their own error shapes, bodies in any encoding, language pairs,
+"""What the drop-in APIs share: their own error shapes, bodies in any encoding, language names,
 and the few engine calls (translate, generate, embed, fill) each API shapes differently.
 
 Every compatibility router uses a route class from ``error_route(render)``: an error raised
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hmac
 import html
-import re
 from collections.abc import Callable, Sequence
 from html.parser import HTMLParser
 from json import JSONDecodeError
@@ -20,14 +19,14 @@ from urllib.parse import parse_qsl
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from service import translation
 from service.engine import GenerativeEngine, SamplingParams
 from service.engine_errors import EngineError, InvalidRequestError
-from service.registry import EngineRegistry
 from service.routes.inputs import text_list
-from service.routes.streaming import mark
+from service.routes.streaming import client_gone, mark
 from service.settings import Settings
 
 Render = Callable[[EngineError], Response]
@@ -54,10 +53,12 @@ def error_route(render: Render) -> type[APIRoute]:
                     return await handler(request)
                 except EngineError as exc:
                     return render(exc)
-                except RequestValidationError as exc:
+                except (RequestValidationError, ValidationError) as exc:  # a body a route validates itself
                     err = exc.errors()[0]
                     where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
-                    return render(InvalidRequestError(f"{where}: {err['msg']}" if where else err["msg"], where))
+                    msg = "request body required (a JSON object)" if not where and err["type"] == "missing" \
+                        else f"{where}: {err['msg']}" if where else err["msg"]
+                    return render(InvalidRequestError(msg, where or None))
                 except HTTPException as exc:
                     return render(CompatError(exc.status_code, str(exc.detail)))
 
@@ -108,24 +109,6 @@ LANGUAGE_NAMES = {
     "nb": "Norwegian", "nl": "Dutch", "pl": "Polish", "pt": "Portuguese", "ro": "Romanian", "ru": "Russian",
     "sk": "Slovak", "sl": "Slovenian", "sv": "Swedish", "tr": "Turkish", "uk": "Ukrainian", "zh": "Chinese",
 }
-_PAIR = re.compile(r"(?:^|[-_])([a-z]{2,3})[-_]([a-z]{2,3})$")
-
-
-def language_pair(engine: GenerativeEngine) -> tuple[str, str] | None:
-    """(source, target) ISO 639-1 codes of a translation model, from its name (``*-en-de``)."""
-    match = _PAIR.search(engine.name.lower())
-    return (match.group(1), match.group(2)) if match else None
-
-
-def translation_pairs(registry: EngineRegistry) -> dict[tuple[str, str], GenerativeEngine]:
-    pairs: dict[tuple[str, str], GenerativeEngine] = {}
-    for engine in registry.engines.values():
-        pair = language_pair(engine) if engine.family == "encoder-decoder" else None
-        if pair is not None and engine.ready:
-            pairs.setdefault(pair, engine)  # type: ignore[arg-type]
-    return pairs
-
-
 def language_name(code: str) -> str:
     return LANGUAGE_NAMES.get(code, code)
 
@@ -145,7 +128,7 @@ async def translate_texts(request: Request, engine: GenerativeEngine, texts: lis
     params = SamplingParams(max_new_tokens=min(256, engine.max_len - 1), beam_size=beam_size,
                             temperature=temperature, seed=seed)
     fields = [f"{field}[{i}]" for i in range(len(items))]
-    results, usage = await translation.translate(request, engine, items, ids, params, fields, field)
+    results, usage = await translation.translate(client_gone(request), engine, items, ids, params, fields, field)
     mark(request, usage=usage)
     return [r.text for r in results], usage.completion_tokens
 
@@ -185,7 +168,11 @@ async def translate_html(request: Request, engine: GenerativeEngine, documents: 
     """Translate the text between tags; tags, attributes and surrounding whitespace stay as sent."""
     split = [html_segments(doc) for doc in documents]
     runs = [text for parts in split for is_text, text in parts if is_text and text.strip()]
-    translated = iter((await translate_texts(request, engine, runs, field, settings, beam_size))[0] if runs else [])
+    done: list[str] = []
+    for start in range(0, len(runs), settings.max_texts):  # runs, not documents: TSERVE_MAX_TEXTS limits documents
+        done += (await translate_texts(request, engine, runs[start:start + settings.max_texts], field, settings,
+                                       beam_size))[0]
+    translated = iter(done)
     out = []
     for parts in split:
         pieces = []

@@ -26,9 +26,9 @@ from service.routes.compat.common import (
     read_params,
     translate_html,
     translate_texts,
-    translation_pairs,
 )
 from service.routes.inputs import text_list
+from service.translation import engine_for, translation_pairs
 
 CHARACTER_LIMIT = 1_000_000_000_000  # DeepL Pro reports a very large limit; there is no quota here
 TARGET_VARIANTS = {"EN-GB": "en", "EN-US": "en", "PT-PT": "pt", "PT-BR": "pt", "ZH-HANS": "zh", "ZH-HANT": "zh"}
@@ -110,11 +110,11 @@ async def translate(request: Request, registry: RegistryDep, settings: SettingsD
     tag_handling = p.get("tag_handling")
     if tag_handling not in (None, "", "html"):
         raise _bad("Value for 'tag_handling' not supported: this server handles 'html' only.", "tag_handling")
-    candidates = [(s, e) for (s, t), e in pairs.items() if t == target and source in (None, s)]
-    if not candidates:
+    found = engine_for(registry, source, target)  # without source_lang: the first model translating into target
+    if found is None:
         raise _bad(f"Translation from '{source.upper() if source else 'auto'}' to '{target.upper()}' is not "
                    f"supported.", "target_lang")
-    detected, engine = candidates[0]  # without source_lang: the one source language translating into target
+    (detected, _), engine = found  # type: ignore[misc]
     if tag_handling == "html":
         translated = await translate_html(request, engine, texts, "text", settings)
     else:
@@ -130,7 +130,7 @@ async def translate(request: Request, registry: RegistryDep, settings: SettingsD
 @router.post("/v2/languages", summary="DeepL: source or target languages", operation_id="deepl_languages_post")
 async def languages(request: Request, registry: RegistryDep, settings: SettingsDep):
     _auth(request, settings)
-    kind = (await read_params(request)).get("type") or "source"
+    kind = (await read_params(request)).get("type", "source")
     if kind not in ("source", "target"):
         raise _bad("Value for 'type' not supported.", "type")
     pairs = translation_pairs(registry)

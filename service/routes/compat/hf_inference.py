@@ -28,9 +28,11 @@ from service.encoder_engine import EncoderEngine
 from service.engine import MAX_STOP_STRINGS
 from service.engine_errors import InvalidRequestError
 from service.registry import EngineRegistry
-from service.routes.compat.common import error_route, read_params, translate_texts, translation_pairs
+from service.routes.compat.common import error_route, read_params, translate_texts
 from service.routes.inputs import input_ids, text_list
-from service.routes.streaming import mark, unless_disconnected
+from service.routes.streaming import client_gone, mark
+from service.translation import engine_for, translation_pairs
+from service.waiting import unless_disconnected
 
 router = APIRouter(tags=["Hugging Face Inference (TGI / TEI)"], route_class=error_route(tgi.render))
 
@@ -69,6 +71,8 @@ def pick_task(body: dict[str, Any], registry: EngineRegistry) -> str:
 @router.post("/", summary="TGI/TEI/HF Inference: the task is read from the payload (see the module docs)")
 async def root(request: Request, registry: RegistryDep, settings: SettingsDep):
     body = await read_params(request)
+    if not isinstance(body.get("parameters", {}), dict | None):
+        raise InvalidRequestError("parameters: must be an object", "parameters")
     task = pick_task(body, registry)
     if task == "text-generation":
         req = tgi.TGIRequest.model_validate(body)
@@ -85,13 +89,13 @@ async def root(request: Request, registry: RegistryDep, settings: SettingsDep):
 async def _translation(body: dict, request: Request, registry: EngineRegistry, settings) -> list[dict]:
     params = body.get("parameters") or {}
     src, tgt = params.get("src_lang"), params.get("tgt_lang")
-    pairs = translation_pairs(registry)
     if src or tgt:
-        found = [e for (s, t), e in pairs.items() if src in (None, s) and tgt in (None, t)]
-        if not found:
+        found = engine_for(registry, src or None, tgt or None)
+        if found is None:
             raise InvalidRequestError(f"no translation model for {src or '?'} -> {tgt or '?'}; loaded pairs: "
-                                      f"{sorted('-'.join(p) for p in pairs)}", "parameters.tgt_lang")
-        engine = found[0]
+                                      f"{sorted('-'.join(p) for p in translation_pairs(registry))}",
+                                      "parameters.tgt_lang")
+        engine = found[1]
     else:
         engine = registry.get(None, "encoder-decoder", "/", only_one=True)
     texts = text_list(body.get("inputs") or "", "inputs", settings)
@@ -112,7 +116,7 @@ async def _fill_mask(body: dict, request: Request, registry: EngineRegistry, set
     if not isinstance(inputs, (str, list)):
         raise InvalidRequestError("inputs must be a string or a list of strings", "inputs")
     rows = input_ids(inputs, "inputs", engine, settings)
-    results = await unless_disconnected(request, engine.fill_mask(rows, top_k))
+    results = await unless_disconnected(client_gone(request), engine.fill_mask(rows, top_k))
     mark(request, usage=engine.usage(rows))
     shaped = [per_text[0] if len(per_text) == 1 else per_text for per_text in results]
     return shaped[0] if isinstance(inputs, str) else shaped

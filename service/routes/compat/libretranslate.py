@@ -3,7 +3,8 @@
 As LibreTranslate serves them (https://libretranslate.com/docs): parameters as JSON, form or
 query string; ``q`` a string or a list; ``source`` may be ``auto``; errors are
 ``{"error": message}`` with 400 (bad request), 403 (API key), 429 (busy), 500.
-A language pair is served by the translation model named ``*-<source>-<target>``.
+A language pair is served by the model ``service.translation.engine_for`` picks (the pair in
+its config.json; for a checkpoint without one, a name ``*-<source>-<target>``), as for DeepL.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ from service.routes.compat.common import (
     read_params,
     translate_html,
     translate_texts,
-    translation_pairs,
 )
 from service.routes.inputs import text_list
 from service.routes.streaming import mark
+from service.translation import engine_for, translation_pairs
 
 
 def _render(exc: EngineError) -> JSONResponse:
@@ -40,6 +41,8 @@ router = APIRouter(tags=["LibreTranslate"], route_class=error_route(_render))
 
 
 def _check_key(settings, params: dict) -> None:
+    if not isinstance(params.get("api_key", ""), str):
+        raise InvalidRequestError("Invalid request: api_key must be a string", "api_key")
     if not key_matches(settings, params.get("api_key")):
         raise CompatError(403, "Invalid API key", "invalid_api_key")
 
@@ -89,10 +92,11 @@ async def translate(request: Request, registry: RegistryDep, settings: SettingsD
         raise InvalidRequestError(f"{source} is not supported", "source")
     if target not in targets and target not in sources:
         raise InvalidRequestError(f"{target} is not supported", "target")
-    engine = pairs.get((source, target))
-    if engine is None:
+    found = engine_for(registry, source, target)
+    if found is None:
         raise InvalidRequestError(f"{language_name(target)} ({target}) is not available as a target language from "
-                                  f"{language_name(source)} ({source})", "target")
+                                  f"{language_name(source)} ({source}{', detected' if detected else ''})", "target")
+    engine = found[1]
     if fmt == "html":
         translated = await translate_html(request, engine, texts, "q", settings)
     else:

@@ -10,22 +10,29 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from service.dependencies import RegistryDep, SettingsDep
 from service.encoder_engine import EncoderEngine
 from service.engine_errors import EngineError, InvalidRequestError
 from service.routes.compat.common import error_route
 from service.routes.inputs import text_list
-from service.routes.streaming import mark, unless_disconnected
+from service.routes.streaming import client_gone, mark
+from service.schemas import RequestModel
+from service.waiting import unless_disconnected
 
 TEI_ERROR_TYPES = {400: "Empty", 413: "Validation", 422: "Tokenizer", 424: "Backend", 429: "Overloaded",
                    503: "Unhealthy"}
 
 
+# Codes of the error table (service.engine_errors) TEI answers with a status of its own;
+# every other client error is a Tokenizer error (422).
+TEI_STATUSES = {"empty_input": 400, "input_too_long": 413}
+
+
 def render(exc: EngineError) -> JSONResponse:
     if exc.status in (400, 404):
-        status = 400 if "empty" in exc.message else 413 if "tokens" in exc.message else 422
+        status = TEI_STATUSES.get(exc.code, 422)
     else:
         status = exc.status if exc.status in TEI_ERROR_TYPES else 424
     headers = {"Retry-After": str(getattr(exc, "retry_after", 1))} if status == 429 else None
@@ -36,8 +43,8 @@ def render(exc: EngineError) -> JSONResponse:
 router = APIRouter(tags=["Text Embeddings Inference"], route_class=error_route(render))
 
 
-class EmbedRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class EmbedRequest(RequestModel):
+    model_config = ConfigDict(extra="ignore")  # strict JSON types, as TEI (serde) reads them
 
     model: str | None = Field(None, description="extension: which loaded model (TEI serves one)")
     inputs: str | list[str]
@@ -59,7 +66,7 @@ async def embed(body: EmbedRequest, request: Request, registry, settings) -> lis
         raise InvalidRequestError("prompt_name is not supported: this model defines no prompts", "prompt_name")
     engine.check_dimensions(body.dimensions)
     rows = engine.tokenize(text_list(body.inputs, "inputs", settings), "inputs", truncate=body.truncate)
-    vectors = await unless_disconnected(request, engine.embed(rows, normalize=body.normalize))
+    vectors = await unless_disconnected(client_gone(request), engine.embed(rows, normalize=body.normalize))
     mark(request, usage=engine.usage(rows))
     return vectors
 

@@ -14,14 +14,16 @@ from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from service.dependencies import RegistryDep, SettingsDep
 from service.engine import MAX_STOP_STRINGS, EngineEvent, GenerativeEngine, RequestStream, SamplingParams
 from service.engine_errors import EngineError, InvalidRequestError
 from service.routes.compat.common import error_route
 from service.routes.inputs import input_ids
-from service.routes.streaming import check_event, collect, mark, sse_event, sse_response
+from service.routes.streaming import check_event, client_gone, mark, sse_event, sse_response
+from service.schemas import RequestModel
+from service.waiting import collect
 
 TGI_FINISH = {"eos": "eos_token", "length": "length", "stop": "stop_sequence"}
 TGI_ERROR_TYPES = {400: "validation", 404: "validation", 413: "validation", 422: "validation", 429: "overloaded",
@@ -38,8 +40,8 @@ def render(exc: EngineError) -> JSONResponse:
 router = APIRouter(tags=["Text Generation Inference"], route_class=error_route(render))
 
 
-class TGIParameters(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class TGIParameters(RequestModel):
+    model_config = ConfigDict(extra="ignore")  # strict JSON types, as TGI (serde) reads them: 0 is no bool
 
     do_sample: bool = False
     max_new_tokens: int | None = Field(None, ge=1, le=4096)
@@ -63,7 +65,9 @@ class TGIParameters(BaseModel):
     adapter_id: str | None = None
 
 
-class TGIRequest(BaseModel):
+class TGIRequest(RequestModel):
+    model_config = ConfigDict(extra="ignore")
+
     model: str | None = Field(None, description="extension: which loaded model (TGI serves one)")
     inputs: str = Field(..., min_length=1)
     parameters: TGIParameters = Field(default_factory=TGIParameters)
@@ -108,7 +112,7 @@ def prepare(body: TGIRequest, request: Request, registry, settings) -> tuple[Gen
 
 async def generate_one(body: TGIRequest, request: Request, registry, settings) -> dict:
     engine, ids, params = prepare(body, request, registry, settings)
-    (events,) = await collect(request, [engine.submit(ids, params, "inputs")])
+    (events,) = await collect(client_gone(request), [engine.submit(ids, params, "inputs")])
     mark(request, usage=engine.usage([ids], [events[-1]]))
     text = "".join(e.text for e in events)
     out: dict = {"generated_text": (body.inputs + text) if body.parameters.return_full_text else text}

@@ -168,3 +168,15 @@ def test_source_pieces_missing_from_the_vocabulary_are_named(marian, tmp_path):
     (bad / "vocab.json").write_text(json.dumps(vocab))
     with pytest.raises(HFImportError, match=rf"source\.spm.*not in the vocabulary.*{longest}"):
         load_hf(bad)
+
+
+@pytest.mark.parametrize("tokenizer_config, languages", [
+    ({"source_lang": "en", "target_lang": "de"}, ("en", "de")),  # as transformers' conversion writes it
+    ({"source_lang": "eng", "target_lang": "DEU"}, ("eng", "deu")),
+    ({"source_lang": "en", "target_lang": "ROMANCE"}, (None, None)),  # a group of languages: unknown
+    ({"source_lang": None, "target_lang": None}, (None, None)),
+])
+def test_the_language_pair_comes_from_the_tokenizer_config(marian, tmp_path, tokenizer_config, languages):
+    assert (marian.ours.config.source_language, marian.ours.config.target_language) == (None, None)
+    config = load_hf(_copy(marian.directory, tmp_path / "pair", tokenizer_config=tokenizer_config)).config
+    assert (config.source_language, config.target_language) == languages

@@ -1,4 +1,4 @@
-"""The Llama-family decoder (RMSNorm, RoPE, SwiGLU, grouped-query attention) against
+"""The Llama-architecture decoder (RMSNorm, RoPE, SwiGLU, grouped-query attention) against
 transformers' LlamaForCausalLM on the same random weights, and through our KV cache."""
 
 from __future__ import annotations
