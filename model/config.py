@@ -23,7 +23,7 @@ ACTIVATIONS = ("relu", "gelu", "gelu_new", "silu", "swish")
 POSITIONAL = ("sinusoidal", "learned", "rope")
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("standard", "gated")
-ROPE_SCALINGS = ("linear", "llama3")
+ROPE_SCALINGS = ("linear", "llama3", "longrope")
 SINUSOIDAL_LAYOUTS = ("interleaved", "split")
 NORM_PLACEMENTS = ("post", "pre")
 POOLINGS = ("mean", "cls", "max")
@@ -58,6 +58,8 @@ class ModelConfig:
     # None, {"type": "linear", "factor": f} (positions / f) or {"type": "llama3", "factor",
     # "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"} (per-frequency blend)
     rope_scaling: dict[str, Any] | None = None
+    # ... or {"type": "longrope", "factors": [one per frequency], "attention_factor": a}: each frequency
+    # divided by its own factor, cos/sin multiplied by a (Phi-3's LongRoPE with one fixed factor list)
     # Paper: sin on even, cos on odd dims. Marian/HF: sin in the first half, cos in the second.
     sinusoidal_layout: str = "interleaved"
     norm: str = "layernorm"  # Llama: rmsnorm (scale only, no mean subtraction, no bias)
@@ -71,6 +73,15 @@ class ModelConfig:
     attention_scale: float | None = None  # None: 1/sqrt(head_dim) as in the paper
     scale_embedding: bool = False  # multiply token embeddings by sqrt(d_model) (paper, Marian)
     tie_word_embeddings: bool = True  # output projection shares the input embedding matrix
+    # --- what the decoder lineages after Llama add (each read by the layers as data) ---------------------------
+    head_dim_override: int | None = None  # width of one attention head when not d_model / n_heads (Qwen3, Gemma 3)
+    qkv_bias: bool = False  # biases on the q/k/v projections even where 'bias' is False (Qwen2)
+    qk_norm: bool = False  # RMSNorm over each head of q and of k, before the rotary positions (Qwen3, Gemma 3)
+    post_sublayer_norm: bool = False  # a norm on each sublayer's output before the residual add (Gemma 3:
+    # x + N2(attn(N1(x))), x + N4(ffn(N3(x))))
+    sliding_window: int | None = None  # a position attends to itself and the window - 1 positions before it
+    sliding_window_layers: list[int] | None = None  # the layers that use the window; None: every layer
+    local_rope_theta: float | None = None  # rotary base of the window layers (unscaled); None: as the others
     type_vocab_size: int = 0  # >0 adds token-type (segment) embeddings (BERT: 2)
     lm_head_bias: bool = False  # bias on the output projection (BERT decoder bias, Marian final_logits_bias)
     mlm_transform: bool = False  # dense -> act -> LayerNorm before the MLM output projection (BERT)
@@ -96,7 +107,13 @@ class ModelConfig:
     # --- derived values -------------------------------------------------------------
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+        return self.head_dim_override if self.head_dim_override is not None else self.d_model // self.n_heads
+
+    def is_window_layer(self, index: int) -> bool:
+        """Whether decoder layer ``index`` attends only inside ``sliding_window``."""
+        if self.sliding_window is None:
+            return False
+        return self.sliding_window_layers is None or index in self.sliding_window_layers
 
     @property
     def kv_heads(self) -> int:
@@ -136,8 +153,29 @@ class ModelConfig:
         for name in ("vocab_size", "d_model", "n_heads", "d_ff", "max_positions"):
             need(isinstance(getattr(self, name), int) and getattr(self, name) >= 1,
                  f"config field '{name}' must be a positive integer, got {getattr(self, name)!r}")
-        need(self.d_model % self.n_heads == 0,
-             f"config field 'd_model' ({self.d_model}) must be divisible by 'n_heads' ({self.n_heads})")
+        if self.head_dim_override is None:
+            need(self.d_model % self.n_heads == 0,
+                 f"config field 'd_model' ({self.d_model}) must be divisible by 'n_heads' ({self.n_heads})")
+        else:
+            need(isinstance(self.head_dim_override, int) and self.head_dim_override >= 1,
+                 f"config field 'head_dim_override' must be a positive integer, got {self.head_dim_override!r}")
+        if self.sliding_window is not None:
+            need(isinstance(self.sliding_window, int) and self.sliding_window >= 1,
+                 f"config field 'sliding_window' must be a positive integer or null, got {self.sliding_window!r}")
+            need(self.family == "decoder", "config field 'sliding_window' is for the decoder family")
+        if self.sliding_window_layers is not None:
+            need(self.sliding_window is not None, "config field 'sliding_window_layers' needs 'sliding_window'")
+            need(isinstance(self.sliding_window_layers, list)
+                 and all(isinstance(i, int) and 0 <= i < self.n_decoder_layers for i in self.sliding_window_layers),
+                 f"config field 'sliding_window_layers' must list layer indices in [0, {self.n_decoder_layers}), "
+                 f"got {self.sliding_window_layers!r}")
+        if self.local_rope_theta is not None:
+            need(self.positional == "rope" and self.local_rope_theta > 0,
+                 "config field 'local_rope_theta' needs rotary positions and must be > 0")
+        if self.qk_norm:
+            need(self.norm == "rmsnorm", "config field 'qk_norm' needs norm 'rmsnorm'")
+        if self.post_sublayer_norm:
+            need(self.norm_placement == "pre", "config field 'post_sublayer_norm' needs norm_placement 'pre'")
         if self.positional == "sinusoidal":
             need(self.d_model % 2 == 0, "sinusoidal positions need an even 'd_model'")
         if self.n_kv_heads is not None:
@@ -145,13 +183,21 @@ class ModelConfig:
                  f"config field 'n_kv_heads' ({self.n_kv_heads}) must be a positive divisor of 'n_heads' "
                  f"({self.n_heads})")
         if self.positional == "rope":
-            need(self.head_dim % 2 == 0, "rotary positions need an even head dimension (d_model / n_heads)")
+            need(self.head_dim % 2 == 0, "rotary positions need an even head dimension")
             need(self.rope_theta > 0, "config field 'rope_theta' must be > 0")
         if self.rope_scaling is not None:
             kind = self.rope_scaling.get("type") if isinstance(self.rope_scaling, dict) else None
             need(kind in ROPE_SCALINGS,
                  f"config field 'rope_scaling' needs a 'type' in {list(ROPE_SCALINGS)}, got {self.rope_scaling!r}")
-            need(float(self.rope_scaling.get("factor", 0)) > 0, "config field 'rope_scaling.factor' must be > 0")
+            if kind == "longrope":
+                factors = self.rope_scaling.get("factors")
+                need(isinstance(factors, list) and len(factors) == self.head_dim // 2
+                     and all(isinstance(f, (int, float)) and f > 0 for f in factors),
+                     f"config field 'rope_scaling.factors' (longrope) must list {self.head_dim // 2} positive numbers")
+                need(float(self.rope_scaling.get("attention_factor", 0)) > 0,
+                     "config field 'rope_scaling.attention_factor' must be > 0")
+            else:
+                need(float(self.rope_scaling.get("factor", 0)) > 0, "config field 'rope_scaling.factor' must be > 0")
         if self.has_encoder:
             need(self.n_encoder_layers >= 1, "config field 'n_encoder_layers' must be >= 1")
         if self.has_decoder:

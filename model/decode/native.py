@@ -144,6 +144,10 @@ def wants_native(mode: str, model: nn.Module, library: str | Path | None = None)
     return True
 
 
+# The gate activations the C++ step implements, by its codes (csrc: enum Activation).
+ACTIVATIONS = {"silu": 0, "swish": 0, "gelu_new": 1}
+
+
 class NativeStep:
     """A ``DecodeStep`` over the C++ step. Build it once the weights are final (quantized): it
     holds the projections' kernels and copies of the norms as they are now."""
@@ -165,9 +169,16 @@ class NativeStep:
                                                        float(first.self_attn.scale))
         with torch.no_grad():
             plan.set_model(model.embed.tokens.weight, model.decoder_norm.weight, model.embed.rope)
+            # What the lineages after Llama add, as data (support.py lists what is implemented).
+            plan.set_features(float(model.embed.scale), ACTIVATIONS[cfg.activation],
+                              getattr(model.embed, "rope_local", None))
             for layer in model.decoder_layers:
                 attn, ffn = layer.self_attn, layer.ffn
                 plan.add_layer(layer.self_attn_norm.weight, layer.ffn_norm.weight)
+                norms = [None if n is None else n.weight
+                         for n in (attn.q_norm, attn.k_norm, layer.self_attn_post_norm, layer.ffn_post_norm)]
+                plan.set_layer_features(*norms, int(cfg.sliding_window or 0) if attn.window else 0,
+                                        bool(attn.local_rope))
                 for proj in (attn.qkv_proj, attn.out_proj, ffn.gate, ffn.up, ffn.down):
                     _add_projection(plan, proj)
             _add_projection(plan, model.lm_head.proj)

@@ -50,14 +50,14 @@ FIELDS: dict[str, FieldRule] = {
     "n_encoder_layers": FieldRule(native=IGNORED),  # the decoder family has none
     "n_decoder_layers": FieldRule(native=READ),
     "d_ff": FieldRule(native=READ),
-    "activation": FieldRule(native=("silu", "swish")),  # the C++ gate is SiLU
+    "activation": FieldRule(native=("silu", "swish", "gelu_new")),  # the C++ gate: SiLU or tanh GELU
     "dropout": FieldRule(native=IGNORED, triton=IGNORED),  # training only
     "attention_dropout": FieldRule(native=IGNORED, triton=IGNORED),
     "activation_dropout": FieldRule(native=IGNORED, triton=IGNORED),
     "max_positions": FieldRule(native=READ),  # the length of the rotary table it is given
     "positional": FieldRule(native=("rope",)),
     "rope_theta": FieldRule(native=READ),  # through the rotary table the model built
-    "rope_scaling": FieldRule(native=READ),  # likewise
+    "rope_scaling": FieldRule(native=READ),  # likewise (LongRoPE's attention factor is in the table too)
     "sinusoidal_layout": FieldRule(native=IGNORED),  # only for sinusoidal positions, refused above
     "norm": FieldRule(native=("rmsnorm",)),
     "mlp": FieldRule(native=("gated",)),
@@ -68,8 +68,18 @@ FIELDS: dict[str, FieldRule] = {
     "bias": FieldRule(native=(False,)),  # the int8 projections carry no bias in the C++ step
     "fused_qkv": FieldRule(native=(True,)),  # it reads one qkv projection per layer
     "attention_scale": FieldRule(native=READ),
-    "scale_embedding": FieldRule(native=(False,)),
+    "scale_embedding": FieldRule(native=READ),  # the embedding scale it is given
     "tie_word_embeddings": FieldRule(native=READ),  # the head is read from lm_head either way
+    # The lineages after Llama (Qwen2, Qwen3, Gemma 3, Phi-3, Mistral), as data the C++ step reads.
+    "head_dim_override": FieldRule(native=READ),  # its widths are n_heads * head_dim, d from the embeddings
+    "qkv_bias": FieldRule(native=READ),  # the bias rides in the qkv projection (float or fbgemm int8)
+    "qk_norm": FieldRule(native=READ),  # per-layer q/k norm weights
+    "post_sublayer_norm": FieldRule(native=READ),  # per-layer post-norm weights
+    # A window changes which positions a row attends to: the C++ step starts each row's attention at
+    # position - window + 1 in the layers that have one; the Triton kernel reads whole histories.
+    "sliding_window": FieldRule(native=READ, triton=(None,)),
+    "sliding_window_layers": FieldRule(native=READ, triton=IGNORED),  # only read with a window
+    "local_rope_theta": FieldRule(native=READ),  # the second rotary table the model built
     "type_vocab_size": FieldRule(native=(0,)),
     "lm_head_bias": FieldRule(native=(False,)),
     "mlm_transform": FieldRule(native=(False,)),

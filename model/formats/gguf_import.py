@@ -1,21 +1,25 @@
-"""Import a llama.cpp GGUF file as one of our models (a Llama-architecture DecoderLM).
+"""Import a llama.cpp GGUF file as one of our models (a DecoderLM of Llama's architecture or one derived from it).
 
     from model.formats.gguf_import import load_gguf
     g = load_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")
     g.model, g.tokenizer, g.config, g.chat_template
 
-The GGUF metadata is the single source: the config comes from ``llama.*`` keys, the
+The GGUF metadata is the single source: the config comes from ``<arch>.*`` keys, the
 tokenizer from ``tokenizer.ggml.*`` (model.tokenization.gguf_vocab), the chat template from
 ``tokenizer.chat_template``. Quantized tensors are dequantized to float32 at load time
 (the supported types are in ``SUPPORTED_TYPES``; any other fails naming tensor and type).
 
+Architectures (``general.architecture``; ``_lineage`` says what each adds to a Llama):
+``llama`` (Llama, SmolLM2, Mistral), ``qwen2``, ``qwen3``, ``gemma3`` (text), ``phi3``.
 llama.cpp's converter permutes the rows of ``attn_q`` / ``attn_k`` for its interleaved
-(GPT-J style) RoPE; they are put back into Hugging Face's rotate-half order here, which is
-what our rotary layer expects.
+(GPT-J style) RoPE only for ``llama``; they are put back into Hugging Face's rotate-half
+order here, which is what our rotary layer expects. The other lineages use llama.cpp's NeoX
+RoPE and are stored unpermuted. Gemma's ``1 + w`` norm weights are stored with the 1 added.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,23 +35,12 @@ from model.formats.hf.format import TensorMap
 from model.formats.hf.importer import build_imported
 from model.formats.hf.llama import llama_model_config
 from model.nn.transformer import TransformerModel
-from model.tokenization.gguf_vocab import GGUFTokenizerError, byte_level_tokenizer
+from model.tokenization.gguf_vocab import GGUFTokenizerError, gguf_tokenizer
 from model.tokenization.tokenizer import Tokenizer
 
 Q = gguf.GGMLQuantizationType
 SUPPORTED_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q6_K)  # each one tested
-ARCHITECTURES = ("llama",)
-
-# llama.cpp's per-layer tensor names -> ours (the q/k/v projections are fused separately).
-LAYER_TENSORS = {
-    "attn_norm": "self_attn_norm",
-    "attn_output": "self_attn.out_proj",
-    "ffn_norm": "ffn_norm",
-    "ffn_gate": "ffn.gate",
-    "ffn_up": "ffn.up",
-    "ffn_down": "ffn.down",
-}
-
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "phi3")
 
 class GGUFImportError(CheckpointError):
     """A GGUF file that cannot be imported; the message names the file and the key or tensor."""
@@ -126,6 +119,71 @@ def unpermute_rope_rows(w: Tensor, n_heads: int) -> Tensor:
     return w.reshape(n_heads, head_dim // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
 
 
+GEMMA3_SWA_PATTERN = 6  # llama.cpp and transformers: every 6th Gemma 3 layer is global, the others local
+GEMMA3_LOCAL_THETA = 10_000.0  # llama.cpp's rope_freq_base_train_swa for gemma3
+
+
+def _window(f: GGUFFile, arch: str, max_positions: int, layers: list[int] | None = None,
+            keep: bool = False) -> dict[str, Any]:
+    """sliding_window (+ layers) from ``<arch>.attention.sliding_window``; a window no shorter than
+    the context is dropped unless ``keep`` (its layers have their own rotary base)."""
+    window = f.get(f"{arch}.attention.sliding_window")
+    if window is None or window == 0:
+        return {}
+    if not isinstance(window, int) or window < 0:
+        raise GGUFImportError(f"{f.path}: metadata '{arch}.attention.sliding_window' is {window!r}; expected a "
+                              "positive integer")
+    if window >= max_positions and not keep:
+        return {}
+    return {"sliding_window": int(window), "sliding_window_layers": layers}
+
+
+def _longrope(f: GGUFFile, arch: str, head_dim: int, max_positions: int) -> dict[str, Any]:
+    """Phi-3's LongRoPE as llama.cpp stores it (rope_factors_short/long tensors, the attention factor
+    and the original context under rope.scaling.*): the short factors, served up to the original
+    context, as from a Hugging Face directory (model.formats.hf.phi3)."""
+    if "rope_factors_short.weight" not in f.tensors:
+        return {}
+    short = f.take("rope_factors_short.weight")
+    if "rope_factors_long.weight" in f.tensors:
+        f.take("rope_factors_long.weight")  # beyond the original context, which we do not serve
+    if short.numel() != head_dim // 2:
+        raise GGUFImportError(f"{f.path}: tensor 'rope_factors_short.weight' has {short.numel()} values; expected "
+                              f"{head_dim // 2}")
+    original = f.require(f"{arch}.rope.scaling.original_context_length")
+    factor = max_positions / original
+    attention = f.get(f"{arch}.rope.scaling.attn_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return {"rope_scaling": {"type": "longrope", "factors": [float(x) for x in short.tolist()],
+                             "attention_factor": float(attention)},
+            "max_positions": min(max_positions, int(original))}
+
+
+def _lineage(f: GGUFFile, arch: str, head_dim: int, max_positions: int, n_layers: int) -> dict[str, Any]:
+    """The ModelConfig fields by which ``arch`` differs from a Llama, as llama.cpp reads its file."""
+    if arch == "llama":  # Llama, SmolLM2, Mistral (whose window, where a file gives one, is on every layer)
+        return _window(f, arch, max_positions)
+    if arch == "qwen2":
+        return {"qkv_bias": True}
+    if arch == "qwen3":
+        return {"qk_norm": True}
+    if arch == "phi3":
+        return {**_longrope(f, arch, head_dim, max_positions), **_window(f, arch, max_positions)}
+    if arch == "gemma3":
+        for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+            if f.get(f"{arch}.{key}") is not None:
+                raise GGUFImportError(f"{f.path}: metadata '{arch}.{key}' is set; logit soft-capping is not "
+                                      "implemented")
+        local = [i for i in range(n_layers) if (i + 1) % GEMMA3_SWA_PATTERN]
+        window = _window(f, arch, max_positions, local if len(local) < n_layers else None, keep=True)
+        return {"qk_norm": True, "post_sublayer_norm": True, "scale_embedding": True, "activation": "gelu_new",
+                # llama.cpp scales scores by 1/sqrt(head_dim) (query_pre_attn_scalar = head_dim but for 27B)
+                "attention_scale": head_dim ** -0.5,
+                "local_rope_theta": GEMMA3_LOCAL_THETA if window else None, **window}
+    raise AssertionError(arch)
+
+
 def gguf_config(f: GGUFFile) -> ModelConfig:
     arch = f.get("general.architecture")
     if arch not in ARCHITECTURES:
@@ -138,12 +196,12 @@ def gguf_config(f: GGUFFile) -> ModelConfig:
     if not isinstance(n_kv, int):  # llama.cpp allows a per-layer list, for models that vary it
         raise GGUFImportError(f"{f.path}: metadata '{k('attention.head_count_kv')}' is {n_kv!r}; expected one "
                               "count for all layers")
-    head_dim = d_model // n_heads if n_heads else 0
-    for key in ("rope.dimension_count", "attention.key_length", "attention.value_length"):
+    head_dim = f.get(k("attention.key_length")) or (d_model // n_heads if n_heads else 0)
+    for key in ("rope.dimension_count", "attention.value_length"):
         value = f.get(k(key))
         if value is not None and value != head_dim:
             raise GGUFImportError(f"{f.path}: metadata '{k(key)}' is {value}; only {head_dim} "
-                                  f"(embedding_length / head_count) is supported")
+                                  f"(the head size) is supported")
     if "rope_freqs.weight" in f.tensors:
         raise GGUFImportError(f"{f.path}: tensor 'rope_freqs.weight' (per-frequency RoPE factors, as llama.cpp "
                               "writes Llama 3.1 scaling) is not supported")
@@ -157,37 +215,75 @@ def gguf_config(f: GGUFFile) -> ModelConfig:
     tokens = f.get("tokenizer.ggml.tokens") or []
     embed = f.tensors.get("token_embd.weight")
     vocab = f.get(k("vocab_size")) or (int(embed.shape[1]) if embed is not None else len(tokens))
+    max_positions = f.require(k("context_length"))
+    n_layers = f.require(k("block_count"))
+    lineage = _lineage(f, arch, head_dim, max_positions, n_layers)
+    if d_model % n_heads or head_dim != d_model // n_heads:
+        lineage["head_dim_override"] = head_dim
+    if "rope_scaling" in lineage:  # Phi-3's LongRoPE: its factors, and the context it is exact over
+        if scaling is not None:
+            raise GGUFImportError(f"{f.path}: both '{k('rope.scaling.type')}' and LongRoPE factors are set")
+        scaling = lineage.pop("rope_scaling")
+        max_positions = lineage.pop("max_positions")
     try:
         return llama_model_config(
             vocab_size=int(vocab), d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv,
-            n_layers=f.require(k("block_count")), d_ff=f.require(k("feed_forward_length")),
-            max_positions=f.require(k("context_length")), rope_theta=f.get(k("rope.freq_base"), 10000.0),
+            n_layers=n_layers, d_ff=f.require(k("feed_forward_length")),
+            max_positions=max_positions, rope_theta=f.get(k("rope.freq_base"), 10000.0),
             rope_scaling=scaling, rms_eps=f.require(k("attention.layer_norm_rms_epsilon"), float),
             # llama.cpp writes the output projection only when it is not the embedding matrix.
             tie_word_embeddings="output.weight" not in f.tensors,
             bos=f.get("tokenizer.ggml.bos_token_id"), eos=f.get("tokenizer.ggml.eos_token_id"),
-            pad=f.get("tokenizer.ggml.padding_token_id"),
+            pad=f.get("tokenizer.ggml.padding_token_id"), **lineage,
         )
     except ConfigError as exc:
         raise GGUFImportError(f"{f.path}: {exc}") from None
 
 
+# llama.cpp's per-layer norm names -> ours; Gemma 3 has four per block.
+LLAMA_NORMS = {"attn_norm": "self_attn_norm", "ffn_norm": "ffn_norm"}
+GEMMA3_NORMS = {"attn_norm": "self_attn_norm", "post_attention_norm": "self_attn_post_norm",
+                "ffn_norm": "ffn_norm", "post_ffw_norm": "ffn_post_norm"}
+
+
 def gguf_tensors(f: GGUFFile, cfg: ModelConfig) -> TensorMap:
+    arch = f.get("general.architecture")
     out = TensorMap()
-    out.put("embed.tokens.weight", f.take("token_embd.weight"), "token_embd.weight")
+
+    def put(ours: str, theirs: str) -> None:
+        out.put(ours, f.take(theirs), theirs)
+
+    put("embed.tokens.weight", "token_embd.weight")
     for i in range(cfg.n_decoder_layers):
         ours, theirs = f"decoder_layers.{i}", f"blk.{i}"
-        q = unpermute_rope_rows(f.take(f"{theirs}.attn_q.weight"), cfg.n_heads)
-        k = unpermute_rope_rows(f.take(f"{theirs}.attn_k.weight"), cfg.kv_heads)
-        v = f.take(f"{theirs}.attn_v.weight")
-        out.put(f"{ours}.self_attn.qkv_proj.weight", torch.cat([q, k, v], dim=0),
-                f"{theirs}.attn_q/attn_k/attn_v.weight")
-        for their_name, our_name in LAYER_TENSORS.items():
-            out.put(f"{ours}.{our_name}.weight", f.take(f"{theirs}.{their_name}.weight"),
-                    f"{theirs}.{their_name}.weight")
-    out.put("decoder_norm.weight", f.take("output_norm.weight"), "output_norm.weight")
+        if arch == "phi3":  # fused already, in our q, k, v row order
+            put(f"{ours}.self_attn.qkv_proj.weight", f"{theirs}.attn_qkv.weight")
+        else:
+            q, k = f.take(f"{theirs}.attn_q.weight"), f.take(f"{theirs}.attn_k.weight")
+            if arch == "llama":
+                q, k = unpermute_rope_rows(q, cfg.n_heads), unpermute_rope_rows(k, cfg.kv_heads)
+            out.put(f"{ours}.self_attn.qkv_proj.weight", torch.cat([q, k, f.take(f"{theirs}.attn_v.weight")]),
+                    f"{theirs}.attn_q/attn_k/attn_v.weight")
+        if cfg.qkv_bias:
+            bias = torch.cat([f.take(f"{theirs}.attn_{x}.bias") for x in "qkv"])
+            out.put(f"{ours}.self_attn.qkv_proj.bias", bias, f"{theirs}.attn_q/attn_k/attn_v.bias")
+        if cfg.qk_norm:
+            put(f"{ours}.self_attn.q_norm.weight", f"{theirs}.attn_q_norm.weight")
+            put(f"{ours}.self_attn.k_norm.weight", f"{theirs}.attn_k_norm.weight")
+        put(f"{ours}.self_attn.out_proj.weight", f"{theirs}.attn_output.weight")
+        for their_name, our_name in (GEMMA3_NORMS if cfg.post_sublayer_norm else LLAMA_NORMS).items():
+            put(f"{ours}.{our_name}.weight", f"{theirs}.{their_name}.weight")
+        if arch != "phi3":
+            put(f"{ours}.ffn.gate.weight", f"{theirs}.ffn_gate.weight")
+            put(f"{ours}.ffn.up.weight", f"{theirs}.ffn_up.weight")
+        else:  # ffn_up holds the gate rows, then the up rows
+            gate, up = f.take(f"{theirs}.ffn_up.weight").chunk(2, dim=0)
+            out.put(f"{ours}.ffn.gate.weight", gate.contiguous(), f"{theirs}.ffn_up.weight (first half)")
+            out.put(f"{ours}.ffn.up.weight", up.contiguous(), f"{theirs}.ffn_up.weight (second half)")
+        put(f"{ours}.ffn.down.weight", f"{theirs}.ffn_down.weight")
+    put("decoder_norm.weight", "output_norm.weight")
     if not cfg.tie_word_embeddings:
-        out.put("lm_head.proj.weight", f.take("output.weight"), "output.weight")
+        put("lm_head.proj.weight", "output.weight")
     return out
 
 
@@ -196,7 +292,7 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
     f = GGUFFile(Path(path))
     cfg = gguf_config(f)
     try:
-        tokenizer = byte_level_tokenizer(f.get)
+        tokenizer = gguf_tokenizer(f.get)
     except GGUFTokenizerError as exc:
         raise GGUFImportError(f"{f.path}: {exc}") from None
     if tokenizer.vocab_size > cfg.vocab_size:

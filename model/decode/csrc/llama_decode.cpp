@@ -5,6 +5,12 @@
 // history, SiLU gating, residuals) is plain loops over contiguous float32 rows, so a step costs
 // its kernels and little else.
 //
+// The lineages after Llama are described by data, never by a second copy per lineage: a q/k/v
+// bias rides in the projection; per layer, optional q/k norms (over each head, before RoPE),
+// optional norms on each sublayer's output (Gemma's post-norms), a sliding window and which of
+// two rotary tables it reads; per model, an embedding scale and the gate's activation (SiLU or
+// tanh GELU). set_features / set_layer_features set them; without those calls it is a Llama.
+//
 // Shapes: B rows (one new token each), d model width, nh query heads, nkv key/value heads,
 // hs head size, ff feed-forward width, L1 = cache length + 1 (the scratch column).
 #include <ATen/ATen.h>
@@ -49,7 +55,13 @@ struct Layer {
   std::vector<float> attn_norm, ffn_norm;
   Projection qkv, o, gate, up, down;
   bool up_has_own_input = false;  // up's smoothing scale differs from gate's: its input is its own
+  std::vector<float> q_norm, k_norm;  // (hs,) each, or empty: RMSNorm over each head of q / k before RoPE
+  std::vector<float> post_attn_norm, post_ffn_norm;  // (d,) each, or empty: a norm on each sublayer's output
+  int64_t window = 0;  // > 0: attend to the last `window` positions only
+  bool local_rope = false;  // read the second rotary table
 };
+
+enum Activation : int64_t { kSilu = 0, kGeluTanh = 1 };
 
 // out[j] = x[j] / rms(x) * w[j] * inv[j] for one row of width d (RMSNorm, then a smoothing scale).
 void rms_row(const float* x, const float* w, const Projection& next, float eps, int64_t d, float* out) {
@@ -57,6 +69,16 @@ void rms_row(const float* x, const float* w, const Projection& next, float eps, 
   for (int64_t j = 0; j < d; ++j) sum += static_cast<double>(x[j]) * x[j];
   const float r = 1.0f / std::sqrt(static_cast<float>(sum / d) + eps);
   for (int64_t j = 0; j < d; ++j) out[j] = x[j] * r * w[j] * next.scale(j);
+}
+
+// RMSNorm of each of `heads` rows of width hs, in place.
+void rms_heads(float* x, const float* w, float eps, int64_t heads, int64_t hs) {
+  for (int64_t h = 0; h < heads; ++h, x += hs) {
+    double sum = 0.0;
+    for (int64_t j = 0; j < hs; ++j) sum += static_cast<double>(x[j]) * x[j];
+    const float r = 1.0f / std::sqrt(static_cast<float>(sum / hs) + eps);
+    for (int64_t j = 0; j < hs; ++j) x[j] = x[j] * r * w[j];
+  }
 }
 
 // Rotate each (x_i, x_{i+hs/2}) pair of `heads` heads by the angles of one position.
@@ -226,6 +248,7 @@ void attend_item(const float* q, const T* keys, const T* values, int64_t n, int6
   static const bool avx512 = __builtin_cpu_supports("avx512f");
   if (avx512 && hs == 64) return attend_one_avx512<4>(q, keys, values, n, group, scale, scores, total, out);
   if (avx512 && hs == 128) return attend_one_avx512<8>(q, keys, values, n, group, scale, scores, total, out);
+  if (avx512 && hs == 256) return attend_one_avx512<16>(q, keys, values, n, group, scale, scores, total, out);  // Gemma 3
 #endif
   attend_one(q, keys, values, n, group, hs, scale, scores, total, out);
 }
@@ -245,6 +268,40 @@ class LlamaDecoder : public torch::CustomClassHolder {
     final_norm_ = to_vector(final_norm, d_, "final_norm");
     rope_ = float_contiguous(rope, "rope");
     TORCH_CHECK(rope_.dim() == 3 && rope_.size(0) == 2 && rope_.size(2) == hs_, "rope must be (2, P, head_dim)");
+  }
+
+  // What the whole model does beyond a Llama: token embeddings times `embed_scale`, the gate's
+  // activation (Activation), and a second rotary table (2, P, hs) for layers that ask for it.
+  void set_features(double embed_scale, int64_t activation, c10::optional<Tensor> rope_local) {
+    TORCH_CHECK(activation == kSilu || activation == kGeluTanh, "activation must be 0 (SiLU) or 1 (tanh GELU)");
+    embed_scale_ = static_cast<float>(embed_scale);
+    activation_ = activation;
+    if (rope_local) {
+      rope_local_ = float_contiguous(*rope_local, "rope_local");
+      TORCH_CHECK(rope_local_.sizes() == rope_.sizes(), "rope_local must have the shape of rope");
+    }
+  }
+
+  // The last added layer's features beyond a Llama (each optional; window 0: none).
+  void set_layer_features(c10::optional<Tensor> q_norm, c10::optional<Tensor> k_norm,
+                          c10::optional<Tensor> post_attn_norm, c10::optional<Tensor> post_ffn_norm, int64_t window,
+                          bool local_rope) {
+    TORCH_CHECK(!layers_.empty() && !has_head_, "set_layer_features follows its add_layer");
+    TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "q and k norms come together");
+    TORCH_CHECK(post_attn_norm.has_value() == post_ffn_norm.has_value(), "the two post-norms come together");
+    TORCH_CHECK(window >= 0, "window must be >= 0");
+    TORCH_CHECK(!local_rope || rope_local_.defined(), "a layer reads the local rotary table but none was set");
+    Layer& L = layers_.back();
+    if (q_norm) {
+      L.q_norm = to_vector(*q_norm, hs_, "q_norm");
+      L.k_norm = to_vector(*k_norm, hs_, "k_norm");
+    }
+    if (post_attn_norm) {
+      L.post_attn_norm = to_vector(*post_attn_norm, d_, "post_attn_norm");
+      L.post_ffn_norm = to_vector(*post_ffn_norm, d_, "post_ffn_norm");
+    }
+    L.window = window;
+    L.local_rope = local_rope;
   }
 
   void add_layer(Tensor attn_norm, Tensor ffn_norm) {
@@ -300,7 +357,12 @@ class LlamaDecoder : public torch::CustomClassHolder {
     Tensor x = at::empty({B, d_}, opts);
     for (int64_t b = 0; b < B; ++b) {
       TORCH_CHECK(id[b] >= 0 && id[b] < V, "token id ", id[b], " out of range [0, ", V, ")");
-      std::copy_n(embed_.data_ptr<float>() + id[b] * d_, d_, x.data_ptr<float>() + b * d_);
+      const float* e = embed_.data_ptr<float>() + id[b] * d_;
+      float* xb = x.data_ptr<float>() + b * d_;
+      if (embed_scale_ == 1.0f)
+        std::copy_n(e, d_, xb);
+      else
+        for (int64_t j = 0; j < d_; ++j) xb[j] = e[j] * embed_scale_;
     }
     const int64_t q_w = nh_ * hs_, kv_w = nkv_ * hs_;
     Tensor h = at::empty({B, d_}, opts), h2 = at::empty({B, d_}, opts), y = at::empty({B, q_w}, opts);
@@ -309,24 +371,29 @@ class LlamaDecoder : public torch::CustomClassHolder {
       const Layer& L = layers_[l];
       norm_rows(xs, L.attn_norm.data(), L.qkv, B, h.data_ptr<float>());
       Tensor qkv = L.qkv(h).contiguous();  // (B, q_w + 2 kv_w)
-      for (int64_t b = 0; b < B; ++b) {  // RoPE on q and k
+      const Tensor& table = L.local_rope ? rope_local_ : rope_;
+      for (int64_t b = 0; b < B; ++b) {  // (q/k norms, then) RoPE on q and k
         float* row = qkv.data_ptr<float>() + b * (q_w + 2 * kv_w);
-        const float* cos = rope_.data_ptr<float>() + positions[b] * hs_;
-        const float* sin = cos + rope_.size(1) * hs_;
+        if (!L.q_norm.empty()) {
+          rms_heads(row, L.q_norm.data(), eps_, nh_, hs_);
+          rms_heads(row + q_w, L.k_norm.data(), eps_, nkv_, hs_);
+        }
+        const float* cos = table.data_ptr<float>() + positions[b] * hs_;
+        const float* sin = cos + table.size(1) * hs_;
         rope_row(row, cos, sin, nh_, hs_);
         rope_row(row + q_w, cos, sin, nkv_, hs_);
       }
       const int64_t layer_at = static_cast<int64_t>(l) * n_slots * nkv_ * L1 * hs_;
       auto cache_layer = [&](auto* k_base, auto* v_base) {  // float or bfloat16 bits
         write_kv(qkv.data_ptr<float>(), k_base, v_base, slots, positions, L1, B);
-        attend(qkv.data_ptr<float>(), k_base, v_base, slots, positions, L1, L.o, B, y.data_ptr<float>());
+        attend(qkv.data_ptr<float>(), k_base, v_base, slots, positions, L1, L.o, L.window, B, y.data_ptr<float>());
       };
       if (k_cache.scalar_type() == at::kBFloat16)
         cache_layer(reinterpret_cast<uint16_t*>(k_cache.data_ptr<at::BFloat16>()) + layer_at,
                     reinterpret_cast<uint16_t*>(v_cache.data_ptr<at::BFloat16>()) + layer_at);
       else
         cache_layer(k_cache.data_ptr<float>() + layer_at, v_cache.data_ptr<float>() + layer_at);
-      add_rows(xs, L.o(y), B * d_);
+      add_output(xs, L.o(y), L.post_attn_norm, B);
       norm_rows(xs, L.ffn_norm.data(), L.gate, B, h.data_ptr<float>());
       Tensor g = L.gate(h).contiguous();
       if (L.up_has_own_input) norm_rows(xs, L.ffn_norm.data(), L.up, B, h2.data_ptr<float>());
@@ -334,12 +401,12 @@ class LlamaDecoder : public torch::CustomClassHolder {
       const int64_t ff = g.size(1);
       float* gs = g.data_ptr<float>();
       const float* us = u.data_ptr<float>();
-      for (int64_t b = 0; b < B; ++b)  // SiLU(gate) * up, scaled for the down projection
+      for (int64_t b = 0; b < B; ++b)  // act(gate) * up, scaled for the down projection
         for (int64_t j = 0; j < ff; ++j) {
           const float a = gs[b * ff + j];
-          gs[b * ff + j] = a / (1.0f + std::exp(-a)) * us[b * ff + j] * L.down.scale(j);
+          gs[b * ff + j] = activate(a) * us[b * ff + j] * L.down.scale(j);
         }
-      add_rows(xs, L.down(g), B * d_);
+      add_output(xs, L.down(g), L.post_ffn_norm, B);
     }
     norm_rows(xs, final_norm_.data(), head_, B, h.data_ptr<float>());
     return head_(h).to(at::kFloat);
@@ -393,6 +460,24 @@ class LlamaDecoder : public torch::CustomClassHolder {
     for (int64_t i = 0; i < n; ++i) x[i] += dp[i];
   }
 
+  // x += N(delta) row by row where the layer has a post-norm `w`, else x += delta.
+  void add_output(float* x, const Tensor& delta, const std::vector<float>& w, int64_t B) const {
+    if (w.empty()) return add_rows(x, delta, B * d_);
+    Tensor c = delta.contiguous();
+    std::vector<float> normed(d_);
+    static const Projection unscaled;
+    for (int64_t b = 0; b < B; ++b) {
+      rms_row(c.data_ptr<float>() + b * d_, w.data(), unscaled, eps_, d_, normed.data());
+      for (int64_t j = 0; j < d_; ++j) x[b * d_ + j] += normed[j];
+    }
+  }
+
+  float activate(float a) const {
+    if (activation_ == kSilu) return a / (1.0f + std::exp(-a));
+    const float inner = 0.7978845608028654f * (a + 0.044715f * a * a * a);  // sqrt(2 / pi)
+    return 0.5f * a * (1.0f + std::tanh(inner));
+  }
+
   // Each row's new k and v (after RoPE, in its qkv row) into its slot at its position.
   template <typename T>
   void write_kv(const float* qkv, T* k_base, T* v_base, const std::vector<int64_t>& slots,
@@ -411,21 +496,23 @@ class LlamaDecoder : public torch::CustomClassHolder {
   }
 
   // y (B, nh * hs) = softmax(q k^T * scale) v for each row over its own slot's positions
-  // 0..position, one work item per (row, key/value head): the group's query heads share each
-  // K/V row they read. Scaled on the way out for the output projection's smoothing.
+  // 0..position (with a window: the last `window` of them), one work item per (row, key/value
+  // head): the group's query heads share each K/V row they read. Scaled on the way out for the
+  // output projection's smoothing.
   template <typename T>
   void attend(const float* qkv, const T* k_base, const T* v_base, const std::vector<int64_t>& slots,
-              const std::vector<int64_t>& positions, int64_t L1, const Projection& out_proj, int64_t B,
-              float* y) const {
+              const std::vector<int64_t>& positions, int64_t L1, const Projection& out_proj, int64_t window,
+              int64_t B, float* y) const {
     const int64_t group = nh_ / nkv_, q_w = nh_ * hs_, row_w = q_w + 2 * nkv_ * hs_;
     at::parallel_for(0, B * nkv_, 1, [&](int64_t begin, int64_t end) {
       std::vector<float> scores, acc(group * hs_), total(group);
       for (int64_t item = begin; item < end; ++item) {
-        const int64_t b = item / nkv_, g = item % nkv_, n = positions[b] + 1;
+        const int64_t b = item / nkv_, g = item % nkv_;
+        const int64_t first = window > 0 ? std::max<int64_t>(0, positions[b] + 1 - window) : 0;
+        const int64_t n = positions[b] + 1 - first, at = ((slots[b] * nkv_ + g) * L1 + first) * hs_;
         scores.resize(group * n);
-        attend_item(qkv + b * row_w + g * group * hs_, k_base + (slots[b] * nkv_ + g) * L1 * hs_,
-                    v_base + (slots[b] * nkv_ + g) * L1 * hs_, n, group, hs_, scale_, scores.data(), total.data(),
-                    acc.data());
+        attend_item(qkv + b * row_w + g * group * hs_, k_base + at, v_base + at, n, group, hs_, scale_,
+                    scores.data(), total.data(), acc.data());
         for (int64_t h = 0; h < group; ++h) {
           const int64_t head = g * group + h;
           float* out = y + b * q_w + head * hs_;
@@ -437,7 +524,9 @@ class LlamaDecoder : public torch::CustomClassHolder {
 
   int64_t nh_, nkv_, hs_, d_ = 0;
   float eps_, scale_;
-  Tensor embed_, rope_;
+  float embed_scale_ = 1.0f;
+  int64_t activation_ = kSilu;
+  Tensor embed_, rope_, rope_local_;
   std::vector<float> final_norm_;
   std::vector<Layer> layers_;
   Projection head_;
@@ -451,6 +540,8 @@ TORCH_LIBRARY(tserve_native, m) {
   m.class_<LlamaDecoder>("LlamaDecoder")
       .def(torch::init<int64_t, int64_t, int64_t, double, double>())
       .def("set_model", &LlamaDecoder::set_model)
+      .def("set_features", &LlamaDecoder::set_features)
+      .def("set_layer_features", &LlamaDecoder::set_layer_features)
       .def("add_layer", &LlamaDecoder::add_layer)
       .def("add_int8", &LlamaDecoder::add_int8)
       .def("add_float", &LlamaDecoder::add_float)

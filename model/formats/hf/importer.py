@@ -4,9 +4,9 @@
     hf = load_hf("downloads/opus-mt-en-de")  # config.json + model.safetensors + tokenizer files
     hf.model, hf.tokenizer, hf.config        # EncoderDecoder, Tokenizer, ModelConfig
 
-Supported: GPT2LMHeadModel and LlamaForCausalLM -> DecoderLM, BertForMaskedLM -> MaskedLM, BertModel ->
-MaskedLM without head, MarianMTModel -> EncoderDecoder (see model.formats.hf.gpt2 / hf_llama / hf_bert / hf_marian
-for the mapping).
+Supported: GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM,
+Phi3ForCausalLM and Gemma3ForCausalLM -> DecoderLM, BertForMaskedLM -> MaskedLM, BertModel -> MaskedLM without
+head, MarianMTModel -> EncoderDecoder (one file per architecture in model/formats/hf/ holds the mapping).
 Nothing is downloaded and no pickle is loaded; transformers is not needed.
 Every unsupported setting, missing or left-over tensor is an ``HFImportError`` naming it.
 """
@@ -34,13 +34,19 @@ from model.formats.hf.format import (
     read_chat_template,
     read_json,
 )
+from model.formats.hf.gemma3 import GEMMA3
 from model.formats.hf.gpt2 import GPT2
 from model.formats.hf.llama import LLAMA
 from model.formats.hf.marian import MARIAN
+from model.formats.hf.mistral import MISTRAL
+from model.formats.hf.phi3 import PHI3
+from model.formats.hf.qwen2 import QWEN2
+from model.formats.hf.qwen3 import QWEN3
 from model.nn.transformer import TransformerModel, build_model
 from model.tokenization.tokenizer import Tokenizer
 
-IMPORTERS: dict[str, Importer] = {imp.architecture: imp for imp in (GPT2, LLAMA, BERT, BERT_MODEL, MARIAN)}
+IMPORTERS: dict[str, Importer] = {imp.architecture: imp for imp in (
+    GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, PHI3, GEMMA3, BERT, BERT_MODEL, MARIAN)}
 
 __all__ = ["IMPORTERS", "HFImportError", "HFModel", "build_imported", "is_hf_model_dir", "load_hf"]
 

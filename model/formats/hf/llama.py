@@ -32,8 +32,9 @@ LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_m
 def llama_model_config(*, vocab_size: int, d_model: int, n_heads: int, n_kv_heads: int, n_layers: int, d_ff: int,
                        max_positions: int, rope_theta: float, rope_scaling: dict[str, Any] | None, rms_eps: float,
                        tie_word_embeddings: bool, bos: int | None, eos: int | None, pad: int | None,
-                       activation: str = "silu") -> ModelConfig:
-    """The ModelConfig of a Llama-architecture decoder, whichever file format described it."""
+                       activation: str = "silu", **lineage: Any) -> ModelConfig:
+    """The ModelConfig of a Llama-architecture decoder, whichever file format described it. ``lineage``:
+    the fields by which a later architecture differs (qkv_bias, qk_norm, sliding_window, ...)."""
     return ModelConfig(
         family="decoder", vocab_size=vocab_size, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads,
         n_decoder_layers=n_layers, d_ff=d_ff, activation=activation, dropout=0.0, max_positions=max_positions,
@@ -42,19 +43,30 @@ def llama_model_config(*, vocab_size: int, d_model: int, n_heads: int, n_kv_head
         tie_word_embeddings=tie_word_embeddings,
         # Padded positions are masked, so without a pad token any valid id will do.
         pad_token_id=pad if pad is not None else (eos if eos is not None else 0),
-        bos_token_id=bos, eos_token_id=eos,
+        bos_token_id=bos, eos_token_id=eos, **lineage,
     )
 
 
-def _rope(hf: HFConfig) -> tuple[float, dict[str, Any] | None]:
-    """rope_theta and our rope_scaling from either layout: transformers 5 writes one
-    ``rope_parameters`` dict, older files ``rope_theta`` beside ``rope_scaling``."""
+def rope_parameters(hf: HFConfig) -> tuple[dict[str, Any], str]:
+    """The rotary settings from either layout: transformers 5 writes one ``rope_parameters``
+    dict, older files ``rope_theta`` beside ``rope_scaling``. Returns them and the key read."""
     params, key = hf.get("rope_parameters"), "rope_parameters"
     if params is None:
         params, key = hf.get("rope_scaling", {}), "rope_scaling"
     if not isinstance(params, dict):
         raise HFImportError(f"{hf.path}: field '{key}' is {params!r}; expected an object")
-    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    for partial in (params.get("partial_rotary_factor"), hf.get("partial_rotary_factor")):
+        if partial not in (None, 1.0):  # rotary positions on only part of each head (Phi-4-mini)
+            raise hf.unsupported("partial_rotary_factor", partial, "1.0")
+    return params, key
+
+
+def rope(hf: HFConfig, params: dict[str, Any] | None = None, key: str = "rope_parameters",
+         default_theta: float = 10000.0) -> tuple[float, dict[str, Any] | None]:
+    """rope_theta and our rope_scaling (``params``: one layer type's settings; default: the file's)."""
+    if params is None:
+        params, key = rope_parameters(hf)
+    theta = float(params.get("rope_theta", hf.get("rope_theta", default_theta)))
     kind = params.get("rope_type", params.get("type", "default"))  # older files: "type"
     if kind == "default":
         return theta, None
@@ -79,7 +91,7 @@ def llama_config(hf: HFConfig, tokenizer: Tokenizer, directory: Path) -> ModelCo
     d_model, n_heads = hf.require("hidden_size"), hf.require("num_attention_heads")
     if n_heads and d_model % n_heads == 0:
         hf.expect("head_dim", d_model // n_heads)  # our attention derives head_dim = d_model / n_heads
-    theta, scaling = _rope(hf)
+    theta, scaling = rope(hf)
     eos = eos_token_ids(hf.data, directory)
     return llama_model_config(
         vocab_size=hf.require("vocab_size"), d_model=d_model, n_heads=n_heads,
@@ -92,28 +104,89 @@ def llama_config(hf: HFConfig, tokenizer: Tokenizer, directory: Path) -> ModelCo
     )
 
 
+# Their per-layer norm names -> ours, for Llama and the lineages that kept its two norms.
+LLAMA_NORMS = {"input_layernorm": "self_attn_norm", "post_attention_layernorm": "ffn_norm"}
+
+
 def llama_tensors(weights: HFWeights, cfg: ModelConfig) -> TensorMap:
+    return decoder_tensors(weights, cfg)
+
+
+def decoder_tensors(weights: HFWeights, cfg: ModelConfig, *, norms: dict[str, str] | None = None,
+                    norm_offset: float = 0.0, fused_qkv: bool = False, fused_gate_up: bool = False) -> TensorMap:
+    """The tensors of a Llama-shaped decoder in transformers' names, for every lineage built on it.
+
+    ``norms``: their per-layer norm names -> ours; ``norm_offset``: added to every RMSNorm weight
+    (Gemma's norms scale by ``1 + w``; folded here, so the layers keep one RMSNorm);
+    ``fused_qkv`` / ``fused_gate_up``: Phi-3's ``qkv_proj`` (our layout already) and ``gate_up_proj``
+    (gate rows, then up rows: split here). q/k/v biases and q/k norms are read where ``cfg`` has them."""
     p = weights.prefix("embed_tokens.weight", ("model.", ""))  # LlamaModel-saved files have no prefix
     out = TensorMap()
+
+    def norm(ours: str, theirs: str) -> None:
+        w = weights.take(theirs)
+        out.put(ours, (w.float() + norm_offset).to(w.dtype) if norm_offset else w, theirs)
+
     out.put("embed.tokens.weight", weights.take(f"{p}embed_tokens.weight"), f"{p}embed_tokens.weight")
     for i in range(cfg.n_decoder_layers):
         ours, theirs = f"decoder_layers.{i}", f"{p}layers.{i}"
-        out.put(f"{ours}.self_attn_norm.weight", weights.take(f"{theirs}.input_layernorm.weight"),
-                f"{theirs}.input_layernorm.weight")
-        names = [f"{theirs}.self_attn.{x}_proj.weight" for x in "qkv"]
-        qkv = torch.cat([weights.take(n) for n in names], dim=0)  # (n_heads + 2 n_kv) * head_dim, d
-        out.put(f"{ours}.self_attn.qkv_proj.weight", qkv, " + ".join(names))
-        out.put(f"{ours}.self_attn.out_proj.weight", weights.take(f"{theirs}.self_attn.o_proj.weight"),
-                f"{theirs}.self_attn.o_proj.weight")
-        out.put(f"{ours}.ffn_norm.weight", weights.take(f"{theirs}.post_attention_layernorm.weight"),
-                f"{theirs}.post_attention_layernorm.weight")
-        for ours_name, theirs_name in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
-            name = f"{theirs}.mlp.{theirs_name}.weight"
-            out.put(f"{ours}.ffn.{ours_name}.weight", weights.take(name), name)
-    out.put("decoder_norm.weight", weights.take(f"{p}norm.weight"), f"{p}norm.weight")
+        for their_norm, our_norm in (norms or LLAMA_NORMS).items():
+            norm(f"{ours}.{our_norm}.weight", f"{theirs}.{their_norm}.weight")
+        attn = f"{theirs}.self_attn"
+        if fused_qkv:
+            out.put(f"{ours}.self_attn.qkv_proj.weight", weights.take(f"{attn}.qkv_proj.weight"),
+                    f"{attn}.qkv_proj.weight")
+        else:
+            names = [f"{attn}.{x}_proj.weight" for x in "qkv"]
+            qkv = torch.cat([weights.take(n) for n in names], dim=0)  # (n_heads + 2 n_kv) * head_dim, d
+            out.put(f"{ours}.self_attn.qkv_proj.weight", qkv, " + ".join(names))
+        if cfg.qkv_bias:
+            names = [f"{attn}.{x}_proj.bias" for x in "qkv"]
+            out.put(f"{ours}.self_attn.qkv_proj.bias", torch.cat([weights.take(n) for n in names]), " + ".join(names))
+        if cfg.qk_norm:
+            for x in "qk":
+                norm(f"{ours}.self_attn.{x}_norm.weight", f"{attn}.{x}_norm.weight")
+        out.put(f"{ours}.self_attn.out_proj.weight", weights.take(f"{attn}.o_proj.weight"), f"{attn}.o_proj.weight")
+        mlp = f"{theirs}.mlp"
+        if fused_gate_up:
+            gate, up = weights.take(f"{mlp}.gate_up_proj.weight").chunk(2, dim=0)
+            out.put(f"{ours}.ffn.gate.weight", gate.contiguous(), f"{mlp}.gate_up_proj.weight (first half)")
+            out.put(f"{ours}.ffn.up.weight", up.contiguous(), f"{mlp}.gate_up_proj.weight (second half)")
+        else:
+            for ours_name, theirs_name in (("gate", "gate_proj"), ("up", "up_proj")):
+                out.put(f"{ours}.ffn.{ours_name}.weight", weights.take(f"{mlp}.{theirs_name}.weight"),
+                        f"{mlp}.{theirs_name}.weight")
+        out.put(f"{ours}.ffn.down.weight", weights.take(f"{mlp}.down_proj.weight"), f"{mlp}.down_proj.weight")
+    norm("decoder_norm.weight", f"{p}norm.weight")
     if not cfg.tie_word_embeddings:
         out.put("lm_head.proj.weight", weights.take("lm_head.weight"), "lm_head.weight")
     return out
+
+
+def sliding_window(hf: HFConfig, window: int | None, max_positions: int,
+                   default_layers: list[int] | None = None, drop_if_longer: bool = True) -> dict[str, Any]:
+    """Our ``sliding_window`` / ``sliding_window_layers`` from a window (None: none) and the file's
+    ``layer_types`` ("sliding_attention" / "full_attention" per layer; absent: ``default_layers``,
+    None meaning every layer). A window no shorter than the context changes nothing and is dropped
+    (unless ``drop_if_longer`` is False: Gemma's window layers also have their own rotary base),
+    so such a model keeps the fast decode paths."""
+    if window is None:
+        return {}
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise HFImportError(f"{hf.path}: field 'sliding_window' is {window!r}; expected a positive integer")
+    n = hf.require("num_hidden_layers")
+    types = hf.get("layer_types")
+    layers = default_layers
+    if types is not None:
+        unknown = sorted({t for t in types if t not in ("sliding_attention", "full_attention")})
+        if not isinstance(types, list) or len(types) != n or unknown:
+            raise hf.unsupported("layer_types", types, f"{n} entries of 'sliding_attention' or 'full_attention'")
+        layers = [i for i, t in enumerate(types) if t == "sliding_attention"]
+    if layers is not None and len(layers) == n:
+        layers = None
+    if (drop_if_longer and window >= max_positions) or layers == []:
+        return {}
+    return {"sliding_window": window, "sliding_window_layers": layers}
 
 
 LLAMA = Importer(

@@ -50,8 +50,9 @@ def _eager_then_native(model, seed: int, n: int):
 
 
 # GQA groups of 3, plain multi-head, multi-query at head size 8 (the portable loops); head sizes
-# 64 and 128 (the vectorised attention where the CPU has AVX-512).
-@pytest.mark.parametrize("kv_heads,d_model,n_heads", [(2, 48, 6), (6, 48, 6), (1, 48, 6), (2, 256, 4), (1, 256, 2)])
+# 64, 128 and 256 (the vectorised attention where the CPU has AVX-512).
+@pytest.mark.parametrize("kv_heads,d_model,n_heads", [(2, 48, 6), (6, 48, 6), (1, 48, 6), (2, 256, 4), (1, 256, 2),
+                                                     (1, 512, 2)])
 def test_float32_steps_equal_eager_logits_and_cache(kv_heads, d_model, n_heads, fresh_seed):
     model = _model(fresh_seed, n_kv_heads=kv_heads, d_model=d_model, n_heads=n_heads)
     eager, native, (ek, ev), (nk, nv) = _eager_then_native(model, fresh_seed, 24)  # crosses span buckets
@@ -122,14 +123,14 @@ def test_the_service_default_options_choose_the_native_step_for_int8_llama(fresh
 
 def test_which_models_run_native():
     gpt = tiny_model("decoder")
-    assert unsupported_reason(gpt).startswith("config field 'activation' is 'gelu_new'")
+    assert unsupported_reason(gpt).startswith("config field 'positional' is 'learned'")
     assert "not a decoder-only model" in unsupported_reason(tiny_model("encoder-decoder"))
     assert unsupported_reason(_model(0, activation="gelu")) == (
-        "config field 'activation' is 'gelu'; the native step implements ['silu', 'swish']")
+        "config field 'activation' is 'gelu'; the native step implements ['silu', 'swish', 'gelu_new']")
     assert "'fused_qkv' is False" in unsupported_reason(_model(0, fused_qkv=False))
-    with pytest.raises(ValueError, match="TSERVE_NATIVE_DECODE=on: config field 'activation'"):
+    with pytest.raises(ValueError, match="TSERVE_NATIVE_DECODE=on: config field 'positional'"):
         wants_native("on", gpt)
-    with pytest.raises(ValueError, match="no native decode step for this model: config field 'activation'"):
+    with pytest.raises(ValueError, match="no native decode step for this model: config field 'positional'"):
         NativeStep(gpt)
     # The check and the construction read the same rules: where one says no, so does the other.
     separate = _model(0, fused_qkv=False)
@@ -210,3 +211,55 @@ def test_a_missing_prebuilt_library_is_named(monkeypatch):
     monkeypatch.setattr(native_decode, "_BUILD", {})
     with pytest.raises(RuntimeError, match="could not be loaded from /nonexistent/lib.so"):
         native_decode.build("/nonexistent/lib.so")
+
+
+# --- the lineages after Llama, described by data ------------------------------------------------
+
+LINEAGES = {
+    "qwen2": dict(qkv_bias=True, tie_word_embeddings=False),
+    "qwen3": dict(qk_norm=True, head_dim_override=16),
+    "mistral": dict(sliding_window=9),
+    "phi3-longrope": dict(rope_scaling={"type": "longrope", "factors": [1.0, 1.5, 2.0, 4.0], "attention_factor": 1.2}),
+    "gemma3": dict(d_model=64, n_heads=4, n_kv_heads=1, head_dim_override=64, qk_norm=True, post_sublayer_norm=True,
+                   scale_embedding=True, activation="gelu_new", attention_scale=0.1, sliding_window=9,
+                   sliding_window_layers=[0], local_rope_theta=50.0),
+}
+
+
+def _lineage(name: str, seed: int):
+    model = _model(seed, **LINEAGES[name])
+    with torch.no_grad():  # biases and norms away from their 0 / 1 init, so a mix-up shows
+        g = torch.Generator().manual_seed(seed)
+        for n, p in model.named_parameters():
+            if n.endswith("bias") or "norm" in n:
+                p.add_(torch.randn(p.shape, generator=g) * 0.2)
+    return model
+
+
+@pytest.mark.parametrize("name", list(LINEAGES))
+def test_each_lineage_float32_steps_equal_eager(name, fresh_seed):
+    model = _lineage(name, fresh_seed)
+    assert unsupported_reason(model) is None
+    eager, native, (ek, ev), (nk, nv) = _eager_then_native(model, fresh_seed, 24)  # past every window
+    for a, b in zip(native, eager):
+        torch.testing.assert_close(a, b, atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(nk, ek, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(nv, ev, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(LINEAGES))
+def test_each_lineage_int8_steps_equal_eager_int8(name, fresh_seed):
+    model = _int8(_lineage(name, fresh_seed), fresh_seed)
+    eager, native, (ek, ev), (nk, nv) = _eager_then_native(model, fresh_seed, 16)
+    for a, b in zip(native, eager):  # as test_int8_steps_equal_eager_int8 explains
+        assert (a - b).abs().max() <= 0.02 * (b.max() - b.min()), (a - b).abs().max()
+    torch.testing.assert_close(nk, ek, atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(nv, ev, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("name", list(LINEAGES))
+def test_each_lineage_greedy_generation_identical_with_and_without_native(name, fresh_seed):
+    model = _lineage(name, fresh_seed)
+    prompts = random_prompts(model, fresh_seed, (7, 30, 1))
+    native = NativeStep(model, kv_dtype=torch.float32)
+    assert greedy_generations(model, prompts, 20, native) == greedy_generations(model, prompts, 20)

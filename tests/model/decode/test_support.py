@@ -35,6 +35,9 @@ def _another_value(name: str, allowed: tuple):
         return not allowed[0]
     if name == "type_vocab_size":
         return 2
+    others = {"head_dim_override": 16, "sliding_window": 8, "local_rope_theta": 1000.0}
+    if name in others:
+        return others[name]
     choices = {"family": ("encoder-decoder", "decoder", "encoder"), "activation": ("gelu", "relu"),
                "positional": ("learned", "sinusoidal"), "norm": ("layernorm",), "mlp": ("standard",),
                "norm_placement": ("post",)}
@@ -58,6 +61,11 @@ def test_each_value_the_native_step_lacks_is_refused_by_name_everywhere(name):
     with pytest.raises(ValueError, match=f"'{name}'"):
         NativeStep(model)
     assert not wants_native("auto", model)
+
+
+def test_a_sliding_window_is_refused_by_the_triton_kernel_by_name():
+    why = support.unsupported_reason(llama_config(sliding_window=8), "triton")
+    assert why is not None and "'sliding_window'" in why
 
 
 def test_the_llama_architecture_passes_every_rule():

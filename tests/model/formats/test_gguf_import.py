@@ -281,13 +281,15 @@ def test_convert_and_load_model_keep_weights_template_and_tokenizer(tiny_file, t
 # --- bad files --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("spec, message", [
-    (GGUFSpec(architecture="gpt2"), r"metadata 'general\.architecture' is 'gpt2'; supported: \['llama'\]"),
+    (GGUFSpec(architecture="gpt2"),
+     r"metadata 'general\.architecture' is 'gpt2'; supported: \['llama', 'qwen2', 'qwen3', 'gemma3', 'phi3'\]"),
     (GGUFSpec(drop_keys=("llama.attention.layer_norm_rms_epsilon",)),
      r"metadata 'llama\.attention\.layer_norm_rms_epsilon' is missing"),
     (GGUFSpec(drop_keys=("llama.block_count",)), r"metadata 'llama\.block_count' is missing"),
     (GGUFSpec(extra_kv={"llama.rope.dimension_count": 4}), r"'llama\.rope\.dimension_count' is 4; only 8"),
     (GGUFSpec(extra_kv={"llama.rope.scaling.type": "yarn"}), r"'llama\.rope\.scaling\.type' is 'yarn'"),
-    (GGUFSpec(tokenizer_model="llama"), r"'tokenizer\.ggml\.model' is 'llama'; only 'gpt2'"),
+    (GGUFSpec(tokenizer_model="llama"), r"'tokenizer\.ggml\.scores' is missing"),  # SentencePiece needs scores
+    (GGUFSpec(tokenizer_model="bert"), r"'tokenizer\.ggml\.model' is 'bert'; supported: 'gpt2'.*'llama'"),
     (GGUFSpec(extra_tensors={"rope_freqs.weight": (np.ones(4, dtype=np.float32), Q.F32)}),
      r"tensor 'rope_freqs\.weight'.*not supported"),
     (GGUFSpec(extra_tensors={"blk.0.attn_q.bias": (np.ones(32, dtype=np.float32), Q.F32)}),

