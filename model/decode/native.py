@@ -74,7 +74,7 @@ def build(library: str | Path | None = None) -> float:
             if prebuilt:
                 torch.ops.load_library(prebuilt)
             else:
-                compile_library(f"tserve_native_llama_{_cpu_tag()}", NATIVE_FLAGS)
+                compile_library(library_name(), NATIVE_FLAGS)
         except Exception as exc:  # noqa: BLE001 - no compiler, no ninja, a failed build: all mean "not here"
             detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
             where = f" from {prebuilt}" if prebuilt else ""
@@ -95,6 +95,14 @@ def compile_library(name: str, flags: list[str], build_directory: Path | None = 
                        build_directory=None if build_directory is None else str(build_directory), verbose=False)
     folder = build_directory or Path(cpp_extension._get_build_directory(name, verbose=False))
     return folder / f"{name}.so"
+
+
+def library_name() -> str:
+    """The cached build's name: the CPU it was built for and the source it was built from, so a
+    cache moved to another CPU, or a newer source beside an older build (two versions of the
+    service on one host, an upgrade), never loads a library built for something else."""
+    source = hashlib.blake2b(SOURCE.read_bytes() + " ".join(NATIVE_FLAGS).encode(), digest_size=4).hexdigest()
+    return f"tserve_native_llama_{_cpu_tag()}_{source}"
 
 
 def _cpu_tag() -> str:

@@ -14,6 +14,7 @@ same options, so a notebook runs exactly what the service runs.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -29,6 +30,8 @@ from model.nn.kv_cache import SlotKVCache
 from model.nn.layers import DecodeAttentionKernel
 from model.nn.transformer import DecoderLM, EncoderDecoder, TransformerModel
 from model.quant.int8 import DecodeInt8Linear, decode_step_context, quantize_checkpoint_, wants_int8
+
+log = logging.getLogger(__name__)
 
 QUANTIZE_MODES = ("auto", "int8", "none")
 NATIVE_MODES = ("auto", "on", "off")
@@ -114,7 +117,14 @@ def prepare(model: TransformerModel, options: DecodeOptions | None = None, token
     native = wants_native(options.native, model, options.native_library)
     kv_dtype = kv_cache_dtype(options.kv_dtype, model, native)
     if native:
-        return NativeStep(model, options.native_library, kv_dtype)
+        try:
+            return NativeStep(model, options.native_library, kv_dtype)
+        except Exception as exc:  # noqa: BLE001 - under auto, any failure means "not here"
+            if options.native == "on":
+                raise
+            log.warning("the native decode step could not be set up (%s: %s); decoding with the Python step",
+                        type(exc).__name__, exc)
+            kv_dtype = kv_cache_dtype(options.kv_dtype, model, False)
     return PythonStep(model, kv_dtype, kernel)
 
 

@@ -263,3 +263,32 @@ def test_each_lineage_greedy_generation_identical_with_and_without_native(name, 
     prompts = random_prompts(model, fresh_seed, (7, 30, 1))
     native = NativeStep(model, kv_dtype=torch.float32)
     assert greedy_generations(model, prompts, 20, native) == greedy_generations(model, prompts, 20)
+
+
+def test_the_cached_build_is_named_by_its_source(tmp_path, monkeypatch):
+    """Two versions of the service on one host (or an upgrade) never load each other's build."""
+    name = native_decode.library_name()
+    assert name.startswith("tserve_native_llama_")
+    changed = tmp_path / "llama_decode.cpp"
+    changed.write_bytes(native_decode.SOURCE.read_bytes() + b"\n// another version\n")
+    monkeypatch.setattr(native_decode, "SOURCE", changed)
+    assert native_decode.library_name() != name
+    assert native_decode.library_name().rsplit("_", 1)[0] == name.rsplit("_", 1)[0]  # the same CPU
+
+
+def test_a_native_step_that_cannot_be_set_up_falls_back_under_auto(monkeypatch, caplog, fresh_seed):
+    """``auto``: a library that builds but does not fit (an older build, a missing method) costs
+    a warning and the Python step, not the model; ``on`` says why."""
+    import model.decode.step as step_module
+
+    def broken(*_args, **_kwargs):
+        raise AttributeError("LlamaDecoder does not have a field with name 'set_features'")
+
+    monkeypatch.setattr(step_module, "NativeStep", broken)
+    llama = _model(fresh_seed)
+    with caplog.at_level("WARNING", logger=step_module.__name__):
+        step = prepare(llama, DecodeOptions())
+    assert step.name == "python" and step.kv_dtype == torch.float32
+    assert "could not be set up (AttributeError" in caplog.text
+    with pytest.raises(AttributeError, match="set_features"):
+        prepare(_model(fresh_seed), DecodeOptions(native="on"))
