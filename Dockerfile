@@ -116,10 +116,12 @@ RUN set -eu; \
 RUN set -eu; \
     mkdir -p /build/weights-cache; \
     for manifest in /build/src/weights/*/manifest.json; do \
-        [ -e "$manifest" ] && grep -q '"parts"' "$manifest" || continue; \
-        TSERVE_WEIGHTS_CACHE=/build/weights-cache PYTHONPATH=/build/src \
-            /opt/venv/bin/python -m model.formats.manifest "$(dirname "$manifest")" \
-            || echo "weights: $(dirname "$manifest") not joined (its packages are not installed)"; \
+        if [ -e "$manifest" ] && grep -q '"parts"' "$manifest"; then \
+            if ! TSERVE_WEIGHTS_CACHE=/build/weights-cache PYTHONPATH=/build/src \
+                    /opt/venv/bin/python -m model.formats.manifest "$(dirname "$manifest")"; then \
+                echo "weights: $(dirname "$manifest") not joined (its packages are not installed)"; \
+            fi; \
+        fi; \
     done; \
     chmod -R a+rX,go-w /build/weights-cache
 
