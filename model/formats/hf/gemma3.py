@@ -20,8 +20,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from model.config import ModelConfig
-from model.formats.hf.format import HFConfig, HFWeights, Importer, TensorMap, activation, eos_token_ids, fast_tokenizer
-from model.formats.hf.llama import decoder_tensors, llama_model_config, rope, sliding_window
+from model.formats.hf.format import HFConfig, HFWeights, Importer, TensorMap, fast_tokenizer
+from model.formats.hf.llama import decoder_tensors, hf_decoder_config, rope, sliding_window
 from model.formats.hf.qwen3 import head_dim_override
 from model.tokenization.tokenizer import Tokenizer
 
@@ -54,22 +54,15 @@ def gemma3_config(hf: HFConfig, tokenizer: Tokenizer, directory: Path) -> ModelC
         hf.expect(key, None)  # any value is refused by name: we do not soft-cap
     hf.expect("use_bidirectional_attention", False)
     hf.expect("attention_bias", False)
-    d_model, n_heads = hf.require("hidden_size"), hf.require("num_attention_heads")
     n_layers = hf.require("num_hidden_layers")
     theta, scaling, local_theta = gemma3_rope(hf)
     max_positions = hf.require("max_position_embeddings")
     pattern = hf.get("sliding_window_pattern", 6)
     window = sliding_window(hf, hf.get("sliding_window", 4096), max_positions,
                             [i for i in range(n_layers) if (i + 1) % pattern], drop_if_longer=False)
-    eos = eos_token_ids(hf.data, directory)
-    return llama_model_config(
-        vocab_size=hf.require("vocab_size"), d_model=d_model, n_heads=n_heads,
-        n_kv_heads=hf.get("num_key_value_heads", n_heads), n_layers=n_layers,
-        d_ff=hf.require("intermediate_size"), max_positions=max_positions,
-        rope_theta=theta, rope_scaling=scaling, rms_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
-        bos=hf.token_id("bos_token_id"), eos=eos[0] if eos else None, pad=hf.token_id("pad_token_id"),
-        activation=activation(hf, "hidden_activation"),
+    return hf_decoder_config(
+        hf, directory, rope_theta=theta, rope_scaling=scaling, max_positions=max_positions, tied=True,
+        activation_key="hidden_activation",
         head_dim_override=head_dim_override(hf), qk_norm=True, post_sublayer_norm=True, scale_embedding=True,
         attention_scale=float(hf.get("query_pre_attn_scalar", 256)) ** -0.5,
         local_rope_theta=local_theta if window else None, **window,

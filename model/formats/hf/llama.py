@@ -85,6 +85,26 @@ def rope(hf: HFConfig, params: dict[str, Any] | None = None, key: str = "rope_pa
     raise hf.unsupported(f"{key}.rope_type", kind, "'default', 'linear' or 'llama3'")
 
 
+def hf_decoder_config(hf: HFConfig, directory: Path, *, rope_theta: float, rope_scaling: dict[str, Any] | None,
+                      max_positions: int | None = None, rms_eps: float = 1e-6, tied: bool = False,
+                      activation_key: str = "hidden_act", **lineage: Any) -> ModelConfig:
+    """``llama_model_config`` from the keys every Llama-style config.json shares (Llama, Qwen2/3,
+    Mistral, Phi-3, Gemma 3); ``rms_eps`` and ``tied`` are the lineage's defaults where the file is
+    silent; ``lineage``: the fields by which it differs."""
+    d_model, n_heads = hf.require("hidden_size"), hf.require("num_attention_heads")
+    eos = eos_token_ids(hf.data, directory)
+    return llama_model_config(
+        vocab_size=hf.require("vocab_size"), d_model=d_model, n_heads=n_heads,
+        n_kv_heads=hf.get("num_key_value_heads", n_heads), n_layers=hf.require("num_hidden_layers"),
+        d_ff=hf.require("intermediate_size"),
+        max_positions=max_positions if max_positions is not None else hf.require("max_position_embeddings"),
+        rope_theta=rope_theta, rope_scaling=rope_scaling, rms_eps=float(hf.get("rms_norm_eps", rms_eps)),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", tied)),
+        bos=hf.token_id("bos_token_id"), eos=eos[0] if eos else None, pad=hf.token_id("pad_token_id"),
+        activation=activation(hf, activation_key), **lineage,
+    )
+
+
 def llama_config(hf: HFConfig, tokenizer: Tokenizer, directory: Path) -> ModelConfig:
     hf.expect("attention_bias", False)
     hf.expect("mlp_bias", False)
@@ -92,24 +112,11 @@ def llama_config(hf: HFConfig, tokenizer: Tokenizer, directory: Path) -> ModelCo
     if n_heads and d_model % n_heads == 0:
         hf.expect("head_dim", d_model // n_heads)  # our attention derives head_dim = d_model / n_heads
     theta, scaling = rope(hf)
-    eos = eos_token_ids(hf.data, directory)
-    return llama_model_config(
-        vocab_size=hf.require("vocab_size"), d_model=d_model, n_heads=n_heads,
-        n_kv_heads=hf.get("num_key_value_heads", n_heads), n_layers=hf.require("num_hidden_layers"),
-        d_ff=hf.require("intermediate_size"), max_positions=hf.require("max_position_embeddings"),
-        rope_theta=theta, rope_scaling=scaling, rms_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        bos=hf.token_id("bos_token_id"), eos=eos[0] if eos else None, pad=hf.token_id("pad_token_id"),
-        activation=activation(hf, "hidden_act"),
-    )
+    return hf_decoder_config(hf, directory, rope_theta=theta, rope_scaling=scaling)
 
 
 # Their per-layer norm names -> ours, for Llama and the lineages that kept its two norms.
 LLAMA_NORMS = {"input_layernorm": "self_attn_norm", "post_attention_layernorm": "ffn_norm"}
-
-
-def llama_tensors(weights: HFWeights, cfg: ModelConfig) -> TensorMap:
-    return decoder_tensors(weights, cfg)
 
 
 def decoder_tensors(weights: HFWeights, cfg: ModelConfig, *, norms: dict[str, str] | None = None,
@@ -194,7 +201,7 @@ LLAMA = Importer(
     model_type="llama",
     tokenizer=fast_tokenizer,
     config=llama_config,
-    tensors=llama_tensors,
+    tensors=decoder_tensors,
     # Rotary tables some old checkpoints stored, and a copy of the tied head.
     ignored=(r"(model\.)?layers\.\d+\.self_attn\.rotary_emb\.inv_freq", r"lm_head\.weight"),
 )

@@ -23,11 +23,9 @@ from model.formats.hf.format import (
     HFWeights,
     Importer,
     TensorMap,
-    activation,
-    eos_token_ids,
     fast_tokenizer,
 )
-from model.formats.hf.llama import decoder_tensors, llama_model_config, rope, rope_parameters, sliding_window
+from model.formats.hf.llama import decoder_tensors, hf_decoder_config, rope, rope_parameters, sliding_window
 from model.tokenization.tokenizer import Tokenizer
 
 LONGROPE = ("longrope", "su")
@@ -60,16 +58,8 @@ def phi3_config(hf: HFConfig, tokenizer: Tokenizer, directory: Path) -> ModelCon
         theta, scaling, max_positions = longrope(hf, params, key, d_model // n_heads)
     else:
         (theta, scaling), max_positions = rope(hf, params, key), hf.require("max_position_embeddings")
-    eos = eos_token_ids(hf.data, directory)
-    return llama_model_config(
-        vocab_size=hf.require("vocab_size"), d_model=d_model, n_heads=n_heads,
-        n_kv_heads=hf.get("num_key_value_heads", n_heads), n_layers=hf.require("num_hidden_layers"),
-        d_ff=hf.require("intermediate_size"), max_positions=max_positions,
-        rope_theta=theta, rope_scaling=scaling, rms_eps=float(hf.get("rms_norm_eps", 1e-5)),
-        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        bos=hf.token_id("bos_token_id"), eos=eos[0] if eos else None, pad=hf.token_id("pad_token_id"),
-        activation=activation(hf, "hidden_act"), **sliding_window(hf, hf.get("sliding_window"), max_positions),
-    )
+    return hf_decoder_config(hf, directory, rope_theta=theta, rope_scaling=scaling, max_positions=max_positions,
+                             rms_eps=1e-5, **sliding_window(hf, hf.get("sliding_window"), max_positions))
 
 
 def phi3_tensors(weights: HFWeights, cfg: ModelConfig) -> TensorMap:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from model.config import ModelConfig
-from model.formats.hf.format import HFConfig, HFWeights, Importer, TensorMap, fast_tokenizer
+from model.formats.hf.format import HFConfig, Importer, fast_tokenizer
 from model.formats.hf.llama import decoder_tensors
 from model.formats.hf.qwen2 import qwen_config
 from model.tokenization.tokenizer import Tokenizer
@@ -27,15 +27,11 @@ def qwen3_config(hf: HFConfig, tokenizer: Tokenizer, directory: Path) -> ModelCo
     return qwen_config(hf, directory, qk_norm=True, head_dim_override=head_dim_override(hf))
 
 
-def qwen3_tensors(weights: HFWeights, cfg: ModelConfig) -> TensorMap:
-    return decoder_tensors(weights, cfg)
-
-
 QWEN3 = Importer(
     architecture="Qwen3ForCausalLM",
     model_type="qwen3",
     tokenizer=fast_tokenizer,
     config=qwen3_config,
-    tensors=qwen3_tensors,
+    tensors=decoder_tensors,
     ignored=(r"lm_head\.weight",),
 )
