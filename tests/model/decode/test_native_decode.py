@@ -82,15 +82,20 @@ def test_a_bfloat16_cache_gives_the_eager_steps_over_the_same_cache(d_model, n_h
     torch.testing.assert_close(cache.v.float(), eager_kv[1].float(), atol=0.02, rtol=0.01)
 
 
+def _within_int8_rounding(ours, reference):
+    for a, b in zip(ours, reference, strict=True):
+        a, b = a.float(), b.float()
+        assert (a - b).abs().max() <= 0.02 * (b.max() - b.min()), (a - b).abs().max()
+        assert (a - b).abs().mean() <= 1e-3 * (b.max() - b.min()), (a - b).abs().mean()  # and rarely
+
+
 def test_int8_steps_equal_eager_int8(fresh_seed):
     model = _int8(_model(fresh_seed), fresh_seed)
     eager, native, (ek, ev), (nk, nv) = _eager_then_native(model, fresh_seed, 8)
-    for a, b in zip(native, eager):
-        # The same fbgemm kernels on the same weights; the activations they quantize differ
-        # only by float rounding, which can move an int8 step rarely and a logit by a sliver.
-        assert (a - b).abs().max() <= 0.02 * (b.max() - b.min()), (a - b).abs().max()
-    torch.testing.assert_close(nk, ek, atol=1e-3, rtol=1e-3)
-    torch.testing.assert_close(nv, ev, atol=1e-3, rtol=1e-3)
+    # The same fbgemm kernels on the same weights; the activations they quantize differ only by
+    # float rounding, which can move an int8 step rarely: a logit or a cached K/V entry moves by
+    # a sliver of its range (a fixed 1e-3 failed once in CI on a K entry: 2.4e-3 of a range ~8).
+    _within_int8_rounding(native + [nk, nv], eager + [ek, ev])
 
 
 def test_greedy_generation_identical_with_and_without_native(fresh_seed):
@@ -251,10 +256,7 @@ def test_each_lineage_float32_steps_equal_eager(name, fresh_seed):
 def test_each_lineage_int8_steps_equal_eager_int8(name, fresh_seed):
     model = _int8(_lineage(name, fresh_seed), fresh_seed)
     eager, native, (ek, ev), (nk, nv) = _eager_then_native(model, fresh_seed, 16)
-    for a, b in zip(native, eager):  # as test_int8_steps_equal_eager_int8 explains
-        assert (a - b).abs().max() <= 0.02 * (b.max() - b.min()), (a - b).abs().max()
-    torch.testing.assert_close(nk, ek, atol=1e-3, rtol=1e-3)
-    torch.testing.assert_close(nv, ev, atol=1e-3, rtol=1e-3)
+    _within_int8_rounding(native + [nk, nv], eager + [ek, ev])  # as test_int8_steps_equal_eager_int8 explains
 
 
 @pytest.mark.parametrize("name", list(LINEAGES))
