@@ -16,7 +16,7 @@ from model.formats.gguf_import import GGUFImportError, GGUFModel, load_gguf
 from model.formats.hf.importer import HFImportError, HFModel, is_hf_model_dir, load_hf
 from model.formats.manifest import ManifestError
 from model.formats.sources import is_model_dir, load_model
-from model.nn.kv_cache import SlotKVCache
+from model.nn.kv_cache import PagedKVCache
 from model.nn.transformer import DecoderLM, EncoderDecoder, MaskedLM, TransformerModel, build_model
 from model.tokenization.chat_template import ChatMessageError, ChatTemplate, ChatTemplateError
 from model.tokenization.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -25,7 +25,7 @@ __all__ = [
     "BeamSearch", "ChatMessageError", "ChatTemplate", "ChatTemplateError", "Checkpoint", "CheckpointError",
     "ConfigError", "DecoderLM", "EncoderDecoder", "EngineCore", "EngineEvent", "EngineRequest", "GGUFImportError",
     "GGUFModel", "GenerationResult", "HFImportError", "HFModel", "IncrementalDetokenizer", "ManifestError", "MaskedLM",
-    "ModelConfig", "Sampler", "SamplingParams", "SequenceTracker", "SlotKVCache", "TokenEvent", "Tokenizer",
+    "ModelConfig", "Sampler", "SamplingParams", "SequenceTracker", "PagedKVCache", "TokenEvent", "Tokenizer",
     "TransformerModel", "beam_search", "build_model", "generate", "is_checkpoint", "is_hf_model_dir", "is_model_dir",
     "load", "load_gguf", "load_hf", "load_model", "save",
 ]

@@ -86,16 +86,20 @@ class GenerativeEngine(BaseEngine):
         self.encdec = self.family == "encoder-decoder"
         self.max_src_len = self.max_len if self.encdec else 0
         self.core = EngineCore(self.model, self.tokenizer, settings.max_batch, self.max_len, self.max_src_len,
-                               settings.max_prefill_tokens, 0.0 if self.encdec else settings.prefix_cache_mb,
-                               step=step)
+                               settings.max_prefill_tokens, settings.prefix_cache and not self.encdec, step=step,
+                               kv_cache_bytes=settings.kv_cache_bytes)
+        # One sequence may use the whole pool, no more: the context a request sees is the smaller.
+        self.max_len = min(self.max_len, self.core.scheduler.capacity_tokens())
         self._inbox: list[EngineRequest] = []
         self._aborts: set[str] = set()
         self._streams: dict[str, RequestStream] = {}
         self._timing: dict[str, list[float]] = {}  # request id -> [arrival, last token time or 0]
         self.metrics.slots_total.labels(name).set(settings.max_batch)
+        self.metrics.kv_blocks.labels(name).set(self.core.cache.n_blocks - 1)
+        self.metrics.kv_blocks_used.labels(name).set(0)
+        self.metrics.preemptions.labels(name)  # the series exists (at 0) before the first preemption
         prefix = self.core.prefix_cache_info()
         if prefix is not None:
-            self.metrics.prefix_blocks.labels(name).set(prefix["blocks"])
             self.metrics.prefix_blocks_used.labels(name).set(0)
             self.metrics.prefix_hit_tokens.labels(name)  # the series exist (at 0) before the first request
             self.metrics.prefix_query_tokens.labels(name)
@@ -116,6 +120,7 @@ class GenerativeEngine(BaseEngine):
     def info(self) -> dict[str, Any]:
         constrained = not self.encdec and self.cfg.eos_token_id is not None
         return {**super().info(), "chat": self.chat is not None, "prefix_cache": self.prefix_cache(),
+                "kv_cache": self.kv_cache(),
                 "structured_outputs": constrained, "tools": constrained and self.chat is not None,
                 "tool_prompt": ("template" if self.template_takes_tools else "generic") if self.chat else None}
 
@@ -163,10 +168,14 @@ class GenerativeEngine(BaseEngine):
         return self.submit_all(items, group_field, limit_field, grammar=grammar)
 
     def prefix_cache(self) -> dict[str, int] | None:
-        """The prefix cache's shape (None: off, or an encoder-decoder model)."""
+        """The prefix cache's state (None: off, or an encoder-decoder model)."""
         info = self.core.prefix_cache_info()
-        return None if info is None else {"block_tokens": info["block_tokens"], "blocks": info["blocks"],
-                                          "bytes": info["bytes"]}
+        return None if info is None else {"block_tokens": info["block_tokens"], "blocks_named": info["blocks_named"]}
+
+    def kv_cache(self) -> dict[str, int]:
+        """The paged KV cache's shape: block size, pool blocks and bytes, the tokens it holds."""
+        info = self.core.kv_cache_info()
+        return {k: info[k] for k in ("block_tokens", "blocks", "bytes", "capacity_tokens")}
 
     # --- the async API --------------------------------------------------------------------
     def validate(self, prompt_ids: list[int], params: SamplingParams, prompt_field: str = "prompt",
@@ -190,12 +199,19 @@ class GenerativeEngine(BaseEngine):
             if n >= self.max_len:  # the prompt alone leaves no room: name it, not max_tokens
                 raise InputTooLongError(
                     f"{prompt_field} is {n} tokens; this model's limit is {self.max_len} tokens, prompt and "
-                    f"generated tokens together, so a prompt may have at most {self.max_len - 1}",
-                    prompt_field.split("[", 1)[0])
+                    f"generated tokens together ({self._limit_source()}), so a prompt may have at most "
+                    f"{self.max_len - 1}", prompt_field.split("[", 1)[0])
             if n + params.max_new_tokens > self.max_len:
                 raise InvalidRequestError(
                     f"{prompt_field} ({n} tokens) + {limit_field} ({params.max_new_tokens}) exceeds this model's "
-                    f"limit of {self.max_len} tokens", limit_field)
+                    f"limit of {self.max_len} tokens ({self._limit_source()})", limit_field)
+
+    def _limit_source(self) -> str:
+        """What sets ``max_len``: the context (the model's positions, TSERVE_MAX_SEQ_LEN) or the pool."""
+        pool = self.core.scheduler.capacity_tokens()
+        if self.max_len == pool and pool < self.core.max_len:
+            return f"the KV cache's pool, TSERVE_KV_CACHE_BYTES, holds {pool} tokens"
+        return "its context length"
 
     def chat_prompt(self, messages: list[dict[str, str]], tools: list[dict] | None = None) -> list[int]:
         """The prompt ids of a conversation, rendered by the model's own chat template (in a
@@ -337,6 +353,8 @@ class GenerativeEngine(BaseEngine):
             m.prefix_hit_tokens.labels(name).inc(result.prefix_hit_tokens)
         if result.constrained_tokens:
             m.constrained_tokens.labels(name).inc(result.constrained_tokens)
+        if result.preempted:
+            m.preemptions.labels(name).inc(result.preempted)
         if result.batch_size:
             m.steps.labels(name).inc()
             m.batch_size.labels(name).set(result.batch_size)
@@ -362,6 +380,8 @@ class GenerativeEngine(BaseEngine):
         m.running.labels(name).set(s.num_running)
         m.waiting.labels(name).set(s.num_waiting + len(self._inbox))
         m.slots_used.labels(name).set(s.slots_used)
-        m.kv_usage.labels(name).set(s.slots_used / s.n_slots)
+        pool = s.cache.pool
+        m.kv_blocks_used.labels(name).set(pool.used)
+        m.kv_usage.labels(name).set(pool.used / (pool.n_blocks - 1))
         if s.prefix is not None:
             m.prefix_blocks_used.labels(name).set(len(s.prefix))

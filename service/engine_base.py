@@ -44,7 +44,7 @@ class BaseEngine:
         self.model, self.tokenizer, self.cfg = ckpt.model, ckpt.tokenizer, ckpt.config
         if self.tokenizer is None:
             raise ValueError(f"{ckpt.path}: a served checkpoint needs a tokenizer.json")
-        self.max_len = min(settings.max_seq_len, self.cfg.max_positions)
+        self.max_len = min(settings.max_seq_len or self.cfg.max_positions, self.cfg.max_positions)
         self.created = int(time.time())
         self.ready = False
         self.accepting = False

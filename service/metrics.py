@@ -41,25 +41,30 @@ class Metrics:
         self.running = Gauge(name("running_requests"), "Requests holding a KV-cache slot (or in a forward pass).",
                              ["model"], registry=r)
         self.waiting = Gauge(name("waiting_requests"), "Requests queued for a slot.", ["model"], registry=r)
-        self.slots_used = Gauge(name("kv_cache_slots_used"), "KV-cache slots in use.", ["model"], registry=r)
-        self.slots_total = Gauge(name("kv_cache_slots"), "KV-cache slots allocated (capacity).", ["model"], registry=r)
-        self.kv_usage = Gauge(name("kv_cache_usage_ratio"), "Fraction of KV-cache slots in use.", ["model"],
+        self.slots_used = Gauge(name("kv_cache_slots_used"), "Sequence rows in use (the batch cap).", ["model"],
+                                registry=r)
+        self.slots_total = Gauge(name("kv_cache_slots"), "Sequence rows (TSERVE_MAX_BATCH).", ["model"], registry=r)
+        self.kv_blocks_used = Gauge(name("kv_cache_blocks_used"), "KV-cache blocks some sequence references.",
+                                    ["model"], registry=r)
+        self.kv_blocks = Gauge(name("kv_cache_blocks"), "KV-cache blocks in the pool (capacity).", ["model"],
+                               registry=r)
+        self.kv_usage = Gauge(name("kv_cache_usage_ratio"), "Fraction of the KV-cache blocks in use.", ["model"],
                               registry=r)
+        self.preemptions = Counter(name("preemptions"), "Sequences that gave their KV blocks back to let others "
+                                   "go on (they resume later, same output).", ["model"], registry=r)
         self.batch_size = Gauge(name("batch_size"), "Sequences in the latest engine step.", ["model"], registry=r)
         self.step_batch = Histogram(name("step_batch_size"), "Sequences per engine step (forward pass).",
                                     ["model"], buckets=BATCH_BUCKETS, registry=r)
         self.steps = Counter(name("engine_steps"), "Engine steps (each one batched forward pass or two).",
                              ["model"], registry=r)
         self.prefix_hit_tokens = Counter(name("prefix_cache_hit_tokens"),
-                                         "Prompt tokens copied from the prefix cache instead of computed.",
+                                         "Prompt tokens read from the prefix cache's blocks instead of computed.",
                                          ["model"], registry=r)
         self.prefix_query_tokens = Counter(name("prefix_cache_query_tokens"),
                                            "Prompt tokens looked up in the prefix cache (hit rate: hit / query).",
                                            ["model"], registry=r)
-        self.prefix_blocks_used = Gauge(name("prefix_cache_blocks_used"), "Prefix-cache blocks holding a prompt "
-                                        "block's K/V.", ["model"], registry=r)
-        self.prefix_blocks = Gauge(name("prefix_cache_blocks"), "Prefix-cache blocks allocated (capacity).",
-                                   ["model"], registry=r)
+        self.prefix_blocks_used = Gauge(name("prefix_cache_blocks_used"), "KV-cache blocks named by the prefix "
+                                        "cache (in use or kept for reuse).", ["model"], registry=r)
         self.decode_step = Gauge(name("decode_step_info"), "1 for the decode step each generative model runs: "
                                  "native (C++) or python.", ["model", "step"], registry=r)
         self.grammar_compile = Histogram(name("grammar_compile_seconds"), "Compiling one grammar (JSON schema, "

@@ -14,7 +14,6 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from model.decode import DecodeOptions
-from model.engine.prefix_cache import DEFAULT_PREFIX_CACHE_MB
 
 
 class Settings(BaseSettings):
@@ -47,12 +46,17 @@ class Settings(BaseSettings):
                             "else SDPA; triton = the kernel or a start-up error")
 
     # --- engine limits (per model) -----------------------------------------------------
-    max_batch: int = Field(32, ge=1, le=1024, description="KV-cache slots = sequences decoded together")
-    max_seq_len: int = Field(512, ge=8, description="prompt + generated tokens; capped by the model's positions")
+    max_batch: int = Field(32, ge=1, le=1024, description="sequences in flight per model (rows of the KV cache); "
+                           "memory is TSERVE_KV_CACHE_BYTES")
+    max_seq_len: int = Field(0, ge=0, description="context: prompt + generated tokens of one sequence; 0 = each "
+                             "model's own maximum (its max_positions); else capped by it")
+    kv_cache_bytes: int = Field(384 * 2**20, ge=2**20, description="the KV cache's block pool per generative model "
+                                "(16-token blocks, touched as used); a prompt that can never fit it gets 400, "
+                                "one that fits later waits")
     max_queue: int = Field(128, ge=0, description="requests waiting for a slot before 429")
     max_prefill_tokens: int = Field(2048, ge=16, description="prompt tokens processed per engine step")
-    prefix_cache_mb: float = Field(DEFAULT_PREFIX_CACHE_MB, ge=0, le=1_048_576,
-                                   description="memory per decoder model for cached prompt blocks; 0 = off")
+    prefix_cache: bool = Field(True, description="decoder models share the KV blocks of prompt prefixes they "
+                               "have seen (read in place)")
     max_encoder_batch: int = Field(64, ge=1, description="texts per fill-mask/embedding forward pass")
     request_timeout_s: float = Field(300.0, gt=0, description="a request still running after this fails with 504")
     warmup: bool = True

@@ -9,8 +9,8 @@ How: ``model/decode/csrc/llama_decode.cpp`` holds the whole step (embedding look
 norm, head) in one C++ object built once per model from its weights. The projections call
 the very kernels the eager int8 path calls (fbgemm's dynamic int8 linear through the packed
 weights ``DecodeInt8Linear`` holds, or ``at::linear`` for float layers); everything between
-them is plain loops over float32 rows. Attention reads each row's own slot in place, over
-exactly its positions (no span bucket, no mask, no gather), with a group's query heads
+them is plain loops over float32 rows. Attention reads each row's blocks in place (its block
+table names them), over exactly its positions (no span bucket, no mask, no gather), with a group's query heads
 sharing the K/V they read, one (row, K/V head) item per thread; AVX-512 loops where the CPU
 has them (chosen at run time), over a float32 or bfloat16 cache.
 
@@ -40,7 +40,7 @@ from torch import Tensor, nn
 
 from model.decode.support import unsupported_reason as config_unsupported_reason
 from model.decode.threads import decode_threads
-from model.nn.kv_cache import SlotKVCache
+from model.nn.kv_cache import PagedKVCache
 from model.nn.transformer import DecoderLM
 from model.quant.int8 import DecodeInt8Linear
 
@@ -192,15 +192,20 @@ class NativeStep:
             _add_projection(plan, model.lm_head.proj)
         self.plan = plan
 
-    def __call__(self, cache: SlotKVCache, tokens: Tensor, slots: Sequence[int], positions: Sequence[int]) -> Tensor:
-        """tokens (B,) at ``positions`` of ``slots`` -> logits (B, V) float32."""
+    def __call__(self, cache: PagedKVCache, tokens: Tensor, slots: Sequence[int], positions: Sequence[int]) -> Tensor:
+        """tokens (B,) at ``positions`` of rows ``slots`` -> logits (B, V) float32."""
+        positions = [int(p) for p in positions]
         if max(positions) >= cache.max_len:
             raise ValueError(f"sequence length {max(positions) + 1} exceeds the KV cache's max_len {cache.max_len}")
         if cache.k.dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"the native decode step needs a float32 or bfloat16 KV cache, not {cache.k.dtype}")
+        batch = cache.batch(slots)
+        for slot, p in zip(batch.slots, positions):
+            if not cache.ensure(slot, p + 1):
+                raise RuntimeError(f"the KV cache's pool of {cache.n_blocks} blocks is exhausted")
+        tables = cache.block_tables(batch, max(positions) + 1)  # on the host: the step reads it there
         with decode_threads(len(slots)):
-            return self.plan.step(tokens.view(-1), cache.k, cache.v, [int(s) for s in slots],
-                                  [int(p) for p in positions])
+            return self.plan.step(tokens.view(-1), cache.k, cache.v, tables, positions)
 
 
 def _add_projection(plan, layer: nn.Module) -> None:

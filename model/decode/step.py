@@ -26,7 +26,7 @@ from model.config import DTYPES
 from model.decode.native import NativeStep, wants_native
 from model.decode.threads import decode_threads
 from model.decode.triton_attention import DECODE_ATTENTION_MODES, attention_kernel
-from model.nn.kv_cache import SlotKVCache
+from model.nn.kv_cache import PagedKVCache
 from model.nn.layers import DecodeAttentionKernel
 from model.nn.transformer import DecoderLM, EncoderDecoder, TransformerModel
 from model.quant.int8 import DecodeInt8Linear, decode_step_context, quantize_checkpoint_, wants_int8
@@ -44,7 +44,7 @@ class DecodeStep(Protocol):
     name: str  # "python" | "native": what the metric tserve_decode_step_info reports
     kv_dtype: torch.dtype  # the KV cache this step reads and writes
 
-    def __call__(self, cache: SlotKVCache, tokens: Tensor, slots: Sequence[int],
+    def __call__(self, cache: PagedKVCache, tokens: Tensor, slots: Sequence[int],
                  positions: Sequence[int]) -> Tensor: ...
 
 
@@ -86,7 +86,7 @@ class PythonStep:
         self.model, self.attention = model, attention
         self.kv_dtype = kv_dtype or model.dtype
 
-    def __call__(self, cache: SlotKVCache, tokens: Tensor, slots: Sequence[int], positions: Sequence[int]) -> Tensor:
+    def __call__(self, cache: PagedKVCache, tokens: Tensor, slots: Sequence[int], positions: Sequence[int]) -> Tensor:
         with decode_threads(len(slots)), decode_step_context():
             return self.model.decode_step(cache, tokens, slots, positions, attention=self.attention)
 

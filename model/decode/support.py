@@ -75,10 +75,10 @@ FIELDS: dict[str, FieldRule] = {
     "qkv_bias": FieldRule(native=READ),  # the bias rides in the qkv projection (float or fbgemm int8)
     "qk_norm": FieldRule(native=READ),  # per-layer q/k norm weights
     "post_sublayer_norm": FieldRule(native=READ),  # per-layer post-norm weights
-    # A window changes which positions a row attends to: the C++ step starts each row's attention at
-    # position - window + 1 in the layers that have one; the Triton kernel reads whole histories.
-    "sliding_window": FieldRule(native=READ, triton=(None,)),
-    "sliding_window_layers": FieldRule(native=READ, triton=IGNORED),  # only read with a window
+    # A window changes which positions a row attends to: the C++ step and the Triton kernel start
+    # each row's attention at position - window + 1 in the layers that have one.
+    "sliding_window": FieldRule(native=READ, triton=READ),
+    "sliding_window_layers": FieldRule(native=READ, triton=READ),
     "local_rope_theta": FieldRule(native=READ),  # the second rotary table the model built
     "type_vocab_size": FieldRule(native=(0,)),
     "lm_head_bias": FieldRule(native=(False,)),

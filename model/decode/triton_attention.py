@@ -1,12 +1,15 @@
-"""Decode attention over the slot KV cache: one query token per sequence, fused in Triton.
+"""Decode attention over the paged KV cache: one query token per sequence, fused in Triton.
 
 A decode step asks, for every running sequence b, softmax(q_b Kᵀ · scale) V over the first
-``lengths[b]`` positions of its cache slot ``slots[b]``. SDPA does this over a padded span
-(a power of two, ``CacheView.update``) with a mask, reading every masked position too; the
-kernel reads each slot in place, only up to its own length (flash-decoding):
+``lengths[b]`` positions of its history (the last ``window`` of them in a sliding-window
+layer), which lie in the pool's blocks that its block table ``tables[b]`` names. SDPA does
+this over a padded span gathered from the blocks (a power of two, ``CacheView.update``) with a
+mask, reading every masked position too; the kernel reads each block in place, only the
+positions the row sees (paged flash-decoding):
 
 1. ``split`` kernel, grid (B, kv heads, splits): each program takes one sequence, one K/V
-   head and one contiguous piece of that sequence's history. It loads the query heads that
+   head and one contiguous piece of that sequence's history; each key's block comes from the
+   table, its offset from the position. It loads the query heads that
    share the K/V head (grouped-query attention: K/V is read once per group, not once per
    query head), walks its piece ``BLOCK_N`` keys at a time keeping the running max, the sum
    of exponentials and the unnormalised output in float32 (online softmax), and writes
@@ -41,17 +44,26 @@ log = logging.getLogger(__name__)
 
 # --- the reference -------------------------------------------------------------------
 
-def decode_attention_reference(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, lengths: Tensor,
-                               scale: float) -> Tensor:
-    """SDPA over each row's slot with a length mask: q (B, H, D) -> (B, H, D) in q's dtype.
+def decode_attention_reference(q: Tensor, k_cache: Tensor, v_cache: Tensor, tables: Tensor, lengths: Tensor,
+                               scale: float, window: int = 0) -> Tensor:
+    """SDPA over each row's blocks with a length (and window) mask: q (B, H, D) -> (B, H, D) in q's dtype.
 
-    k_cache, v_cache: one layer of the slot cache, (slots, kv heads, positions, D); row b
-    attends to positions ``0 .. lengths[b] - 1`` of slot ``slots[b]``.
+    k_cache, v_cache: one layer of the block pool, (blocks, kv heads, block_len, D); row b
+    attends to positions ``0 .. lengths[b] - 1`` (the last ``window`` of them when > 0), held in
+    blocks ``tables[b, p // block_len]``.
     """
+    block_len = k_cache.size(2)
     span = int(lengths.max())  # host sync: fine for a reference
-    k = k_cache[slots, :, :span].to(q.dtype)  # (B, nkv, span, D)
-    v = v_cache[slots, :, :span].to(q.dtype)
-    mask = torch.arange(span, device=q.device)[None, :] < lengths[:, None].to(q.device)  # (B, span)
+    n = -(-span // block_len)
+    b, nkv, d = q.size(0), k_cache.size(1), k_cache.size(3)
+    ids = tables[:, :n].to(k_cache.device)
+    k = k_cache[ids].transpose(1, 2).reshape(b, nkv, n * block_len, d)[:, :, :span].to(q.dtype)
+    v = v_cache[ids].transpose(1, 2).reshape(b, nkv, n * block_len, d)[:, :, :span].to(q.dtype)
+    keys = torch.arange(span, device=q.device)[None, :]
+    ends = lengths[:, None].to(q.device)
+    mask = keys < ends  # (B, span)
+    if window:
+        mask &= keys >= ends - window
     out = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=mask[:, None, None, :], scale=scale,
                                          enable_gqa=k.size(1) != q.size(1))  # (B, H, 1, D)
     return out[:, :, 0]
@@ -102,12 +114,12 @@ def kernel_failed(exc: BaseException) -> None:
         log.warning("the Triton decode-attention kernel failed, using SDPA from now on: %s", _failed)
 
 
-def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, lengths: Tensor,
-                     scale: float) -> Tensor:
+def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, tables: Tensor, lengths: Tensor,
+                     scale: float, window: int = 0) -> Tensor:
     """The Triton kernel where it can run (CUDA, or the interpreter), else the SDPA reference."""
     if kernel_runs_on(q.device):
-        return decode_attention_triton(q, k_cache, v_cache, slots, lengths, scale)
-    return decode_attention_reference(q, k_cache, v_cache, slots, lengths, scale)
+        return decode_attention_triton(q, k_cache, v_cache, tables, lengths, scale, window)
+    return decode_attention_reference(q, k_cache, v_cache, tables, lengths, scale, window)
 
 
 DECODE_ATTENTION_MODES = ("auto", "sdpa", "triton")
@@ -124,10 +136,10 @@ class TritonDecodeAttention:
     def applies(self, q: Tensor) -> bool:
         return self.mode == "triton" or (q.device.type == "cuda" and kernel_runs_on(q.device))
 
-    def __call__(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, lengths: Tensor,
-                 scale: float) -> Tensor | None:
+    def __call__(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, tables: Tensor, lengths: Tensor,
+                 scale: float, window: int = 0) -> Tensor | None:
         try:
-            return decode_attention_triton(q, k_cache, v_cache, slots, lengths, scale)
+            return decode_attention_triton(q, k_cache, v_cache, tables, lengths, scale, window)
         except Exception as exc:
             if self.mode == "triton":
                 raise
@@ -172,24 +184,27 @@ def default_splits(batch: int, kv_heads: int, positions: int, block_n: int, devi
     return max(1, min(splits, math.ceil(positions / block_n), 64))
 
 
-def decode_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, lengths: Tensor,
-                            scale: float, num_splits: int | None = None, block_n: int | None = None) -> Tensor:
-    """The fused kernel: q (B, H, D), k_cache/v_cache (slots, nkv, positions, D), slots and
-    lengths (B,) integer tensors -> (B, H, D) in q's dtype. ``lengths[b]`` must be in
-    ``1 .. positions`` (a row of length 0 comes out as zeros). ``num_splits`` pieces of history
-    per row and ``block_n`` keys per step default to sizes for the device."""
+def decode_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, tables: Tensor, lengths: Tensor,
+                            scale: float, window: int = 0, num_splits: int | None = None,
+                            block_n: int | None = None) -> Tensor:
+    """The fused kernel: q (B, H, D), k_cache/v_cache (blocks, nkv, block_len, D), block tables
+    (B, n) and lengths (B,) integer tensors -> (B, H, D) in q's dtype. ``lengths[b]`` must be in
+    ``1 .. n * block_len`` (a row of length 0 comes out as zeros); ``window`` > 0 reads only the
+    last ``window`` positions of each row. ``num_splits`` pieces of history per row and
+    ``block_n`` keys per step default to sizes for the device."""
     if not kernel_runs_on(q.device):
         raise RuntimeError("the Triton decode-attention kernel needs triton and a CUDA tensor "
                            "(or TRITON_INTERPRET=1 to run it on the CPU in Triton's interpreter)")
     b, h, d = q.shape
-    _, kv_heads, positions, d_cache = k_cache.shape
+    _, kv_heads, block_len, d_cache = k_cache.shape
+    positions = tables.size(1) * block_len if window <= 0 else min(window, tables.size(1) * block_len)
     if v_cache.shape != k_cache.shape or d_cache != d:
         raise ValueError(f"k/v cache shapes {tuple(k_cache.shape)}, {tuple(v_cache.shape)} "
                          f"do not fit q {tuple(q.shape)}")
     if h % kv_heads:
         raise ValueError(f"{h} query heads are not a multiple of {kv_heads} kv heads")
-    if slots.shape != (b,) or lengths.shape != (b,):
-        raise ValueError(f"slots {tuple(slots.shape)} and lengths {tuple(lengths.shape)} must be ({b},)")
+    if tables.dim() != 2 or tables.size(0) != b or lengths.shape != (b,):
+        raise ValueError(f"tables {tuple(tables.shape)} and lengths {tuple(lengths.shape)} must be ({b}, n) and ({b},)")
     block_n = block_n or (64 if q.device.type == "cuda" else 16)
     if block_n < 16 or block_n & (block_n - 1):
         raise ValueError(f"block_n must be a power of two >= 16 (tl.dot's smallest tile), got {block_n}")
@@ -204,8 +219,9 @@ def decode_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: 
     out = torch.empty((b, h, d), dtype=q.dtype, device=q.device)
     block_d = max(16, _next_power_of_2(d))
     split_kernel[(b, kv_heads, splits)](
-        qc, k_cache, v_cache, slots, lengths, part_o, part_m, part_l, scale * _LOG2E, splits,
-        *qc.stride(), *k_cache.stride(), *v_cache.stride(),
+        qc, k_cache, v_cache, tables, lengths, part_o, part_m, part_l, scale * _LOG2E, splits,
+        window if window > 0 else 2**30, tables.stride(0), *qc.stride(), *k_cache.stride(), *v_cache.stride(),
+        BLOCK_LEN=block_len,
         GROUP=group, BLOCK_G=max(16, _next_power_of_2(group)),  # tl.dot wants >= 16 rows
         BLOCK_N=block_n, HEAD_DIM=d, BLOCK_D=block_d,
         # The interpreter computes bfloat16 arithmetic on the raw bits (it only converts them
@@ -232,22 +248,22 @@ def _kernels(interpret: bool):  # noqa: ARG001 - the cache key: one pair of kern
 
     @triton.jit
     def split_kernel(
-        Q, K, V, Slots, Lengths, PartO, PartM, PartL, qk_scale, num_splits,
+        Q, K, V, Tables, Lengths, PartO, PartM, PartL, qk_scale, num_splits, window, stride_tb,
         stride_qb, stride_qh, stride_qd,
-        stride_ks, stride_kh, stride_kn, stride_kd,
-        stride_vs, stride_vh, stride_vn, stride_vd,
-        GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+        stride_kb, stride_kh, stride_kn, stride_kd,
+        stride_vb, stride_vh, stride_vn, stride_vd,
+        BLOCK_LEN: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST: tl.constexpr,
     ):
         row = tl.program_id(0)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
         n_heads = tl.num_programs(1) * GROUP
-        slot = tl.load(Slots + row).to(tl.int64)
         length = tl.load(Lengths + row).to(tl.int32)
-        # This split's piece of the row's history: equal pieces, whole blocks of keys.
-        piece = (((length + num_splits - 1) // num_splits + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
-        start = split * piece
+        first = tl.maximum(length - window, 0)  # the window's first position (no window: a huge one)
+        # This split's piece of the row's history: equal pieces, whole tiles of keys.
+        piece = (((length - first + num_splits - 1) // num_splits + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
+        start = first + split * piece
         end = tl.minimum(start + piece, length)
 
         g = tl.arange(0, BLOCK_G)
@@ -259,8 +275,7 @@ def _kernels(interpret: bool):  # noqa: ARG001 - the cache key: one pair of kern
                     mask=g_ok[:, None] & d_ok[None, :], other=0.0)  # (G, D)
         if UPCAST:
             q = q.to(tl.float32)
-        k_base = K + slot * stride_ks + kv_head * stride_kh
-        v_base = V + slot * stride_vs + kv_head * stride_vh
+        table = Tables + row * stride_tb
 
         m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)  # running max of the scores (log2)
         l_i = tl.zeros([BLOCK_G], dtype=tl.float32)  # running sum of exp2(score - m_i)
@@ -269,7 +284,10 @@ def _kernels(interpret: bool):  # noqa: ARG001 - the cache key: one pair of kern
             keys = n0 + tl.arange(0, BLOCK_N)
             n_ok = keys < end
             kv_mask = n_ok[:, None] & d_ok[None, :]
-            k = tl.load(k_base + keys[:, None] * stride_kn + dims[None, :] * stride_kd, mask=kv_mask, other=0.0)
+            blocks = tl.load(table + keys // BLOCK_LEN, mask=n_ok, other=0).to(tl.int64)  # each key's block
+            offsets = keys % BLOCK_LEN
+            k = tl.load(K + blocks[:, None] * stride_kb + kv_head * stride_kh + offsets[:, None] * stride_kn
+                        + dims[None, :] * stride_kd, mask=kv_mask, other=0.0)
             if UPCAST:
                 k = k.to(tl.float32)
             scores = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # (G, N), log2 units
@@ -277,7 +295,8 @@ def _kernels(interpret: bool):  # noqa: ARG001 - the cache key: one pair of kern
             m_new = tl.maximum(m_i, tl.max(scores, axis=1))  # finite: every block has a real key
             alpha = tl.exp2(m_i - m_new)  # rescales what was summed under the old max
             p = tl.exp2(scores - m_new[:, None])
-            v = tl.load(v_base + keys[:, None] * stride_vn + dims[None, :] * stride_vd, mask=kv_mask, other=0.0)
+            v = tl.load(V + blocks[:, None] * stride_vb + kv_head * stride_vh + offsets[:, None] * stride_vn
+                        + dims[None, :] * stride_vd, mask=kv_mask, other=0.0)
             if UPCAST:
                 v = v.to(tl.float32)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")

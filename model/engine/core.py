@@ -16,14 +16,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from model.decode.step import DecodeStep, PythonStep
 from model.engine.families import prompts_for
 from model.engine.grammar import GrammarCompiler
-from model.engine.prefix_cache import PREFIX_BLOCK, PrefixIndex
+from model.engine.prefix_cache import PrefixCache
 from model.engine.requests import EngineEvent, EngineRequest
 from model.engine.runner import ModelRunner, StepOutput
 from model.engine.scheduler import Scheduler
-from model.nn.kv_cache import PrefixKVPool
+from model.nn.kv_cache import BLOCK_LEN, PagedKVCache
 from model.nn.transformer import DecoderLM, EncoderDecoder
 from model.tokenization.tokenizer import Tokenizer
 
@@ -37,24 +39,31 @@ class StepResult:
     prefix_hit_tokens: int = 0  # prompt tokens of the admitted requests copied from the prefix cache
     prefix_query_tokens: int = 0  # prompt tokens of the admitted requests looked up in it
     constrained_tokens: int = 0  # tokens chosen under a grammar this step
+    preempted: int = 0  # sequences that gave their blocks back this step
 
 
 class EngineCore:
     def __init__(self, model: DecoderLM | EncoderDecoder, tokenizer: Tokenizer | None, n_slots: int, max_len: int,
-                 max_src_len: int = 0, max_prefill_tokens: int = 2048, prefix_cache_mb: float = 0.0,
-                 step: DecodeStep | None = None):
-        """``prefix_cache_mb``: memory for the prefix cache's pool of prompt blocks
-        (decoder-only; 0 or an encoder-decoder model: no prefix cache). ``step``: the decode
-        step (``model.decode.prepare``); default the model's own Python step, float, SDPA."""
+                 max_src_len: int = 0, max_prefill_tokens: int = 2048, prefix_cache: bool = False,
+                 step: DecodeStep | None = None, kv_cache_bytes: int = 0):
+        """``n_slots``: the most sequences in flight (rows); ``max_len``: one sequence's context;
+        ``kv_cache_bytes``: the block pool's size (0: every row at ``max_len``, nothing waits for
+        memory). ``prefix_cache``: share cached prompt blocks (decoder-only). ``step``: the
+        decode step (``model.decode.prepare``); default the model's own Python step, float, SDPA."""
         self.model, self.tokenizer = model, tokenizer
         self.decode_step: DecodeStep = step or PythonStep(model)
         self.n_slots, self.max_len, self.max_src_len = n_slots, max_len, max_src_len
         prompts = prompts_for(model)
-        blocks = 0 if prompts.encodes_source else self._prefix_blocks(model, prefix_cache_mb, self.decode_step.kv_dtype)
-        self.prefix = PrefixIndex(blocks, PREFIX_BLOCK) if blocks else None
-        self.scheduler = Scheduler(prompts, tokenizer, model.cfg.eos_token_id, n_slots, max_prefill_tokens,
-                                   self.prefix)
-        self.runner = ModelRunner(model, prompts, n_slots, max_len, self.decode_step, max_src_len, blocks, PREFIX_BLOCK)
+        n_blocks = self.pool_blocks(model, kv_cache_bytes, self.decode_step.kv_dtype) if kv_cache_bytes else None
+        self.runner = ModelRunner(model, prompts, n_slots, max_len, self.decode_step, max_src_len, n_blocks)
+        cache = self.runner.cache
+        self.prefix = (PrefixCache(cache.pool, cache.block_len)
+                       if prefix_cache and not prompts.encodes_source else None)
+        cfg = model.cfg
+        every_layer_windowed = cfg.sliding_window is not None and all(
+            layer.self_attn.window for layer in model.decoder_layers)
+        self.scheduler = Scheduler(prompts, tokenizer, cfg.eos_token_id, cache, max_prefill_tokens, self.prefix,
+                                   cfg.sliding_window if every_layer_windowed else 0)
         self._grammars: GrammarCompiler | None = None
 
     @property
@@ -67,13 +76,28 @@ class EngineCore:
         return self._grammars
 
     @staticmethod
-    def _prefix_blocks(model: DecoderLM, budget_mb: float, dtype) -> int:
-        """Pool blocks that fit in ``budget_mb`` at the model's cache shape and dtype."""
-        if budget_mb <= 0:
-            return 0
-        per_block = PrefixKVPool.block_bytes(len(model.decoder_layers), model.cfg.kv_heads, model.cfg.head_dim,
-                                             PREFIX_BLOCK, dtype)
-        return int(budget_mb * 2**20) // per_block
+    def pool_blocks(model: DecoderLM | EncoderDecoder, budget_bytes: int, dtype) -> int:
+        """Blocks (the null block included) that fit in ``budget_bytes`` at the model's cache
+        shape and dtype."""
+        per_block = 2 * len(model.decoder_layers) * model.cfg.kv_heads * model.cfg.head_dim * BLOCK_LEN * \
+            torch.empty((), dtype=dtype).element_size()
+        return max(2, budget_bytes // per_block)
+
+    @property
+    def cache(self) -> PagedKVCache:
+        return self.runner.cache
+
+    def kv_cache_info(self) -> dict:
+        """The block pool's shape and use, now."""
+        cache, pool = self.cache, self.cache.pool
+        return {"block_tokens": cache.block_len, "blocks": pool.n_blocks - 1, "blocks_used": pool.used,
+                "blocks_cached": len(pool.evictable), "bytes": cache.k.nbytes + cache.v.nbytes,
+                "capacity_tokens": self.scheduler.capacity_tokens(), "preemptions": self.scheduler.preemptions,
+                "evictions": pool.evictions}
+
+    def tokens_held(self) -> int:
+        """Positions the running sequences really hold (for the waste measure)."""
+        return sum(max(s.next_pos, s.prefilled) for s in self.scheduler.running + self.scheduler.prefilling)
 
     # --- requests in and out -----------------------------------------------------------
     @property
@@ -100,9 +124,9 @@ class EngineCore:
         """The prefix cache's shape and counters; None when there is none."""
         if self.prefix is None:
             return None
-        pool = self.runner.prefix_pool
-        return {"block_tokens": self.prefix.block, "blocks": self.prefix.n_blocks, "blocks_used": len(self.prefix),
-                "bytes": pool.nbytes, "hit_tokens": self.prefix.hit_tokens, "query_tokens": self.prefix.query_tokens}
+        return {"block_tokens": self.prefix.block, "blocks_named": len(self.prefix),
+                "blocks_cached": len(self.cache.pool.evictable), "hit_tokens": self.prefix.hit_tokens,
+                "query_tokens": self.prefix.query_tokens}
 
     def add(self, req: EngineRequest) -> None:
         """Queue a request; a grammar not yet compiled is compiled here (offline use: the
@@ -112,7 +136,7 @@ class EngineCore:
         self.scheduler.add(req)
 
     def abort(self, request_id: str) -> bool:
-        """Forget a request (client gone); its slots are free for the next step."""
+        """Forget a request (client gone); its rows and blocks are free for the next step."""
         return self.scheduler.remove(request_id) is not None
 
     def expire(self, now: float) -> list[EngineEvent]:
@@ -134,15 +158,19 @@ class EngineCore:
         try:
             output = self.runner.run(plan) if not plan.empty else StepOutput()
         except Exception:
-            if self.prefix is not None:  # blocks planned for this step were never written
-                self.prefix.forget([h for store in plan.prefix_stores for h in store.hashes])
+            for block in plan.named:  # blocks named this step were never written
+                self.cache.pool.forget(block)
             raise
         self.scheduler.advance(plan)
         events = self._update(output)
+        events += [EngineEvent(r.request_id, error="input_too_long", prompt_tokens=len(r.prompt_ids),
+                               message=f"the request needs more KV cache than this model has: prompt and "
+                                       f"max_tokens together may be at most {self.scheduler.capacity_tokens()} "
+                                       "tokens") for r in plan.rejected]
         query = sum(len(s.req.prompt_ids) for s in plan.admitted) if self.prefix is not None else 0
         constrained = sum(1 for seq in output.samples if getattr(seq.decoding, "matcher", None) is not None)
-        return StepResult(events, [s.req for s in plan.admitted], plan.batch_size, plan.prompt_tokens,
-                          plan.prefix_hit_tokens, query, constrained)
+        return StepResult(events, [s.req for s in plan.admitted if not s.resumed], plan.batch_size,
+                          plan.prompt_tokens, plan.prefix_hit_tokens, query, constrained, len(plan.preempted))
 
     def _update(self, output: StepOutput) -> list[EngineEvent]:
         events = []

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from model.engine.plan import PromptChunk, StepPlan
 from model.engine.requests import Sequence
-from model.nn.kv_cache import SlotKVCache
+from model.nn.kv_cache import PagedKVCache
 from model.nn.transformer import DecoderLM, EncoderDecoder
 
 
@@ -31,6 +31,14 @@ class DecoderPrompts:
     def can_admit(self, prompt: list[int], first: bool, budget: int) -> bool:
         return budget > 0  # chunking keeps the step bounded whatever the prompt's length
 
+    def positions_needed(self, seq: Sequence, max_len: int) -> int:
+        """Positions a newly admitted sequence gets blocks for: its input (decode steps add
+        blocks as they go, and may preempt)."""
+        return len(seq.input_ids)
+
+    def preemptible(self, seq: Sequence) -> bool:
+        return True  # a sampled sequence replays its output; a beam search starts again, unseen
+
     def plan(self, plan: StepPlan, prefilling: list[Sequence], budget: int) -> None:
         """Chunks for the sequences still prefilling, oldest first, ``budget`` tokens at most
         (the first always gets at least one token so a prompt always progresses)."""
@@ -39,24 +47,24 @@ class DecoderPrompts:
             if take <= 0 and plan.chunks:
                 break
             take = max(take, 1)
-            plan.chunks.append(PromptChunk(seq, seq.req.prompt_ids[seq.prefilled: seq.prefilled + take],
-                                           seq.prefilled))
+            plan.chunks.append(PromptChunk(seq, seq.input_ids[seq.prefilled: seq.prefilled + take], seq.prefilled))
             budget -= take
 
-    def run(self, cache: SlotKVCache, plan: StepPlan) -> tuple[Tensor | None, list[Sequence]]:
-        """Write the chunks; logits rows for the sequences whose prompt is now complete."""
+    def run(self, cache: PagedKVCache, plan: StepPlan) -> tuple[Tensor | None, list[Sequence]]:
+        """Write the chunks; logits rows for the sequences whose prompt is now complete (not for
+        a resumed sequence: its next token is already chosen)."""
         if not plan.chunks:
             return None, []
         chunks = plan.chunks
         logits = self.model.prefill(cache, [c.tokens for c in chunks], [c.seq.slots[0] for c in chunks],
                                     starts=[c.start for c in chunks])
-        rows = [i for i, c in enumerate(chunks) if c.completes]
+        rows = [i for i, c in enumerate(chunks) if c.completes and not c.seq.resumed]
         if not rows:
             return None, []
         return logits[torch.tensor(rows, device=logits.device)], [chunks[i].seq for i in rows]
 
     def first_position(self, seq: Sequence) -> int:
-        return len(seq.req.prompt_ids)
+        return len(seq.input_ids)
 
 
 class SourcePrompts:
@@ -71,10 +79,21 @@ class SourcePrompts:
     def can_admit(self, prompt: list[int], first: bool, budget: int) -> bool:
         return first or len(prompt) <= budget  # sources are encoded whole; keep the step bounded
 
+    def positions_needed(self, seq: Sequence, max_len: int) -> int:
+        """A sampled translation gets the blocks of its whole output at admission, so it is never
+        preempted (it streams; replaying it would need the decoder's prefill over the output). A
+        beam search gets the start token's and grows, preemptible: it starts again, unseen."""
+        if seq.req.params.beam_size > 1:
+            return 1
+        return min(seq.req.params.max_new_tokens + 1, max_len)
+
+    def preemptible(self, seq: Sequence) -> bool:
+        return seq.req.params.beam_size > 1
+
     def plan(self, plan: StepPlan, prefilling: list[Sequence], budget: int) -> None:
         plan.sources = list(prefilling)
 
-    def run(self, cache: SlotKVCache, plan: StepPlan) -> tuple[Tensor | None, list[Sequence]]:
+    def run(self, cache: PagedKVCache, plan: StepPlan) -> tuple[Tensor | None, list[Sequence]]:
         """Encode the sources, keep their memory in every beam's slot, feed the start token."""
         if not plan.sources:
             return None, []

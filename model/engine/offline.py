@@ -42,7 +42,7 @@ def _result(events: list[EngineEvent]) -> GenerationResult:
 
 
 def _core(model: DecoderLM | EncoderDecoder, tokenizer: Tokenizer | None, prompts: Sequence[Sequence[int]],
-          params: list[SamplingParams], prefix_cache_mb: float = 0.0, step: DecodeStep | None = None,
+          params: list[SamplingParams], prefix_cache: bool = False, step: DecodeStep | None = None,
           options: DecodeOptions | None = None) -> EngineCore:
     """A core with a slot for every sequence and room for every prompt in one prefill."""
     if step is None and options is not None:
@@ -52,7 +52,7 @@ def _core(model: DecoderLM | EncoderDecoder, tokenizer: Tokenizer | None, prompt
     max_len = max(s + p.max_new_tokens for s, p in zip(start, params))
     return EngineCore(model, tokenizer, n_slots=sum(p.beam_size for p in params), max_len=max_len,
                       max_src_len=max(len(p) for p in prompts) if encdec else 0,
-                      max_prefill_tokens=max(1, sum(len(p) for p in prompts)), prefix_cache_mb=prefix_cache_mb,
+                      max_prefill_tokens=max(1, sum(len(p) for p in prompts)), prefix_cache=prefix_cache,
                       step=step)
 
 
@@ -62,20 +62,20 @@ def generate(
     prompts: Sequence[Sequence[int]],
     params: SamplingParams | Sequence[SamplingParams],
     tokenizer: Tokenizer | None = None,
-    prefix_cache_mb: float = 0.0,
+    prefix_cache: bool = False,
     step: DecodeStep | None = None,
     options: DecodeOptions | None = None,
 ) -> list[GenerationResult]:
     """Greedy or sampled generation for a batch of prompts (sources, for the encoder-decoder).
 
     Finished sequences leave the batch; the rest keep stepping at their own positions. With
-    ``prefix_cache_mb`` > 0 (decoder-only), prompts sharing leading blocks compute them once.
+    ``prefix_cache`` (decoder-only), prompts sharing leading blocks compute them once.
     ``step`` / ``options``: the decode step (see the module docstring).
     """
     rows = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
     if any(r.beam_size > 1 for r in rows):
         raise ValueError("generate() samples or decodes greedily; use model.beam_search for beam_size > 1")
-    core = _core(model, tokenizer, prompts, rows, prefix_cache_mb, step, options)
+    core = _core(model, tokenizer, prompts, rows, prefix_cache, step, options)
     return [_result(e) for e in _run(core, prompts, rows)]
 
 

@@ -1,53 +1,25 @@
 """The plan of one engine step (vLLM v1's ``SchedulerOutput``): what the runner must do.
 
-A plan is pure data. The scheduler makes it; the runner executes it on the model and the
-cache in this order: slot moves, beam reorders, prefix-cache loads, then one forward pass
-over the decode rows and one over the prompt work, then prefix-cache stores; the core
-applies the outcome.
+A plan is pure data. The scheduler makes it, having already done the host side of the
+cache's bookkeeping (block tables, allocations, forks, prefix matches: ``PagedKVCache``'s
+host half); the runner executes what touches tensors, in this order: row moves (the
+cross-attention memory and the per-row penalty state), block copies (copy on write), then one
+forward pass over the decode rows and one over the prompt work; the core applies the outcome.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from model.engine.requests import Sequence
+from model.engine.requests import EngineRequest, Sequence
 
 
 @dataclass
 class SlotMove:
-    """Copy ``length`` positions (and any cross-attention memory) of slot ``src`` to ``dst``."""
+    """Row ``src`` moved to the empty row ``dst`` (its block table moved when planned)."""
 
     src: int
     dst: int
-    length: int
-
-
-@dataclass
-class BeamReorder:
-    """Beam search kept some hypotheses twice: copy their histories over the dropped ones."""
-
-    src: list[int]
-    dst: list[int]
-    length: int
-
-
-@dataclass
-class PrefixLoad:
-    """Copy cached prompt blocks ``blocks`` (pool indices, in order) into ``slot`` from position 0."""
-
-    slot: int
-    blocks: list[int]
-
-
-@dataclass
-class PrefixStore:
-    """After the forward pass: copy prompt blocks ``first``, ``first + 1``, ... of ``slot``
-    into pool ``blocks`` (named by ``hashes``, so a failed step can forget them)."""
-
-    slot: int
-    first: int
-    blocks: list[int]
-    hashes: list[bytes]
 
 
 @dataclass
@@ -62,7 +34,8 @@ class DecodeRow:
 
 @dataclass
 class PromptChunk:
-    """Prompt tokens ``tokens`` of ``seq`` written from position ``start`` (decoder-only)."""
+    """Input tokens ``tokens`` of ``seq`` written from position ``start`` (decoder-only): the
+    prompt, or for a sequence resumed after preemption its prompt and output so far."""
 
     seq: Sequence
     tokens: list[int]
@@ -70,23 +43,24 @@ class PromptChunk:
 
     @property
     def completes(self) -> bool:
-        return self.start + len(self.tokens) == len(self.seq.req.prompt_ids)
+        return self.start + len(self.tokens) == len(self.seq.input_ids)
 
 
 @dataclass
 class StepPlan:
     moves: list[SlotMove] = field(default_factory=list)
-    reorders: list[BeamReorder] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)  # (shared block, its new private copy)
     admitted: list[Sequence] = field(default_factory=list)
-    prefix_loads: list[PrefixLoad] = field(default_factory=list)
     decode: list[DecodeRow] = field(default_factory=list)
     chunks: list[PromptChunk] = field(default_factory=list)  # decoder-only prompts
     sources: list[Sequence] = field(default_factory=list)  # encoder-decoder: encoded whole
-    prefix_stores: list[PrefixStore] = field(default_factory=list)
+    named: list[int] = field(default_factory=list)  # blocks named for the prefix cache, written by this step
+    preempted: list[Sequence] = field(default_factory=list)  # gave their blocks back; resume later
+    rejected: list[EngineRequest] = field(default_factory=list)  # can never fit the pool
 
     @property
     def empty(self) -> bool:
-        return not (self.decode or self.chunks or self.sources or self.prefix_loads)
+        return not (self.decode or self.chunks or self.sources or self.copies)
 
     @property
     def batch_size(self) -> int:
@@ -99,5 +73,5 @@ class StepPlan:
 
     @property
     def prefix_hit_tokens(self) -> int:
-        """Prompt tokens of the admitted requests copied from the prefix cache, not computed."""
+        """Prompt tokens of the admitted requests found in the prefix cache, not computed."""
         return sum(s.cached_tokens for s in self.admitted)

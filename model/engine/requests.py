@@ -81,6 +81,7 @@ class SampledDecoding:
             event.text += self.tracker.finish(FINISH_STOP)  # the grammar is complete: nothing but the end may follow
             event.finish_reason = FINISH_STOP
         seq.generated += 1
+        seq.output_ids.append(tok)
         seq.next_tokens = [tok]
         return EngineEvent(seq.req.request_id, event.text, [tok], [lp] if lp is not None else [],
                            [top] if top else [], event.finish_reason, prompt_tokens=len(seq.req.prompt_ids),
@@ -118,22 +119,25 @@ class BeamDecoding:
 class Sequence:
     req: EngineRequest
     slots: list[int]
-    decoding: SampledDecoding | BeamDecoding
-    prefilled: int = 0  # prompt tokens already in the cache (vLLM's num_computed_tokens)
-    cached_tokens: int = 0  # of those, copied from the prefix cache at admission
-    prefix_hashes: list[bytes] = field(default_factory=list)  # chained hashes of the prompt's full blocks
-    blocks_stored: int = 0  # leading prompt blocks already in (or offered to) the prefix cache
+    decoding: SampledDecoding | BeamDecoding | None  # None until admitted
+    prefilled: int = 0  # input tokens already in the cache (vLLM's num_computed_tokens)
+    cached_tokens: int = 0  # of those, found in the prefix cache at admission
+    prefix_hashes: list[bytes] = field(default_factory=list)  # chained hashes of the input's full blocks
+    blocks_named: int = 0  # leading input blocks already named for the prefix cache
     next_pos: int = 0  # cache position of the next input token
     next_tokens: list[int] = field(default_factory=list)  # next input token of each slot
     beam_moves: tuple[list[int], list[int]] | None = None  # beam copies (src, dst indices) before the next step
     generated: int = 0
+    output_ids: list[int] = field(default_factory=list)  # sampled tokens so far (a resumed sequence replays them)
     admitted_at: float = 0.0
+    resumed: bool = False  # preempted, then admitted again: its prefill replays prompt and output
+
+    @property
+    def input_ids(self) -> list[int]:
+        """What the prefill writes: the prompt, and after a preemption the output but its last
+        token (which the next decode step feeds, as it would have)."""
+        return self.req.prompt_ids + self.output_ids[:-1] if self.resumed else self.req.prompt_ids
 
     @property
     def prompt_left(self) -> int:
-        return len(self.req.prompt_ids) - self.prefilled
-
-    @property
-    def history(self) -> int:
-        """Cache positions in use."""
-        return max(self.next_pos, self.prefilled)
+        return len(self.input_ids) - self.prefilled

@@ -1,9 +1,9 @@
-"""Executes a ``StepPlan`` on the model: cache moves, the forward passes (decode rows through
-the ``DecodeStep`` it holds, prompts through the model's prefill), and the choice of next
-tokens. It owns every tensor of the engine: the slot KV cache, the prefix cache's pool of
-prompt blocks (decoder-only, when it has a budget) and, per slot, the set of tokens already in
-the sequence (repetition penalty) and how often each token has been generated (presence and
-frequency penalties).
+"""Executes a ``StepPlan`` on the model: row moves, block copies, the forward passes (decode
+rows through the ``DecodeStep`` it holds, prompts through the model's prefill), and the choice
+of next tokens. It owns every tensor of the engine: the paged KV cache (whose host half, the
+block tables, the scheduler drives) and, per row, the set of tokens already in the sequence
+(repetition penalty) and how often each token has been generated (presence and frequency
+penalties).
 
 The output is on the host, one entry per sequence: a ``Sample`` for sampled sequences (all
 drawn in one batched sampler call) or the (beam_size, V) log-probabilities of a beam search.
@@ -24,7 +24,6 @@ from model.engine.plan import StepPlan
 from model.engine.requests import BeamDecoding, Sample, Sequence
 from model.engine.sampling import Sampler
 from model.nn.host_transfer import to_device
-from model.nn.kv_cache import PrefixKVPool
 from model.nn.transformer import DecoderLM, EncoderDecoder
 
 
@@ -36,15 +35,11 @@ class StepOutput:
 
 class ModelRunner:
     def __init__(self, model: DecoderLM | EncoderDecoder, prompts: DecoderPrompts | SourcePrompts, n_slots: int,
-                 max_len: int, step: DecodeStep, max_src_len: int = 0, prefix_blocks: int = 0,
-                 prefix_block_len: int = 0):
+                 max_len: int, step: DecodeStep, max_src_len: int = 0, n_blocks: int | None = None):
         self.model, self.prompts, self.step = model, prompts, step
         self.device = model.device
         self.cache = model.new_cache(n_slots, max_len, max_src_len if prompts.encodes_source else 0,
-                                     dtype=step.kv_dtype)
-        self.prefix_pool = (PrefixKVPool(self.cache.n_layers, prefix_blocks, self.cache.n_heads, self.cache.head_dim,
-                                         prefix_block_len, self.cache.k.dtype, self.device)
-                            if prefix_blocks else None)
+                                     dtype=step.kv_dtype, n_blocks=n_blocks)
         self.seen = torch.zeros(n_slots, model.cfg.vocab_size, dtype=torch.bool, device=self.device)
         self.counts = torch.zeros(n_slots, model.cfg.vocab_size, dtype=torch.float32, device=self.device)
         self.sampler = Sampler()
@@ -52,28 +47,26 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, plan: StepPlan) -> StepOutput:
         self._apply_moves(plan)
-        for load in plan.prefix_loads:
-            self.prefix_pool.load(self.cache, load.blocks, load.slot)
+        self.cache.copy_blocks(plan.copies)
         logits, owners = self._forward(plan)
-        for store in plan.prefix_stores:  # after the forward pass has written their K/V
-            self.prefix_pool.store(self.cache, store.slot, store.first, store.blocks)
         return self._choose(logits, owners) if logits is not None else StepOutput()
 
     def _apply_moves(self, plan: StepPlan) -> None:
         for move in plan.moves:
-            self.cache.move_slot(move.src, move.dst, move.length)
+            self.cache.move_cross(move.src, move.dst)
             self.seen[move.dst] = self.seen[move.src]
             self.counts[move.dst] = self.counts[move.src]
-        for re in plan.reorders:
-            self.cache.copy_slots(re.src, re.dst, length=re.length)
         for seq in plan.admitted:
             if not isinstance(seq.decoding, BeamDecoding):
                 slot = seq.slots[0]
                 self.seen[slot] = False
                 self.counts[slot] = 0.0
-                context = self.prompts.context(seq.req.prompt_ids)
+                context = self.prompts.context(seq.req.prompt_ids) + seq.output_ids  # a resumed one's output too
                 if context:
                     self.seen[slot, torch.as_tensor(context, device=self.device)] = True
+                if seq.output_ids:
+                    ids = torch.as_tensor(seq.output_ids, device=self.device)
+                    self.counts[slot].index_add_(0, ids, torch.ones(len(seq.output_ids), device=self.device))
 
     def _forward(self, plan: StepPlan) -> tuple[Tensor | None, list[Sequence]]:
         """One decode pass and one prompt pass; logits rows (R, V) and the owner of each row."""

@@ -1,24 +1,37 @@
-"""Static, slot-based KV cache for serving.
+"""The paged KV cache: one pool of fixed-size K/V blocks per model, a block table per sequence.
 
-One preallocated buffer per K and V holds every layer: (layers, slots, nh, max_len + 1, hs).
-Each slot holds one sequence; sequences in a batch sit at their own positions, and a
-slot is freed (by the scheduler's bookkeeping) and reused without reallocating. The
-extra last position is a scratch column: padded rows of a ragged prefill batch write
-there, so they can never overwrite a real position of the same slot.
+Storage. K and V are each one buffer (layers, blocks, kv heads, BLOCK_LEN, head dim). A block
+holds BLOCK_LEN consecutive positions of one sequence, in every layer; block 0 is the null
+block (never handed out, kept zero): the padding of a ragged batch is written there, and the
+table entries of positions a sequence does not (or no longer) hold point there.
 
-For the encoder-decoder the cache also keeps the cross-attention K/V of each slot's
-source, computed once at admission, and the source length used to mask it.
+Sequences. A forward pass addresses sequences by *row* ("slot", the name the engine keeps):
+a row has a block table (``tables[row]``, on the host) that maps position p to block
+``tables[row, p // BLOCK_LEN]``, offset ``p % BLOCK_LEN``. Rows are a batch cap, not memory:
+a row that holds 20 tokens holds two blocks whatever the model's context length.
 
-A forward pass sees the cache through a ``CacheView``: each attention layer calls
-``k, v = view.update(layer, k, v)`` (gpt-fast style), which writes the new tokens in place
-and returns a span of the history whose length comes from a small fixed set of sizes
-(powers of two), with a mask for the positions a row may see. Shapes therefore change only
-when a sequence crosses a size boundary, which is what a compiled or CUDA-graphed decode
-step needs.
+Sharing. Blocks are reference counted (``BlockPool``). A block may sit in several tables at
+once: a prompt prefix found in the prefix cache, the common history of beam-search
+hypotheses. Only full blocks are ever shared by the prefix cache, so nobody writes a shared
+block; a beam fork shares its last, partial block too, and the engine copies it before the
+first write (copy on write, ``BlockPool.private``). A block whose references drop to zero
+goes back to the free list, unless the prefix cache names it by a hash: then it stays
+readable, evictable least recently used first, until a new allocation needs it.
+
+Reading. Each attention layer calls ``k, v = view.update(layer, k, v)`` (gpt-fast style): the
+new tokens are written through the table, and the Python path gets a span of history whose
+length comes from a small fixed set of sizes (powers of two), gathered block by block, with a
+mask for the positions a row may see. The decode steps that read blocks in place (the C++ step,
+the Triton kernel) get the pool and the tables (``update_in_place``).
+
+For the encoder-decoder each row also keeps the cross-attention K/V of its source, computed
+once at admission, and the source length used to mask it (per row, not paged: a source is
+short and read whole at every step).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,15 +40,8 @@ from torch import Tensor, nn
 
 from model.nn.host_transfer import to_device
 
-
-@dataclass
-class SlotBatch:
-    """The slots one forward pass touches, in the forms the cache needs."""
-
-    slots: list[int]
-    ids: Tensor  # (B,) long, on the cache device
-    index: slice | Tensor  # a slice when the slots are contiguous: reading is then a view, not a copy
-
+BLOCK_LEN = 16  # positions per block: the unit of allocation, sharing and prefix matching
+NULL_BLOCK = 0
 
 MIN_SPAN = 16  # the smallest history span a forward pass reads
 
@@ -48,7 +54,110 @@ def span_bucket(needed: int, limit: int) -> int:
     return min(span, limit)
 
 
-class SlotKVCache(nn.Module):
+def blocks_for(positions: int, block_len: int = BLOCK_LEN) -> int:
+    return -(-positions // block_len)
+
+
+class BlockPool:
+    """Host bookkeeping of a pool's blocks: reference counts, the free list, and the prefix
+    cache's names for blocks (hash -> block), with the unreferenced named blocks kept in LRU
+    order to be evicted when the free list runs dry. Never touches a tensor."""
+
+    def __init__(self, n_blocks: int):
+        if n_blocks < 2:
+            raise ValueError(f"a KV block pool needs at least 2 blocks (one is the null block), got {n_blocks}")
+        self.n_blocks = n_blocks
+        self.refs = [0] * n_blocks
+        self.free = list(range(n_blocks - 1, 0, -1))  # pop() hands out the lowest block first
+        self.named: dict[bytes, int] = {}  # prefix cache: chained block hash -> block
+        self.name_of: dict[int, bytes] = {}
+        self.evictable: OrderedDict[int, None] = OrderedDict()  # named, unreferenced: least recently used first
+        self.fresh: list[int] = []  # handed out for the first time: zeroed before they are read
+        self._highest = NULL_BLOCK  # the highest block ever handed out (never-used ones leave `free` in order)
+        self.evictions = 0
+
+    @property
+    def available(self) -> int:
+        """Blocks an allocation can get now: free ones and cached ones nobody references."""
+        return len(self.free) + len(self.evictable)
+
+    @property
+    def used(self) -> int:
+        """Blocks some sequence references."""
+        return self.n_blocks - 1 - self.available
+
+    def allocate(self) -> int | None:
+        if self.free:
+            block = self.free.pop()
+            if block > self._highest:  # its first use
+                self._highest = block
+                self.fresh.append(block)
+        elif self.evictable:
+            block, _ = self.evictable.popitem(last=False)
+            del self.named[self.name_of.pop(block)]
+            self.evictions += 1
+        else:
+            return None
+        self.refs[block] = 1
+        return block
+
+    def incref(self, block: int) -> None:
+        if block == NULL_BLOCK:
+            return
+        if self.refs[block] == 0:
+            self.evictable.pop(block, None)
+        self.refs[block] += 1
+
+    def decref(self, block: int) -> None:
+        if block == NULL_BLOCK:
+            return
+        self.refs[block] -= 1
+        if self.refs[block] < 0:
+            raise RuntimeError(f"KV block {block} released more often than it was taken")
+        if self.refs[block] == 0:
+            if block in self.name_of:
+                self.evictable[block] = None  # most recently used end
+            else:
+                self.free.append(block)
+
+    # --- the prefix cache's names --------------------------------------------------------
+    def lookup(self, hashes: Sequence[bytes], limit: int) -> list[int]:
+        """The blocks of the longest run of ``hashes[:limit]`` the pool names."""
+        out = []
+        for h in hashes[:limit]:
+            block = self.named.get(h)
+            if block is None:
+                break
+            out.append(block)
+        return out
+
+    def name(self, h: bytes, block: int) -> None:
+        """Name a full block of prompt K/V by its chained hash (first name wins)."""
+        if h not in self.named and block not in self.name_of:
+            self.named[h] = block
+            self.name_of[block] = h
+
+    def forget(self, block: int) -> None:
+        """Drop a block's name (its K/V was never written: the step that was to write it failed)."""
+        h = self.name_of.pop(block, None)
+        if h is None:
+            return
+        del self.named[h]
+        if block in self.evictable:  # nobody references it: free (otherwise it is freed when released)
+            del self.evictable[block]
+            self.free.append(block)
+
+
+@dataclass
+class SlotBatch:
+    """The rows one forward pass touches, in the forms the cache needs."""
+
+    slots: list[int]
+    ids: Tensor  # (B,) long, on the cache device
+    index: slice | Tensor  # a slice when the rows are contiguous: per-row reads are then views
+
+
+class PagedKVCache(nn.Module):
     def __init__(
         self,
         n_layers: int,
@@ -59,14 +168,25 @@ class SlotKVCache(nn.Module):
         max_src_len: int = 0,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        n_blocks: int | None = None,
+        block_len: int = BLOCK_LEN,
     ):
+        """``max_len``: positions one sequence may hold (its context); ``n_blocks``: the pool,
+        the null block included (default: every row at ``max_len``, nothing ever waits)."""
         super().__init__()
         self.n_layers, self.n_slots, self.max_len, self.max_src_len = n_layers, n_slots, max_len, max_src_len
-        self.n_heads, self.head_dim = n_heads, head_dim  # K/V heads (fewer than query heads under GQA)
-        shape = (n_layers, n_slots, n_heads, max_len + 1, head_dim)
-        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-        positions = torch.arange(max(max_len + 1, max_src_len), device=device)
+        self.n_heads, self.head_dim, self.block_len = n_heads, head_dim, block_len  # K/V heads
+        self.max_blocks = blocks_for(max_len, block_len)  # table width: blocks of one full sequence
+        n_blocks = n_blocks if n_blocks is not None else 1 + n_slots * self.max_blocks
+        shape = (n_layers, n_blocks, n_heads, block_len, head_dim)
+        # Allocated empty: the host touches a page when a block is first used (``pool.fresh``).
+        self.register_buffer("k", torch.empty(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.empty(shape, dtype=dtype, device=device), persistent=False)
+        self.pool = BlockPool(n_blocks)
+        self.pool.fresh.append(NULL_BLOCK)
+        self.tables = torch.zeros((n_slots, self.max_blocks), dtype=torch.long)  # on the host
+        self.rows: list[list[int]] = [[] for _ in range(n_slots)]  # the same, as lists (0: released)
+        positions = torch.arange(max(max_len, max_src_len, block_len), device=device)
         self.register_buffer("key_positions", positions, persistent=False)
         self.register_buffer("head_rows", torch.arange(n_heads, device=device), persistent=False)
         if max_src_len:
@@ -82,8 +202,110 @@ class SlotKVCache(nn.Module):
         return self.k.device
 
     @property
+    def n_blocks(self) -> int:
+        return self.pool.n_blocks
+
+    @property
     def nbytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self.buffers())
+
+    def block_bytes(self) -> int:
+        return 2 * self.n_layers * self.n_heads * self.block_len * self.head_dim * self.k.element_size()
+
+    # --- block tables ----------------------------------------------------------------------
+    def held(self, slot: int) -> int:
+        """Positions the row's blocks cover."""
+        return len(self.rows[slot]) * self.block_len
+
+    def ensure(self, slot: int, length: int) -> bool:
+        """Give ``slot`` blocks for positions 0 .. length - 1; False when the pool ran out
+        (the blocks it did get stay with the row)."""
+        if length > self.max_len:
+            raise ValueError(f"sequence length {length} exceeds the KV cache's max_len {self.max_len}")
+        row = self.rows[slot]
+        while len(row) * self.block_len < length:
+            block = self.pool.allocate()
+            if block is None:
+                return False
+            self.tables[slot, len(row)] = block
+            row.append(block)
+        return True
+
+    def release(self, slot: int) -> None:
+        """Drop the row's references, last block first (a cached chain's root stays longest)."""
+        for block in reversed(self.rows[slot]):
+            self.pool.decref(block)
+        self.rows[slot] = []
+        self.tables[slot].zero_()
+
+    def adopt(self, slot: int, blocks: Sequence[int]) -> None:
+        """Start an empty row with shared blocks (a cached prefix), read in place."""
+        if self.rows[slot]:
+            raise ValueError(f"row {slot} is not empty")
+        for i, block in enumerate(blocks):
+            self.pool.incref(block)
+            self.tables[slot, i] = block
+        self.rows[slot] = list(blocks)
+
+    def fork(self, src: Sequence[int], dst: Sequence[int]) -> None:
+        """Rows ``dst`` take the tables of rows ``src`` by reference (beam search keeps some
+        hypotheses twice); src and dst may overlap: every source table is read first."""
+        tables = [list(self.rows[s]) for s in src]
+        for table in tables:
+            for block in table:
+                self.pool.incref(block)
+        for d in dst:
+            self.release(d)
+        for d, table in zip(dst, tables):
+            self.rows[d] = table
+            self.tables[d, : len(table)] = torch.as_tensor(table, dtype=torch.long)
+
+    def private(self, slot: int, position: int) -> tuple[int, int] | None | bool:
+        """Make the block holding ``position`` of ``slot`` the row's own before it is written:
+        None when it already is; (shared block, new block) to copy when it was shared (copy on
+        write); False when the pool has no block for the copy."""
+        i = position // self.block_len
+        row = self.rows[slot]
+        if i >= len(row) or self.pool.refs[row[i]] <= 1:
+            return None
+        block = self.pool.allocate()
+        if block is None:
+            return False
+        old = row[i]
+        self.pool.decref(old)
+        row[i] = block
+        self.tables[slot, i] = block
+        return old, block
+
+    def drop_before(self, slot: int, position: int) -> int:
+        """Release the row's blocks that hold only positions before ``position`` (out of every
+        layer's sliding window); their table entries point to the null block. Returns how many."""
+        row, n = self.rows[slot], 0
+        for i in range(min(position // self.block_len, len(row))):
+            if row[i] != NULL_BLOCK:
+                self.pool.decref(row[i])
+                row[i] = NULL_BLOCK
+                self.tables[slot, i] = NULL_BLOCK
+                n += 1
+        return n
+
+    def copy_blocks(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """Copy the K/V of block ``src`` into block ``dst`` for each pair (copy on write)."""
+        if not pairs:
+            return
+        src = to_device([s for s, _ in pairs], torch.long, self.device)
+        dst = to_device([d for _, d in pairs], torch.long, self.device)
+        for buf in (self.k, self.v):
+            buf.index_copy_(1, dst, buf.index_select(1, src))
+
+    def zero_fresh(self) -> None:
+        """Zero the blocks handed out for the first time: the Python path reads whole spans
+        (masked), and a never-written page may hold any bits, NaN among them."""
+        if self.pool.fresh:
+            ids = to_device(self.pool.fresh, torch.long, self.device)
+            self.pool.fresh = []
+            for buf in (self.k, self.v):
+                buf.index_fill_(1, ids, 0)
 
     def batch(self, slots: Sequence[int]) -> SlotBatch:
         slots = [int(s) for s in slots]
@@ -92,31 +314,49 @@ class SlotKVCache(nn.Module):
         bad = [s for s in slots if not 0 <= s < self.n_slots]
         if bad:
             raise IndexError(f"slots {bad} out of range [0, {self.n_slots})")
+        self.zero_fresh()
         ids = to_device(slots, torch.long, self.device)
         contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
         index: slice | Tensor = slice(slots[0], slots[0] + len(slots)) if contiguous else ids
         return SlotBatch(slots, ids, index)
 
-    # --- self-attention history ------------------------------------------------------
-    def write(self, layer: int, batch: SlotBatch, positions: Tensor, k: Tensor, v: Tensor) -> None:
-        """Store k, v (B, nh, T, hs) at positions (B, T) of each slot, in place.
+    def block_tables(self, batch: SlotBatch, positions: int) -> Tensor:
+        """(B, blocks covering ``positions``) long, on the cache's device."""
+        n = min(blocks_for(positions, self.block_len), self.max_blocks)
+        rows = self.tables[batch.index] if isinstance(batch.index, slice) else self.tables[batch.slots]
+        return rows[:, :n].to(self.device, non_blocking=True)
 
-        Written as row copies into the buffer flattened to (slots * nh * (max_len + 1), hs):
-        an index_put_ with a slice between its index tensors is ~50x slower on CPU.
-        """
-        _, _, nh, span, hs = self.k.shape
-        rows = (batch.ids[:, None, None] * nh + self.head_rows[None, :, None]) * span + positions[:, None, :]
+    # --- self-attention history ------------------------------------------------------
+    def write(self, layer: int, tables: Tensor, positions: Tensor, real: Tensor | None, k: Tensor, v: Tensor) -> None:
+        """Store k, v (B, nh, T, hs) at positions (B, T) through the rows' ``tables``; where
+        ``real`` (B, T) is False (padding) into the null block. Row copies into the pool
+        flattened to (blocks * nh * block_len, hs): an index_put_ with a slice between its index
+        tensors is ~50x slower on CPU."""
+        bl, nh, hs = self.block_len, self.n_heads, self.head_dim
+        blocks = tables.gather(1, (positions // bl).clamp(max=tables.size(1) - 1))  # (B, T)
+        offsets = positions % bl
+        if real is not None:
+            blocks = torch.where(real, blocks, NULL_BLOCK)
+            offsets = torch.where(real, offsets, 0)
+        rows = (blocks[:, None, :] * nh + self.head_rows[None, :, None]) * bl + offsets[:, None, :]
         rows = rows.reshape(-1)  # (B * nh * T,) in the (B, nh, T) order of k and v
         self.k[layer].view(-1, hs).index_copy_(0, rows, k.reshape(-1, hs).to(self.k.dtype))
         self.v[layer].view(-1, hs).index_copy_(0, rows, v.reshape(-1, hs).to(self.v.dtype))
 
-    def read(self, layer: int, batch: SlotBatch, length: int) -> tuple[Tensor, Tensor]:
-        """The first ``length`` positions of each slot: 2 x (B, nh, length, hs)."""
-        return self.k[layer][batch.index, :, :length], self.v[layer][batch.index, :, :length]
+    def read(self, layer: int, tables: Tensor, length: int) -> tuple[Tensor, Tensor]:
+        """The first ``length`` positions of each row, gathered from its blocks: 2 x (B, nh, length, hs)."""
+        n = blocks_for(length, self.block_len)
+        ids = tables[:, :n]
+        out = []
+        for buf in (self.k, self.v):
+            run = buf[layer][ids]  # (B, n, nh, bl, hs)
+            b, _, nh, bl, hs = run.shape
+            out.append(run.transpose(1, 2).reshape(b, nh, n * bl, hs)[:, :, :length])
+        return out[0], out[1]
 
     # --- cross-attention memory (encoder-decoder) ------------------------------------
     def write_cross(self, layer: int, batch: SlotBatch, k: Tensor, v: Tensor) -> None:
-        """Store the source's projected memory k, v (B, nh, S, hs) for each slot."""
+        """Store the source's projected memory k, v (B, nh, S, hs) for each row."""
         s = k.size(2)
         if s > self.max_src_len:
             raise ValueError(f"source length {s} exceeds the cache's max_src_len {self.max_src_len}")
@@ -132,27 +372,22 @@ class SlotKVCache(nn.Module):
         return self.cross_k[layer][batch.index, :, :length], self.cross_v[layer][batch.index, :, :length]
 
     def cross_mask(self, batch: SlotBatch, length: int) -> Tensor:
-        """(B, 1, 1, length): True on the real source tokens of each slot."""
+        """(B, 1, 1, length): True on the real source tokens of each row."""
         lengths = self.src_lengths[batch.index]
         return (self.key_positions[:length][None, :] < lengths[:, None])[:, None, None, :]
 
-    # --- slot management ---------------------------------------------------------------
-    def copy_slots(self, src: Sequence[int], dst: Sequence[int], length: int | None = None) -> None:
-        """Copy the history of slots ``src`` into ``dst`` (beam search reorders this way).
+    # --- rows ---------------------------------------------------------------------------
+    def move_table(self, src: int, dst: int) -> None:
+        """Move row ``src``'s block table to the empty row ``dst`` (host bookkeeping; no K/V
+        moves). The scheduler keeps a batch's rows contiguous so per-row reads stay views."""
+        if self.rows[dst]:
+            raise ValueError(f"row {dst} is not empty")
+        self.rows[dst], self.rows[src] = self.rows[src], []
+        self.tables[dst] = self.tables[src]
+        self.tables[src].zero_()
 
-        The right-hand side is gathered before it is written, so src and dst may overlap.
-        """
-        n = self.max_len + 1 if length is None else length
-        src_t, dst_t = to_device(src, torch.long, self.device), to_device(dst, torch.long, self.device)
-        for buf in (self.k, self.v):
-            history = buf[:, :, :, :n]  # (layers, slots, nh, n, hs) view
-            history.index_copy_(1, dst_t, history.index_select(1, src_t))
-
-    def move_slot(self, src: int, dst: int, length: int) -> None:
-        """Move everything slot ``src`` holds (``length`` positions of history, and the
-        cross-attention memory) to slot ``dst``. The scheduler moves sequences into freed
-        slots below them so a batch's slots stay contiguous and reads stay views."""
-        self.copy_slots([src], [dst], length)
+    def move_cross(self, src: int, dst: int) -> None:
+        """Move row ``src``'s cross-attention memory to row ``dst`` (encoder-decoder)."""
         if self.max_src_len:
             n = self.src_lengths_host[src]
             self.cross_k[:, dst, :, :n] = self.cross_k[:, src, :, :n]
@@ -165,83 +400,39 @@ class SlotKVCache(nn.Module):
 class CacheView:
     """The cache as one forward pass over ``batch`` sees it; the attention layers call it.
 
-    ``write_positions`` (B, T) is where each new token goes (padding goes to the scratch
-    column). ``span`` is how much history ``update`` returns (None: nothing cached yet, so
-    the layer attends over the new tokens alone, causally).
+    ``positions`` (B, T) is where each new token goes, ``real`` (B, T) which are tokens, not
+    padding (None: all are). ``span`` is how much history ``update`` returns (None: nothing
+    cached yet, so the layer attends over the new tokens alone, causally). ``tables``: the
+    rows' block tables, wide enough for the span and every position written.
     """
 
-    cache: SlotKVCache
+    cache: PagedKVCache
     batch: SlotBatch
-    write_positions: Tensor
+    positions: Tensor
+    real: Tensor | None
+    tables: Tensor
     span: int | None
     cross_len: int = 0
     cross_mask: Tensor | None = None
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        self.cache.write(layer, self.batch, self.write_positions, k, v)
+        self.cache.write(layer, self.tables, self.positions, self.real, k, v)
         if self.span is None:
             return k, v
-        keys, values = self.cache.read(layer, self.batch, self.span)  # 2 x (B, nkv, span, hs)
+        keys, values = self.cache.read(layer, self.tables, self.span)  # 2 x (B, nkv, span, hs)
         # A cache kept in a narrower dtype than the model computes in (TSERVE_KV_DTYPE) is read
         # back in the model's dtype; the same dtype is a no-op.
         return keys.to(k.dtype), values.to(v.dtype)
 
     def update_in_place(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """For a kernel that reads the slots where they lie (decode, one new token per row):
-        write k, v (B, nkv, 1, hs); return the layer's whole cache k, v (slots, nkv, max_len + 1,
-        hs), the batch's slot ids (B,) and how many positions each row sees (B,): up to and
-        including the token just written, the same positions the decode mask allows."""
-        if self.write_positions.size(1) != 1:
+        """For a kernel that reads the blocks where they lie (decode, one new token per row):
+        write k, v (B, nkv, 1, hs); return the layer's pool k, v (blocks, nkv, block_len, hs),
+        the rows' block tables (B, n) and how many positions each row sees (B,): up to and
+        including the token just written."""
+        if self.positions.size(1) != 1:
             raise ValueError("update_in_place is for one new token per row")
-        self.cache.write(layer, self.batch, self.write_positions, k, v)
-        return self.cache.k[layer], self.cache.v[layer], self.batch.ids, self.write_positions[:, 0] + 1
+        self.cache.write(layer, self.tables, self.positions, self.real, k, v)
+        return self.cache.k[layer], self.cache.v[layer], self.tables, self.positions[:, 0] + 1
 
     def cross(self, layer: int) -> tuple[Tensor, Tensor, Tensor | None]:
         return (*self.cache.read_cross(layer, self.batch, self.cross_len), self.cross_mask)
-
-
-class PrefixKVPool(nn.Module):
-    """The K/V of cached prompt blocks (the prefix cache), apart from the slots:
-    (layers, blocks, nh, block_len, hs) for each of K and V.
-
-    Blocks are copied into a slot when a request whose prompt starts with them is admitted,
-    and copied out of a slot once a prompt has written them; which block holds what is the
-    scheduler's business (``model.engine.prefix_cache.PrefixIndex``). The buffers are
-    allocated empty: a block is only ever read after it was written, and on the host the
-    pages of blocks never written are never touched.
-    """
-
-    def __init__(self, n_layers: int, n_blocks: int, n_heads: int, head_dim: int, block_len: int,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
-        super().__init__()
-        self.n_blocks, self.block_len = n_blocks, block_len
-        shape = (n_layers, n_blocks, n_heads, block_len, head_dim)
-        self.register_buffer("k", torch.empty(shape, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("v", torch.empty(shape, dtype=dtype, device=device), persistent=False)
-
-    @staticmethod
-    def block_bytes(n_layers: int, n_heads: int, head_dim: int, block_len: int, dtype: torch.dtype) -> int:
-        return 2 * n_layers * n_heads * block_len * head_dim * torch.empty((), dtype=dtype).element_size()
-
-    @property
-    def nbytes(self) -> int:
-        return sum(b.numel() * b.element_size() for b in self.buffers())
-
-    def load(self, cache: SlotKVCache, blocks: Sequence[int], slot: int) -> None:
-        """Copy ``blocks`` (in order) into positions 0 .. len(blocks) * block_len of ``slot``."""
-        ids = to_device(blocks, torch.long, self.k.device)
-        n = len(blocks) * self.block_len
-        for pool, buf in ((self.k, cache.k), (self.v, cache.v)):
-            run = pool.index_select(1, ids)  # (layers, nb, nh, block_len, hs)
-            layers, nb, nh, bl, hs = run.shape
-            buf[:, slot, :, :n] = run.transpose(1, 2).reshape(layers, nh, nb * bl, hs)
-
-    def store(self, cache: SlotKVCache, slot: int, first: int, blocks: Sequence[int]) -> None:
-        """Copy the prompt blocks ``first``, ``first + 1``, ... of ``slot`` into pool ``blocks``."""
-        ids = to_device(blocks, torch.long, self.k.device)
-        start, end = first * self.block_len, (first + len(blocks)) * self.block_len
-        for pool, buf in ((self.k, cache.k), (self.v, cache.v)):
-            span = buf[:, slot, :, start:end]  # (layers, nh, nb * block_len, hs)
-            layers, nh, _, hs = span.shape
-            run = span.reshape(layers, nh, len(blocks), self.block_len, hs).transpose(1, 2)
-            pool.index_copy_(1, ids, run.to(pool.dtype))  # (layers, nb, nh, block_len, hs)

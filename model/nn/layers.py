@@ -101,8 +101,8 @@ class KVCacheView(Protocol):
         ...
 
     def update_in_place(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """Store one new token per row; return the layer's whole cache k, v, the rows' slots
-        and lengths, for the decode-attention kernel."""
+        """Store one new token per row; return the layer's block pool k, v, the rows' block
+        tables and lengths, for the decode-attention kernel."""
         ...
 
     def cross(self, layer: int) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -111,16 +111,17 @@ class KVCacheView(Protocol):
 
 
 class DecodeAttentionKernel(Protocol):
-    """An attention core for decode steps that reads each row's cache in place (the Triton
+    """An attention core for decode steps that reads each row's blocks in place (the Triton
     kernel, ``model.decode.triton_attention``); chosen by the decode step, never by the layer."""
 
     def applies(self, q: Tensor) -> bool:
         """Whether it runs for queries ``q`` (B, nh, 1, hs) (their device, its mode)."""
         ...
 
-    def __call__(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, lengths: Tensor,
-                 scale: float) -> Tensor | None:
-        """q (B, nh, hs) over the layer's whole cache -> (B, nh, hs); None: it failed, use SDPA."""
+    def __call__(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, tables: Tensor, lengths: Tensor,
+                 scale: float, window: int = 0) -> Tensor | None:
+        """q (B, nh, hs) over the layer's block pool -> (B, nh, hs), each row over the last
+        ``window`` of its ``lengths`` positions (0: all); None: it failed, use SDPA."""
         ...
 
 
@@ -178,6 +179,7 @@ class MultiHeadAttention(nn.Module):
         self.k_norm = nn.RMSNorm(self.head_dim, eps=cfg.layer_norm_eps) if cfg.qk_norm and not cross else None
         # A sliding-window layer reads the window mask, and its own rotary table where the config gives one.
         self.window = not cross and cfg.is_window_layer(layer)
+        self.window_size = cfg.sliding_window or 0
         self.local_rope = self.window and cfg.local_rope_theta is not None
 
     def _heads(self, x: Tensor) -> Tensor:
@@ -221,12 +223,13 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError(f"layer {self.layer} attends inside a sliding window but the forward pass built "
                                  "no window mask")
             mask, causal = ctx.window_mask, False
-        kernel = None if self.window else ctx.decode_kernel  # the kernel reads whole histories
+        kernel = ctx.decode_kernel
         if kernel is not None and ctx.cache is not None and q.size(2) == 1 and not self.training and kernel.applies(q):
-            # The kernel reads each row's slot in place up to its own length: exactly the
-            # positions the span's mask would allow. None: it failed; SDPA takes over.
-            k_all, v_all, slots, lengths = ctx.cache.update_in_place(self.layer, k, v)
-            y = kernel(q[:, :, 0], k_all, v_all, slots, lengths, self.scale)  # (B, nh, hs)
+            # The kernel reads each row's blocks in place up to its own length (inside its
+            # window): exactly the positions the span's mask would allow. None: it failed; SDPA takes over.
+            k_all, v_all, tables, lengths = ctx.cache.update_in_place(self.layer, k, v)
+            y = kernel(q[:, :, 0], k_all, v_all, tables, lengths, self.scale,
+                       self.window_size if self.window else 0)  # (B, nh, hs)
             if y is not None:
                 return self.merge(y[:, :, None])  # (B, nh, 1, hs) -> (B, 1, d)
         if ctx.cache is not None:

@@ -2,8 +2,9 @@
 
 Two ways to run a decoder:
 - ``forward`` recomputes everything (training, tests, the reference for the cache);
-- ``prefill`` / ``decode_step`` run over a ``SlotKVCache``: a batch of slots, each at
-  its own position, so a scheduler can step many requests at different stages at once.
+- ``prefill`` / ``decode_step`` run over a ``PagedKVCache``: a batch of rows ("slots"), each
+  at its own position with its own block table, so a scheduler can step many requests at
+  different stages at once.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from torch import Tensor, nn
 
 from model.config import ModelConfig
 from model.nn.host_transfer import to_device
-from model.nn.kv_cache import CacheView, SlotKVCache, span_bucket
+from model.nn.kv_cache import BLOCK_LEN, CacheView, PagedKVCache, span_bucket
 from model.nn.layers import (
     ACTIVATION_FNS,
     AttentionContext,
@@ -151,16 +152,19 @@ class _CachedDecoder(TransformerModel):
     decoder_norm: nn.Module
 
     def new_cache(self, n_slots: int, max_len: int, max_src_len: int = 0,
-                  dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> SlotKVCache:
+                  dtype: torch.dtype | None = None, device: torch.device | str | None = None,
+                  n_blocks: int | None = None, block_len: int = BLOCK_LEN) -> PagedKVCache:
+        """A paged cache of ``n_slots`` rows of up to ``max_len`` positions each, in a pool of
+        ``n_blocks`` blocks (default: enough for every row at ``max_len``)."""
         if max_len > self.cfg.max_positions:
             raise ValueError(f"max_len {max_len} exceeds the model's max_positions {self.cfg.max_positions}")
-        return SlotKVCache(
+        return PagedKVCache(
             len(self.decoder_layers), n_slots, self.cfg.kv_heads, self.cfg.head_dim, max_len,
-            max_src_len, dtype or self.dtype, device or self.device,
+            max_src_len, dtype or self.dtype, device or self.device, n_blocks, block_len,
         )
 
     def forward_cached(
-        self, cache: SlotKVCache, ids: Tensor, slots: Sequence[int], starts: Sequence[int],
+        self, cache: PagedKVCache, ids: Tensor, slots: Sequence[int], starts: Sequence[int],
         lengths: Sequence[int], decode_kernel: DecodeAttentionKernel | None = None,
     ) -> Tensor:
         """Run ids (B, T) for slots whose history ends at ``starts``; each row has ``lengths``
@@ -170,12 +174,15 @@ class _CachedDecoder(TransformerModel):
         ends = [s + n for s, n in zip(starts, lengths)]
         if max(ends) > cache.max_len:
             raise ValueError(f"sequence length {max(ends)} exceeds the KV cache's max_len {cache.max_len}")
+        for slot, end in zip(slots, ends):  # the engine gave every row its blocks; a bare cache fills here
+            if not cache.ensure(slot, end):
+                raise RuntimeError(f"the KV cache's pool of {cache.n_blocks} blocks is exhausted")
         dev = ids.device
         offsets = torch.arange(t, device=dev)
         pos = to_device(starts, torch.long, dev)[:, None] + offsets[None, :]  # (B, T)
         lengths_t = to_device(lengths, torch.long, dev)
-        view = self._cache_view(cache, cache.batch(slots), pos, lengths_t, fresh=all(s == 0 for s in starts),
-                                span=span_bucket(max(ends), cache.max_len + 1))
+        view = self._cache_view(cache, cache.batch(slots), pos, lengths_t, ragged=min(lengths) < t,
+                                fresh=all(s == 0 for s in starts), span=span_bucket(max(ends), cache.max_len))
         # Nothing cached yet: attend causally over the new tokens alone. Otherwise every row
         # reads the same fixed span and a mask hides what lies beyond its own position.
         mask = None if view.span is None else (cache.key_positions[:view.span][None, None, :] <= pos[:, :, None])
@@ -202,10 +209,11 @@ class _CachedDecoder(TransformerModel):
         return ((key_pos <= query_pos) & (key_pos > query_pos - window))[:, None]
 
     @staticmethod
-    def _cache_view(cache: SlotKVCache, batch, pos: Tensor, lengths: Tensor, fresh: bool, span: int) -> CacheView:
-        real = torch.arange(pos.size(1), device=pos.device)[None, :] < lengths[:, None]
-        write_pos = torch.where(real, pos, cache.max_len)  # padding -> the scratch column
-        view = CacheView(cache, batch, write_pos, None if fresh else span)
+    def _cache_view(cache: PagedKVCache, batch, pos: Tensor, lengths: Tensor, ragged: bool, fresh: bool,
+                    span: int) -> CacheView:
+        real = torch.arange(pos.size(1), device=pos.device)[None, :] < lengths[:, None] if ragged else None
+        tables = cache.block_tables(batch, span)  # covers every position a real token writes
+        view = CacheView(cache, batch, pos.clamp(max=cache.max_len - 1), real, tables, None if fresh else span)
         if cache.max_src_len:
             src_lens = [cache.src_lengths_host[s] for s in batch.slots]
             view.cross_len = max(src_lens)
@@ -213,7 +221,7 @@ class _CachedDecoder(TransformerModel):
                 view.cross_mask = cache.cross_mask(batch, view.cross_len)
         return view
 
-    def decode_step(self, cache: SlotKVCache, tokens: Tensor, slots: Sequence[int], positions: Sequence[int],
+    def decode_step(self, cache: PagedKVCache, tokens: Tensor, slots: Sequence[int], positions: Sequence[int],
                     attention: DecodeAttentionKernel | None = None) -> Tensor:
         """One new token per slot: tokens (B,) at ``positions`` -> next-token logits (B, V), in
         the weights' own precision. This is the reference the decode steps of ``model.decode``
@@ -256,7 +264,7 @@ class DecoderLM(_CachedDecoder):
     def forward(self, ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         return self.lm_head(self.hidden_states(ids, attention_mask))  # (B, T, V)
 
-    def prefill(self, cache: SlotKVCache, prompts: Sequence[Sequence[int]], slots: Sequence[int],
+    def prefill(self, cache: PagedKVCache, prompts: Sequence[Sequence[int]], slots: Sequence[int],
                 starts: Sequence[int] | None = None) -> Tensor:
         """Write the prompts (or prompt chunks continuing at ``starts``) into their slots;
         returns the logits after each prompt's last token (B, V).
@@ -311,7 +319,7 @@ class EncoderDecoder(_CachedDecoder):
     def forward(self, src: Tensor, tgt: Tensor, src_mask: Tensor | None = None) -> Tensor:
         return self.lm_head(self.decode(self.encode(src, src_mask), src_mask, tgt))  # (B, T, V)
 
-    def prefill(self, cache: SlotKVCache, sources: Sequence[Sequence[int]], slots: Sequence[int],
+    def prefill(self, cache: PagedKVCache, sources: Sequence[Sequence[int]], slots: Sequence[int],
                 group_sizes: Sequence[int] | None = None) -> Tensor:
         """Encode the sources once, keep their cross-attention K/V in the slots and feed the
         decoder start token. Source i fills ``group_sizes[i]`` consecutive entries of ``slots``

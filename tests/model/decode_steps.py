@@ -24,6 +24,8 @@ def ragged_cache(model, seed: int, lengths: tuple[int, ...], slots: tuple[int, .
     greedy tokens (B,), slots, the prompts' lengths = where decoding starts)."""
     prompts = random_prompts(model, seed, lengths)
     cache = model.new_cache(n_slots, max_len, dtype=dtype)
+    cache.k.zero_()  # the pool is allocated empty (blocks are zeroed on first use): tests that run two
+    cache.v.zero_()  # steps from a copy of this cache compare whole pools, unused blocks too
     with torch.inference_mode():
         first = model.prefill(cache, prompts, list(slots)).argmax(-1)
     return cache, first, list(slots), list(lengths)

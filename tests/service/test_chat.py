@@ -167,7 +167,7 @@ def test_real_chat_model_answers_sensibly():
     # summed in another order than one computed afresh, and int8 rounding can turn that last bit
     # into another token at a near tie (README, Limits), while this test wants stream == plain.
     settings = settings_for(Path("weights"), models="smollm2-135m-instruct", max_batch=4, max_seq_len=256,
-                            prefix_cache_mb=0)
+                            prefix_cache=False)
     with ServerThread(settings, ready_timeout=600) as s:  # dequantizing the GGUF takes a while on 2 cores
         client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0)
         question = [{"role": "user", "content": "What is the capital of France?"}]
@@ -206,7 +206,7 @@ def test_generate_runs_the_decode_step_the_service_runs(tmp_path):
     from tests.model.gguf_tiny import tiny_llama, train_byte_bpe, write_llama_gguf
 
     path = write_llama_gguf(tmp_path / "Tiny-Same.gguf", tiny_llama(seed=5), train_byte_bpe())
-    settings = settings_for(tmp_path / "empty", models=str(path), max_seq_len=48, prefix_cache_mb=0)
+    settings = settings_for(tmp_path / "empty", models=str(path), max_seq_len=48, prefix_cache=False)
     prompt = "Hello there"
     with ServerThread(settings) as s:
         served_step = s.app.state.registry.engines["Tiny-Same"].core.decode_step

@@ -65,8 +65,8 @@ async def test_a_group_is_admitted_whole_or_not_at_all(weights_dir):
 
 
 async def test_prefix_cache_budget_comes_from_the_settings(weights_dir):
-    on, metrics = await started(GenerativeEngine, weights_dir, "generate-tiny", prefix_cache_mb=1)
-    off, _ = await started(GenerativeEngine, weights_dir, "generate-tiny", prefix_cache_mb=0)
+    on, metrics = await started(GenerativeEngine, weights_dir, "generate-tiny", prefix_cache=True)
+    off, _ = await started(GenerativeEngine, weights_dir, "generate-tiny", prefix_cache=False)
     mt, _ = await started(GenerativeEngine, weights_dir, "translate-tiny")
     try:
         shape = on.info()["prefix_cache"]

@@ -1,9 +1,9 @@
 // One decode step of a Llama-architecture decoder in C++ (see model/decode/native.py for why and how
 // it is built). The projections are fbgemm's dynamic int8 linears (or float ones, at::linear):
 // the same kernels the eager int8 path calls. Everything between them (RMSNorm, smoothing
-// scales, RoPE, the K/V write into the slot cache, grouped-query attention over each row's own
-// history, SiLU gating, residuals) is plain loops over contiguous float32 rows, so a step costs
-// its kernels and little else.
+// scales, RoPE, the K/V write into the paged cache, grouped-query attention over each row's own
+// history, read block by block where it lies, SiLU gating, residuals) is plain loops over
+// contiguous float32 rows, so a step costs its kernels and little else.
 //
 // The lineages after Llama are described by data, never by a second copy per lineage: a q/k/v
 // bias rides in the projection; per layer, optional q/k norms (over each head, before RoPE),
@@ -12,7 +12,8 @@
 // tanh GELU). set_features / set_layer_features set them; without those calls it is a Llama.
 //
 // Shapes: B rows (one new token each), d model width, nh query heads, nkv key/value heads,
-// hs head size, ff feed-forward width, L1 = cache length + 1 (the scratch column).
+// hs head size, ff feed-forward width, BL positions per cache block. The cache is a pool of blocks
+// (layers, blocks, nkv, BL, hs); row b's position p lies in block tables[b, p / BL] at offset p % BL.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/native/quantized/PackedParams.h>
@@ -134,15 +135,28 @@ inline const float* row_as_float(const uint16_t* row, float* scratch, int64_t n)
   return scratch;
 }
 
+// The cached rows of one (sequence, K/V head): position first + t lies in the block its table
+// names, at its offset there; rows within a block are contiguous.
+template <typename T>
+struct PagedRows {
+  const T* base;  // this layer's pool, K or V
+  const int64_t* table;  // the sequence's block table
+  int64_t block_len, block_stride, head_offset, hs, first;
+  const T* row(int64_t t) const {
+    const int64_t p = first + t;
+    return base + table[p / block_len] * block_stride + head_offset + (p % block_len) * hs;
+  }
+};
+
 // Attention of one (row, K/V head) item: `group` query heads q (group, hs) over n cached
 // positions -> out (group, hs) = softmax(q k^T * scale) v. Scratch from the caller (no
 // allocation per item): `scores` group * n floats, `total` group floats.
 template <typename T>
-void attend_one(const float* q, const T* keys, const T* values, int64_t n, int64_t group, int64_t hs, float scale,
-                float* scores, float* total, float* out) {
+void attend_one(const float* q, const PagedRows<T>& keys, const PagedRows<T>& values, int64_t n, int64_t group,
+                int64_t hs, float scale, float* scores, float* total, float* out) {
   for (int64_t t = 0; t < n; ++t) {
     float scratch[512];  // head sizes up to 512 (checked at construction)
-    const float* k = row_as_float(keys + t * hs, scratch, hs);
+    const float* k = row_as_float(keys.row(t), scratch, hs);
     for (int64_t h = 0; h < group; ++h) scores[h * n + t] = dot(q + h * hs, k, hs) * scale;
   }
   for (int64_t h = 0; h < group; ++h) {
@@ -154,7 +168,7 @@ void attend_one(const float* q, const T* keys, const T* values, int64_t n, int64
   std::fill(out, out + group * hs, 0.0f);
   for (int64_t t = 0; t < n; ++t) {
     float scratch[512];
-    const float* v = row_as_float(values + t * hs, scratch, hs);
+    const float* v = row_as_float(values.row(t), scratch, hs);
     for (int64_t h = 0; h < group; ++h) {
       const float p = scores[h * n + t];
       float* a = out + h * hs;
@@ -194,12 +208,13 @@ TSERVE_TARGET_AVX512 inline __m512 exp_nonpositive(__m512 x) {
 }
 
 template <int C, typename T>
-TSERVE_TARGET_AVX512 void attend_one_avx512(const float* q, const T* keys, const T* values, int64_t n,
+TSERVE_TARGET_AVX512 void attend_one_avx512(const float* q, const PagedRows<T>& keys, const PagedRows<T>& values, int64_t n,
                                             int64_t group, float scale, float* scores, float* total, float* out) {
   constexpr int64_t hs = 16 * C;
   for (int64_t t = 0; t < n; ++t) {
     __m512 k[C];
-    for (int c = 0; c < C; ++c) k[c] = load16(keys + t * hs + 16 * c);
+    const T* key = keys.row(t);
+    for (int c = 0; c < C; ++c) k[c] = load16(key + 16 * c);
     for (int64_t h = 0; h < group; ++h) {
       __m512 s = _mm512_mul_ps(_mm512_loadu_ps(q + h * hs), k[0]);
       for (int c = 1; c < C; ++c) s = _mm512_fmadd_ps(_mm512_loadu_ps(q + h * hs + 16 * c), k[c], s);
@@ -233,7 +248,8 @@ TSERVE_TARGET_AVX512 void attend_one_avx512(const float* q, const T* keys, const
     const float* p = scores + h * n;
     for (int64_t t = 0; t < n; ++t) {
       const __m512 w = _mm512_set1_ps(p[t]);
-      for (int c = 0; c < C; ++c) acc[c] = _mm512_fmadd_ps(w, load16(values + t * hs + 16 * c), acc[c]);
+      const T* value = values.row(t);
+      for (int c = 0; c < C; ++c) acc[c] = _mm512_fmadd_ps(w, load16(value + 16 * c), acc[c]);
     }
     const __m512 inv = _mm512_set1_ps(1.0f / total[h]);
     for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + h * hs + 16 * c, _mm512_mul_ps(acc[c], inv));
@@ -242,7 +258,8 @@ TSERVE_TARGET_AVX512 void attend_one_avx512(const float* q, const T* keys, const
 #endif
 
 template <typename T>
-void attend_item(const float* q, const T* keys, const T* values, int64_t n, int64_t group, int64_t hs, float scale,
+void attend_item(const float* q, const PagedRows<T>& keys, const PagedRows<T>& values, int64_t n, int64_t group,
+                 int64_t hs, float scale,
                  float* scores, float* total, float* out) {
 #if defined(TSERVE_AVX512)
   static const bool avx512 = __builtin_cpu_supports("avx512f");
@@ -331,24 +348,29 @@ class LlamaDecoder : public torch::CustomClassHolder {
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
 
-  // tokens (B,) long at `positions` of `slots` -> next-token logits (B, V) float32. Writes each
-  // row's K/V at its position in k_cache / v_cache (layers, slots, nkv, L1, hs) and attends over
-  // positions 0..position of its own slot.
-  Tensor step(Tensor tokens, Tensor k_cache, Tensor v_cache, std::vector<int64_t> slots,
-              std::vector<int64_t> positions) {
+  // tokens (B,) long at `positions` -> next-token logits (B, V) float32. Writes each row's K/V
+  // at its position in k_cache / v_cache (layers, blocks, nkv, BL, hs) through its block table
+  // (tables (B, n) long) and attends over its positions 0..position, block by block in place.
+  Tensor step(Tensor tokens, Tensor k_cache, Tensor v_cache, Tensor tables, std::vector<int64_t> positions) {
     TORCH_CHECK(has_head_ && !layers_.empty(), "the decoder is not fully built (no layers or no output head)");
-    const int64_t B = static_cast<int64_t>(slots.size());
+    TORCH_CHECK(tables.dim() == 2 && tables.scalar_type() == at::kLong && tables.device().is_cpu(),
+                "tables must be a (B, n) long CPU tensor");
+    Tensor table_rows = tables.contiguous();
+    const int64_t B = table_rows.size(0), width = table_rows.size(1);
     TORCH_CHECK(B > 0 && static_cast<int64_t>(positions.size()) == B && tokens.numel() == B,
-                "tokens, slots and positions must have one entry per row");
+                "tokens, tables and positions must have one entry per row");
     check_cache(k_cache, "k_cache");
     check_cache(v_cache, "v_cache");
     TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type() && k_cache.sizes() == v_cache.sizes(),
                 "k_cache and v_cache must have the same shape and dtype");
-    const int64_t n_slots = k_cache.size(1), L1 = k_cache.size(3);
+    const int64_t n_blocks = k_cache.size(1), BL = k_cache.size(3);
+    const int64_t* block_table = table_rows.data_ptr<int64_t>();
     for (int64_t b = 0; b < B; ++b) {
-      TORCH_CHECK(slots[b] >= 0 && slots[b] < n_slots, "slot ", slots[b], " out of range [0, ", n_slots, ")");
-      TORCH_CHECK(positions[b] >= 0 && positions[b] < L1 - 1 && positions[b] < rope_.size(1),
-                  "position ", positions[b], " is past the cache or the rotary table");
+      TORCH_CHECK(positions[b] >= 0 && positions[b] < width * BL && positions[b] < rope_.size(1),
+                  "position ", positions[b], " is past the block table or the rotary table");
+      for (int64_t i = 0; i <= positions[b] / BL; ++i)
+        TORCH_CHECK(block_table[b * width + i] >= 0 && block_table[b * width + i] < n_blocks, "block ",
+                    block_table[b * width + i], " out of range [0, ", n_blocks, ")");
     }
     Tensor ids = tokens.to(at::kLong).contiguous().view({-1});
     const int64_t V = embed_.size(0);
@@ -383,10 +405,11 @@ class LlamaDecoder : public torch::CustomClassHolder {
         rope_row(row, cos, sin, nh_, hs_);
         rope_row(row + q_w, cos, sin, nkv_, hs_);
       }
-      const int64_t layer_at = static_cast<int64_t>(l) * n_slots * nkv_ * L1 * hs_;
+      const int64_t layer_at = static_cast<int64_t>(l) * n_blocks * nkv_ * BL * hs_;
       auto cache_layer = [&](auto* k_base, auto* v_base) {  // float or bfloat16 bits
-        write_kv(qkv.data_ptr<float>(), k_base, v_base, slots, positions, L1, B);
-        attend(qkv.data_ptr<float>(), k_base, v_base, slots, positions, L1, L.o, L.window, B, y.data_ptr<float>());
+        write_kv(qkv.data_ptr<float>(), k_base, v_base, block_table, width, positions, BL, B);
+        attend(qkv.data_ptr<float>(), k_base, v_base, block_table, width, positions, BL, L.o, L.window, B,
+               y.data_ptr<float>());
       };
       if (k_cache.scalar_type() == at::kBFloat16)
         cache_layer(reinterpret_cast<uint16_t*>(k_cache.data_ptr<at::BFloat16>()) + layer_at,
@@ -447,7 +470,7 @@ class LlamaDecoder : public torch::CustomClassHolder {
                     c.is_contiguous(),
                 name, " must be a contiguous float32 or bfloat16 CPU tensor");
     TORCH_CHECK(c.dim() == 5 && c.size(0) == num_layers() && c.size(2) == nkv_ && c.size(4) == hs_, name,
-                " must be (layers, slots, n_kv, length, head_dim)");
+                " must be (layers, blocks, n_kv, block_len, head_dim)");
   }
 
   void norm_rows(const float* x, const float* w, const Projection& next, int64_t B, float* out) const {
@@ -478,15 +501,16 @@ class LlamaDecoder : public torch::CustomClassHolder {
     return 0.5f * a * (1.0f + std::tanh(inner));
   }
 
-  // Each row's new k and v (after RoPE, in its qkv row) into its slot at its position.
+  // Each row's new k and v (after RoPE, in its qkv row) into its block at its position.
   template <typename T>
-  void write_kv(const float* qkv, T* k_base, T* v_base, const std::vector<int64_t>& slots,
-                const std::vector<int64_t>& positions, int64_t L1, int64_t B) const {
+  void write_kv(const float* qkv, T* k_base, T* v_base, const int64_t* table, int64_t width,
+                const std::vector<int64_t>& positions, int64_t BL, int64_t B) const {
     const int64_t q_w = nh_ * hs_, kv_w = nkv_ * hs_;
     for (int64_t b = 0; b < B; ++b) {
       const float* row = qkv + b * (q_w + 2 * kv_w);
+      const int64_t block = table[b * width + positions[b] / BL], offset = positions[b] % BL;
       for (int64_t g = 0; g < nkv_; ++g) {
-        const int64_t at_pos = ((slots[b] * nkv_ + g) * L1 + positions[b]) * hs_;
+        const int64_t at_pos = ((block * nkv_ + g) * BL + offset) * hs_;
         for (int64_t i = 0; i < hs_; ++i) {
           store(row[q_w + g * hs_ + i], k_base + at_pos + i);
           store(row[q_w + kv_w + g * hs_ + i], v_base + at_pos + i);
@@ -495,13 +519,13 @@ class LlamaDecoder : public torch::CustomClassHolder {
     }
   }
 
-  // y (B, nh * hs) = softmax(q k^T * scale) v for each row over its own slot's positions
+  // y (B, nh * hs) = softmax(q k^T * scale) v for each row over its own positions
   // 0..position (with a window: the last `window` of them), one work item per (row, key/value
   // head): the group's query heads share each K/V row they read. Scaled on the way out for the
   // output projection's smoothing.
   template <typename T>
-  void attend(const float* qkv, const T* k_base, const T* v_base, const std::vector<int64_t>& slots,
-              const std::vector<int64_t>& positions, int64_t L1, const Projection& out_proj, int64_t window,
+  void attend(const float* qkv, const T* k_base, const T* v_base, const int64_t* table, int64_t width,
+              const std::vector<int64_t>& positions, int64_t BL, const Projection& out_proj, int64_t window,
               int64_t B, float* y) const {
     const int64_t group = nh_ / nkv_, q_w = nh_ * hs_, row_w = q_w + 2 * nkv_ * hs_;
     at::parallel_for(0, B * nkv_, 1, [&](int64_t begin, int64_t end) {
@@ -509,10 +533,13 @@ class LlamaDecoder : public torch::CustomClassHolder {
       for (int64_t item = begin; item < end; ++item) {
         const int64_t b = item / nkv_, g = item % nkv_;
         const int64_t first = window > 0 ? std::max<int64_t>(0, positions[b] + 1 - window) : 0;
-        const int64_t n = positions[b] + 1 - first, at = ((slots[b] * nkv_ + g) * L1 + first) * hs_;
+        const int64_t n = positions[b] + 1 - first;
+        const PagedRows<T> keys{k_base, table + b * width, BL, nkv_ * BL * hs_, g * BL * hs_, hs_, first};
+        PagedRows<T> values = keys;
+        values.base = v_base;
         scores.resize(group * n);
-        attend_item(qkv + b * row_w + g * group * hs_, k_base + at, v_base + at, n, group, hs_, scale_,
-                    scores.data(), total.data(), acc.data());
+        attend_item(qkv + b * row_w + g * group * hs_, keys, values, n, group, hs_, scale_, scores.data(),
+                    total.data(), acc.data());
         for (int64_t h = 0; h < group; ++h) {
           const int64_t head = g * group + h;
           float* out = y + b * q_w + head * hs_;

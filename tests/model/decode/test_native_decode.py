@@ -167,8 +167,10 @@ def test_bad_steps_are_refused(fresh_seed):
     with torch.inference_mode():
         with pytest.raises(ValueError, match="exceeds the KV cache's max_len 120"):
             step(cache, first, slots, [120] * len(slots))
-        with pytest.raises(RuntimeError, match="slot 9 out of range"):
+        with pytest.raises(IndexError, match=r"slots \[9\] out of range"):
             step(cache, first, [9, 0, 2, 5], starts)
+        with pytest.raises(RuntimeError, match="block 999 out of range"):  # the C++ step checks its tables too
+            step.plan.step(first[:1], cache.k, cache.v, torch.tensor([[999]]), [3])
         with pytest.raises(RuntimeError, match="token id .* out of range"):
             step(cache, torch.full_like(first, model.cfg.vocab_size), slots, starts)
         half = model.new_cache(2, 120, dtype=torch.float16)

@@ -63,9 +63,10 @@ def test_each_value_the_native_step_lacks_is_refused_by_name_everywhere(name):
     assert not wants_native("auto", model)
 
 
-def test_a_sliding_window_is_refused_by_the_triton_kernel_by_name():
-    why = support.unsupported_reason(llama_config(sliding_window=8), "triton")
-    assert why is not None and "'sliding_window'" in why
+def test_the_triton_kernel_reads_sliding_windows_and_refuses_encoders_by_name():
+    assert support.unsupported_reason(llama_config(sliding_window=8, sliding_window_layers=[0]), "triton") is None
+    why = support.unsupported_reason(dataclasses.replace(llama_config(), family="encoder"), "triton")
+    assert why is not None and "'family'" in why
 
 
 def test_the_llama_architecture_passes_every_rule():

@@ -61,21 +61,34 @@ def test_kernel_under_the_triton_interpreter():
 
 
 SCALE = 0.125
-N_SLOTS = 11
-SLOTS = [9, 2, 6, 0]  # not 0..B-1: a permutation with gaps
-LENGTHS = [1, 37, 64, 23]  # ragged: 1, two lengths that are not a multiple of the 16-key block, a whole one
+BLOCK = 16  # the paged cache's positions per block
+N_BLOCKS = 23
+LENGTHS = [1, 37, 64, 23]  # ragged: 1, two lengths that are not a multiple of the 16-key tile, a whole one
 
 
-def inputs(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, positions: int = 65, seed: int = 0):
+def inputs(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, seed: int = 0):
+    """A block pool and each row's table: its blocks in a shuffled order, none shared, the
+    null block 0 past its length (as the cache leaves it)."""
     gen = torch.Generator().manual_seed(seed)
-    k = torch.randn(N_SLOTS, kv_heads, positions, head_dim, generator=gen).to(dtype)
-    v = torch.randn(N_SLOTS, kv_heads, positions, head_dim, generator=gen).to(dtype)
-    q = torch.randn(len(SLOTS), heads, head_dim, generator=gen).to(dtype)
-    return q, k, v, torch.tensor(SLOTS), torch.tensor(LENGTHS)
+    k = torch.randn(N_BLOCKS, kv_heads, BLOCK, head_dim, generator=gen).to(dtype)
+    v = torch.randn(N_BLOCKS, kv_heads, BLOCK, head_dim, generator=gen).to(dtype)
+    q = torch.randn(len(LENGTHS), heads, head_dim, generator=gen).to(dtype)
+    order = (torch.randperm(N_BLOCKS - 1, generator=gen) + 1).tolist()
+    tables = torch.zeros(len(LENGTHS), 5, dtype=torch.long)
+    for row, n in enumerate(LENGTHS):
+        for i in range(-(-n // BLOCK)):
+            tables[row, i] = order.pop()
+    return q, k, v, tables, torch.tensor(LENGTHS)
 
 
-def reference_fp32(q, k, v, slots, lengths):
-    return decode_attention_reference(q.float(), k.float(), v.float(), slots, lengths, SCALE)
+def reference_fp32(q, k, v, tables, lengths, window=0):
+    return decode_attention_reference(q.float(), k.float(), v.float(), tables, lengths, SCALE, window)
+
+
+def gathered(pool, tables, row: int, n: int):
+    """Row ``row``'s first ``n`` positions of ``pool``, in order: (kv heads, n, D)."""
+    blocks = tables[row, : -(-n // BLOCK)]
+    return pool[blocks].transpose(0, 1).reshape(pool.size(1), -1, pool.size(3))[:, :n]
 
 
 @in_interpreter
@@ -83,62 +96,84 @@ def reference_fp32(q, k, v, slots, lengths):
                          ids=["mha", "gqa3-smollm2", "gqa4"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_kernel_matches_reference(heads, kv_heads, head_dim, dtype):
-    q, k, v, slots, lengths = inputs(heads, kv_heads, head_dim, dtype)
-    out = decode_attention_triton(q, k, v, slots, lengths, SCALE, num_splits=3, block_n=16)
+    q, k, v, tables, lengths = inputs(heads, kv_heads, head_dim, dtype)
+    out = decode_attention_triton(q, k, v, tables, lengths, SCALE, num_splits=3, block_n=16)
     assert out.shape == q.shape and out.dtype == dtype
-    expected = reference_fp32(q, k, v, slots, lengths)
+    expected = reference_fp32(q, k, v, tables, lengths)
     if dtype == torch.float32:
         torch.testing.assert_close(out, expected, atol=2e-6, rtol=2e-5)
     else:  # bf16 inputs and output: a few units of bf16's 8-bit mantissa
         torch.testing.assert_close(out.float(), expected, atol=3e-2, rtol=3e-2)
     # Length 1 sees only its first key: the output is that value row, whatever the query.
-    torch.testing.assert_close(out[0].float(), v[SLOTS[0], :, 0].float().repeat_interleave(heads // kv_heads, 0),
+    torch.testing.assert_close(out[0].float(), v[tables[0, 0], :, 0].float().repeat_interleave(heads // kv_heads, 0),
                                atol=1e-6 if dtype == torch.float32 else 1e-2, rtol=0)
+    # And the reference is plain attention over the row's positions, gathered in order.
+    keys, values = gathered(k, tables, 2, 64).float(), gathered(v, tables, 2, 64).float()
+    scores = torch.einsum("hd,hnd->hn", q[2].float(), keys.repeat_interleave(heads // kv_heads, 0)) * SCALE
+    plain = torch.einsum("hn,hnd->hd", scores.softmax(-1), values.repeat_interleave(heads // kv_heads, 0))
+    torch.testing.assert_close(expected[2], plain, atol=1e-5, rtol=1e-5)
+
+
+@in_interpreter
+@pytest.mark.parametrize("window", [1, 9, 16, 40])
+def test_a_sliding_window_reads_only_its_last_positions(window):
+    q, k, v, tables, lengths = inputs(9, 3, 64, torch.float32, seed=4)
+    out = decode_attention_triton(q, k, v, tables, lengths, SCALE, window, num_splits=3, block_n=16)
+    torch.testing.assert_close(out, reference_fp32(q, k, v, tables, lengths, window), atol=2e-6, rtol=2e-5)
+    if window < 64:  # the window really narrows what row 2 (64 positions) sees
+        assert (out[2] - reference_fp32(q, k, v, tables, lengths)[2]).abs().max() > 1e-3
 
 
 @in_interpreter
 @pytest.mark.parametrize("splits", [1, 2, 5, 16])  # 16: more pieces than blocks, most of them empty
 def test_any_number_of_splits_gives_the_same_result(splits):
-    q, k, v, slots, lengths = inputs(9, 3, 64, torch.float32, seed=1)
-    out = decode_attention_triton(q, k, v, slots, lengths, SCALE, num_splits=splits, block_n=16)
-    torch.testing.assert_close(out, reference_fp32(q, k, v, slots, lengths), atol=2e-6, rtol=2e-5)
+    q, k, v, tables, lengths = inputs(9, 3, 64, torch.float32, seed=1)
+    out = decode_attention_triton(q, k, v, tables, lengths, SCALE, num_splits=splits, block_n=16)
+    torch.testing.assert_close(out, reference_fp32(q, k, v, tables, lengths), atol=2e-6, rtol=2e-5)
 
 
 @in_interpreter
-def test_non_contiguous_query_and_reused_slot_history():
+def test_non_contiguous_query_and_stale_blocks():
     # q as the decode path passes it: heads split out of the fused q|k|v projection (B, 1, 3 * H * D).
-    q, k, v, slots, lengths = inputs(8, 2, 32, torch.float32, seed=2)
-    qkv = torch.cat([q.reshape(len(SLOTS), 1, -1), torch.randn(len(SLOTS), 1, 2 * 8 * 32)], dim=-1)
-    q = qkv[..., :8 * 32].view(len(SLOTS), 1, 8, 32).transpose(1, 2)[:, :, 0]  # (B, H, D), row stride 3 * H * D
+    q, k, v, tables, lengths = inputs(8, 2, 32, torch.float32, seed=2)
+    b = len(LENGTHS)
+    qkv = torch.cat([q.reshape(b, 1, -1), torch.randn(b, 1, 2 * 8 * 32)], dim=-1)
+    q = qkv[..., :8 * 32].view(b, 1, 8, 32).transpose(1, 2)[:, :, 0]  # (B, H, D), row stride 3 * H * D
     assert not q.is_contiguous()
-    k[:, :, 40:] = 1e4  # stale history beyond every length but 64 must not count...
-    k[6, :, 40:64] = k[6, :, :24]  # ...except where it is the row's own (slot 6 has length 64)
-    out = decode_attention_triton(q, k, v, slots, lengths, SCALE, num_splits=2, block_n=16)
-    torch.testing.assert_close(out, reference_fp32(q, k, v, slots, lengths), atol=2e-6, rtol=2e-5)
+    expected = reference_fp32(q, k, v, tables, lengths)
+    owned = {(int(tables[r, p // BLOCK]), p % BLOCK) for r, n in enumerate(LENGTHS) for p in range(n)}
+    for block in range(N_BLOCKS):  # stale K in every position no row owns (block tails, other blocks) must not count
+        for offset in range(BLOCK):
+            if (block, offset) not in owned:
+                k[block, :, offset] = 1e4
+    out = decode_attention_triton(q, k, v, tables, lengths, SCALE, num_splits=2, block_n=16)
+    torch.testing.assert_close(out, expected, atol=2e-6, rtol=2e-5)
 
 
 @in_interpreter
 def test_dispatcher_uses_the_kernel_only_where_it_can_run(monkeypatch):
-    q, k, v, slots, lengths = inputs(4, 2, 32, torch.float32, seed=3)
+    q, k, v, tables, lengths = inputs(4, 2, 32, torch.float32, seed=3)
     calls = []
     monkeypatch.setattr("model.decode.triton_attention.decode_attention_triton",
                         lambda *a: calls.append(1) or decode_attention_reference(*a))
-    decode_attention(q, k, v, slots, lengths, SCALE)
+    decode_attention(q, k, v, tables, lengths, SCALE)
     assert calls == [1]  # interpreter on
     monkeypatch.delenv("TRITON_INTERPRET")
-    out = decode_attention(q, k, v, slots, lengths, SCALE)  # CPU tensors, no interpreter: the reference
+    out = decode_attention(q, k, v, tables, lengths, SCALE)  # CPU tensors, no interpreter: the reference
     assert calls == [1]
-    torch.testing.assert_close(out, reference_fp32(q, k, v, slots, lengths))
+    torch.testing.assert_close(out, reference_fp32(q, k, v, tables, lengths))
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
-        decode_attention_triton(q, k, v, slots, lengths, SCALE)
+        decode_attention_triton(q, k, v, tables, lengths, SCALE)
 
 
 @in_interpreter
-def test_decode_steps_through_the_kernel_match_sdpa():
+@pytest.mark.parametrize("window", [None, 6])
+def test_decode_steps_through_the_kernel_match_sdpa(window):
     """The wiring: the Python decode step with TSERVE_DECODE_ATTENTION=triton (here: interpreted)
-    gives SDPA's logits, for ragged rows in slots out of order."""
+    gives SDPA's logits, for ragged rows in rows out of order, with and without a sliding window."""
     model = tiny_model("decoder", n_heads=6, n_kv_heads=2, d_model=48, positional="rope", norm="rmsnorm",
-                       mlp="gated", activation="silu", bias=False)
+                       mlp="gated", activation="silu", bias=False, sliding_window=window,
+                       sliding_window_layers=[0] if window else None)
     prompts, slots = [[5, 6, 7], [8] * 19, [9, 10]], [3, 0, 5]
     logits = {}
     for mode in ("sdpa", "triton"):
@@ -183,12 +218,12 @@ def test_kernels_compile_for_an_h100(dtype):
 
     split, combine = _kernels(False)
     target = GPUTarget("cuda", 90, 32)
-    pointers = {"Q": f"*{dtype}", "K": f"*{dtype}", "V": f"*{dtype}", "Slots": "*i64", "Lengths": "*i64",
+    pointers = {"Q": f"*{dtype}", "K": f"*{dtype}", "V": f"*{dtype}", "Tables": "*i64", "Lengths": "*i64",
                 "PartO": "*fp32", "PartM": "*fp32", "PartL": "*fp32", "qk_scale": "fp32", "num_splits": "i32",
                 "Out": f"*{dtype}"}
     compiled = [
-        triton_compile(source(split, pointers, dict(GROUP=3, BLOCK_G=16, BLOCK_N=64, HEAD_DIM=64, BLOCK_D=64,
-                                                    UPCAST=False)), target=target),
+        triton_compile(source(split, pointers, dict(BLOCK_LEN=16, GROUP=3, BLOCK_G=16, BLOCK_N=64, HEAD_DIM=64,
+                                                    BLOCK_D=64, UPCAST=False)), target=target),
         triton_compile(source(combine, pointers, dict(BLOCK_S=8, HEAD_DIM=64, BLOCK_D=64)), target=target),
     ]
     for kernel in compiled:

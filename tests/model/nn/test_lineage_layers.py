@@ -53,7 +53,7 @@ def test_cached_decoding_equals_recomputation_across_the_window(name, fresh_seed
     for prompt, res in zip(prompts, batched):
         assert res.token_ids == _greedy_by_recomputation(model, prompt, 16)
     # chunked prefill (7 tokens a step) and the prefix cache give the same
-    core = EngineCore(model, None, n_slots=2, max_len=64, max_prefill_tokens=7, prefix_cache_mb=1)
+    core = EngineCore(model, None, n_slots=2, max_len=64, max_prefill_tokens=7, prefix_cache=True)
     shared = prompts[2][:34]  # one 32-token block, copied from the pool for the second request
     later = [prompts[2], shared + prompts[1][:5], prompts[0]]
     out: dict[str, list[int]] = {}

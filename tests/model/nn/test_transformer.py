@@ -214,8 +214,9 @@ def test_training_drops_packed_weights():
 
 @pytest.mark.parametrize("family", ["decoder", "encoder-decoder"])
 def test_moved_slot_decodes_exactly_as_before(family, decoder_lm, encoder_decoder):
-    """move_slot carries the whole state (self-attention history, cross-attention memory
-    and source length) to another slot: the next step's logits are identical there."""
+    """move_table and move_cross carry the whole state (the block table of the self-attention
+    history, cross-attention memory and source length) to another row: the next step's logits
+    are identical there."""
     model = decoder_lm if family == "decoder" else encoder_decoder
     g = torch.Generator().manual_seed(7)
     prompts = [torch.randint(4, 60, (n,), generator=g).tolist() for n in (9, 5)]
@@ -227,7 +228,10 @@ def test_moved_slot_decodes_exactly_as_before(family, decoder_lm, encoder_decode
         model.decode_step(cache, torch.tensor([11 + step, 12 + step]), [0, 3], [pos0, pos])
         pos0, pos = pos0 + 1, pos + 1
     expected = model.decode_step(cache, torch.tensor([13]), [3], [pos])
-    model.prefill(cache, [[5, 6, 7]], [1])  # slot 1 holds something else, to be overwritten
-    cache.move_slot(3, 1, pos)
+    model.prefill(cache, [[5, 6, 7]], [1])  # slot 1 held something else, released
+    cache.release(1)
+    cache.move_table(3, 1)
+    cache.move_cross(3, 1)
+    assert cache.rows[3] == [] and cache.rows[1]
     moved = model.decode_step(cache, torch.tensor([13]), [1], [pos])
     torch.testing.assert_close(moved, expected, rtol=0, atol=1e-6)
