@@ -235,7 +235,8 @@ class Scheduler:
 
     def _never_fits(self, seq: Sequence) -> bool:
         """Its input and output together need more blocks than the whole pool has."""
-        total = min(len(seq.input_ids) + seq.req.params.max_new_tokens + 1, self.cache.max_len)
+        start = 1 if self.prompts.encodes_source else len(seq.input_ids)  # a source is not in the decoder's cache
+        total = min(start + seq.req.params.max_new_tokens, self.cache.max_len)
         return seq.req.params.beam_size * blocks_for(total, self.cache.block_len) > self.cache.n_blocks - 1
 
     def _match(self, seq: Sequence, pending: set[bytes]) -> tuple[list[bytes], list[int], bool]:
