@@ -123,7 +123,8 @@ class ModelCard(BaseModel):
     max_seq_len: int
     parameters: int
     chat: bool = False  # serves /v1/chat/completions (the model has a chat template)
-    prefix_cache: dict[str, int] | None = None  # decoder models: block_tokens, blocks, bytes of the prefix cache
+    prefix_cache: dict[str, int] | None = None  # decoder models: block_tokens, blocks_named (the prefix cache)
+    kv_cache: dict[str, int] | None = None  # generative models: block_tokens, blocks, bytes, capacity_tokens
     structured_outputs: bool = False  # follows response_format / structured_outputs / guided_* (decoder models)
     tools: bool = False  # takes tools on /v1/chat/completions
     tool_prompt: Literal["template", "generic"] | None = None  # who shows the model its tools

@@ -284,19 +284,20 @@ async def test_prefix_cache_shown_and_counted(client):
         return 0.0
 
     cards = {m["id"]: m for m in (await client.get("/v1/models")).json()["data"]}
-    assert cards["generate-tiny"]["prefix_cache"]["block_tokens"] == 32
-    assert cards["generate-tiny"]["prefix_cache"]["blocks"] > 0 and cards["translate-tiny"]["prefix_cache"] is None
+    assert cards["generate-tiny"]["prefix_cache"]["block_tokens"] == 16 and cards["translate-tiny"]["prefix_cache"] is None
+    kv = cards["generate-tiny"]["kv_cache"]
+    assert kv["block_tokens"] == 16 and kv["blocks"] * 16 == kv["capacity_tokens"] and kv["bytes"] > 0
     names = ("tserve_prefix_cache_hit_tokens_total", "tserve_prefix_cache_query_tokens_total",
              "tserve_prompt_tokens_total")
     before = (await client.get("/metrics")).text
     ids = [(7 * i) % 300 + 10 for i in range(70)]
-    for _ in range(2):  # one after the other: the second finds the first's two full blocks
+    for _ in range(2):  # one after the other: the second finds the first's four full blocks (of 16)
         r = await client.post("/v1/completions", json={"model": "generate-tiny", "prompt": [ids], "max_tokens": 2})
         assert r.status_code == 200
     after = (await client.get("/metrics")).text
     hit, query, prompt = (value(after, n) - value(before, n) for n in names)
     assert (hit, query, prompt) == (64, 140, 140)
-    assert value(after, "tserve_prefix_cache_blocks_used") >= 2 and value(after, "tserve_prefix_cache_blocks") > 0
+    assert value(after, "tserve_prefix_cache_blocks_used") >= 4 and value(after, "tserve_kv_cache_blocks") > 0
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (CI installs prometheus)")

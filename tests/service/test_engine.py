@@ -64,16 +64,18 @@ async def test_a_group_is_admitted_whole_or_not_at_all(weights_dir):
         await engine.stop(1.0)
 
 
-async def test_prefix_cache_budget_comes_from_the_settings(weights_dir):
-    on, metrics = await started(GenerativeEngine, weights_dir, "generate-tiny", prefix_cache=True)
+async def test_prefix_cache_and_kv_pool_come_from_the_settings(weights_dir):
+    on, metrics = await started(GenerativeEngine, weights_dir, "generate-tiny", prefix_cache=True,
+                                kv_cache_bytes=2**20)
     off, _ = await started(GenerativeEngine, weights_dir, "generate-tiny", prefix_cache=False)
     mt, _ = await started(GenerativeEngine, weights_dir, "translate-tiny")
     try:
-        shape = on.info()["prefix_cache"]
-        assert shape["block_tokens"] == 32 and 0 < shape["bytes"] <= 2**20
-        assert sample(metrics, "tserve_prefix_cache_blocks", model="generate-tiny") == shape["blocks"]
+        assert on.info()["prefix_cache"]["block_tokens"] == 16
+        pool = on.info()["kv_cache"]
+        assert pool["block_tokens"] == 16 and 0 < pool["bytes"] <= 2**20
+        assert sample(metrics, "tserve_kv_cache_blocks", model="generate-tiny") == pool["blocks"]
         assert off.info()["prefix_cache"] is None and mt.info()["prefix_cache"] is None
-        # the same prompt twice, one after the other, in the same engine: the second copies 2 blocks
+        # the same prompt twice, one after the other, in the same engine: the second reads 4 blocks in place
         params = SamplingParams(max_new_tokens=2, temperature=0, ignore_eos=True)
         prompt = [(11 * i) % 300 + 5 for i in range(80)]
         outs = []

