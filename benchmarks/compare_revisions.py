@@ -59,7 +59,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "PYTHONPATH": str(tree), "TSERVE_HOST": "127.0.0.1", "TSERVE_PORT": str(self.port),
                "TSERVE_WEIGHTS_DIR": str(tree / "weights"), "TSERVE_MODELS": f"{CHAT},{MT}",
-               "TSERVE_TORCH_THREADS": str(threads), "TSERVE_LOG_LEVEL": "warning", "TSERVE_PREFIX_CACHE_MB": "0"}
+               "TSERVE_TORCH_THREADS": str(threads), "TSERVE_LOG_LEVEL": "warning", "TSERVE_PREFIX_CACHE": "false"}
         self.log = open(log, "wb")  # noqa: SIM115 - lives as long as the server
         self.proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=tree, env=env, stdout=self.log,
                                      stderr=subprocess.STDOUT)

@@ -23,7 +23,6 @@ from benchmarks.timing import Stat
 from benchmarks.workspace import Workspace
 from model import SamplingParams, load_model
 from model.engine import EngineCore, EngineRequest
-from model.engine.prefix_cache import DEFAULT_PREFIX_CACHE_MB
 from model.formats.manifest import locate, read_manifest
 from model.tokenization.chat_template import ChatTemplate
 
@@ -102,14 +101,13 @@ def p99(xs: list[float]) -> float:
     return xs[min(len(xs) - 1, round(0.99 * (len(xs) - 1)))]
 
 
-def _measure(ckpt, prompts: list[list[int]], cache_mb: float, warm: bool, reps: int):
+def _measure(ckpt, prompts: list[list[int]], cached: bool, warm: bool, reps: int):
     """Per repetition: a fresh core (an empty prefix cache), optionally warmed by one request
     with the same system prompt, then the timed burst."""
     p50s, p99s, firsts, steps = [], [], None, 0
     max_len = max(map(len, prompts)) + 16
     for rep in range(reps):
-        core = EngineCore(ckpt.model, ckpt.tokenizer, n_slots=len(prompts), max_len=max_len,
-                          prefix_cache_mb=cache_mb)
+        core = EngineCore(ckpt.model, ckpt.tokenizer, n_slots=len(prompts), max_len=max_len, prefix_cache=cached)
         if warm:
             burst_ttft(core, prompts[:1], f"w{rep}-")
         ttfts, firsts, steps = burst_ttft(core, prompts, f"r{rep}-")
@@ -129,10 +127,10 @@ def run(ws: Workspace, cfg: BenchConfig, report: RunReport) -> None:
     burst_ttft(EngineCore(ckpt.model, ckpt.tokenizer, 2, max(lengths) + 16), prompts[:2], "warmup")  # first-call costs
     work = (f"{WORKLOAD}, {len(prompts)} chat requests at once, shared {cfg.prefix_system_len}-token system prompt, "
             f"engine core")
-    off = _measure(ckpt, prompts, 0.0, False, cfg.repetitions)
+    off = _measure(ckpt, prompts, False, False, cfg.repetitions)
     say(f"{section}: cache off: TTFT p50 {off[0].median:.2f} s, p99 {off[1].median:.2f} s ({off[3]} steps)")
     for label, warm in (("cold", False), ("warm", True)):
-        on = _measure(ckpt, prompts, DEFAULT_PREFIX_CACHE_MB, warm, cfg.repetitions)
+        on = _measure(ckpt, prompts, True, warm, cfg.repetitions)
         same = "first tokens identical" if on[2] == off[2] else \
             f"MISMATCH: {sum(a != b for a, b in zip(on[2], off[2]))} first tokens differ"
         say(f"{section}: cache on ({label}): TTFT p50 {on[0].median:.2f} s, p99 {on[1].median:.2f} s "
