@@ -284,7 +284,8 @@ async def test_prefix_cache_shown_and_counted(client):
         return 0.0
 
     cards = {m["id"]: m for m in (await client.get("/v1/models")).json()["data"]}
-    assert cards["generate-tiny"]["prefix_cache"]["block_tokens"] == 16 and cards["translate-tiny"]["prefix_cache"] is None
+    assert cards["generate-tiny"]["prefix_cache"]["block_tokens"] == 16
+    assert cards["translate-tiny"]["prefix_cache"] is None
     kv = cards["generate-tiny"]["kv_cache"]
     assert kv["block_tokens"] == 16 and kv["blocks"] * 16 == kv["capacity_tokens"] and kv["bytes"] > 0
     names = ("tserve_prefix_cache_hit_tokens_total", "tserve_prefix_cache_query_tokens_total",
