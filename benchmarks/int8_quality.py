@@ -1,0 +1,58 @@
+"""What the served decode step costs in quality: perplexity of held-out text scored one token
+per decode step, the service's default step (int8 projections, the native C++ step, a bfloat16
+cache) against the float32 reference step of the same weights.
+
+    python -m benchmarks.int8_quality [--models smollm2-135m-instruct gemma3-270m] [--tokens 512]
+
+The text is the docstrings of a few standard-library modules (``chat_model.heldout_text``:
+fixed for a Python version, unlike the int8 calibration text). Also: greedy agreement, the
+share of 64 generated tokens equal to the float32 step's, over four prompts, up to the first
+difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from benchmarks.chat_model import decode_perplexity, heldout_text
+
+REPO = Path(__file__).resolve().parents[1]
+PROMPTS = ["The history of the printing press begins", "To make bread at home, you need",
+           "The capital of France is", "def fibonacci(n):"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.int8_quality", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=["smollm2-135m-instruct", "gemma3-270m"])
+    parser.add_argument("--tokens", type=int, default=512)
+    args = parser.parse_args(argv)
+
+    from model import SamplingParams, generate, load_model
+    from model.decode import DecodeOptions, prepare
+
+    print("| model | float32 perplexity | served step | served perplexity | ratio | greedy agreement |")
+    print("|---|---|---|---|---|---|")
+    for name in args.models:
+        reference = load_model(REPO / "weights" / name)
+        served_ckpt = load_model(REPO / "weights" / name)
+        ref_step = prepare(reference.model.eval(), DecodeOptions.reference(), reference.tokenizer)
+        served = prepare(served_ckpt.model.eval(), DecodeOptions(), served_ckpt.tokenizer)
+        ids = reference.tokenizer.encode(heldout_text())[: args.tokens]
+        p_ref = decode_perplexity(reference.model, ids, ref_step)
+        p_served = decode_perplexity(served_ckpt.model, ids, served)
+        params = SamplingParams(max_new_tokens=64, temperature=0.0, ignore_eos=True)
+        prompts = [reference.tokenizer.encode(p) for p in PROMPTS]
+        a = [r.token_ids for r in generate(reference.model, prompts, params, step=ref_step)]
+        b = [r.token_ids for r in generate(served_ckpt.model, prompts, params, step=served)]
+        agree = []
+        for x, y in zip(a, b):
+            n = next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), len(x))
+            agree.append(n / len(x))
+        print(f"| {name} | {p_ref:.2f} | {served.name} | {p_served:.2f} | {p_served / p_ref:.3f} | "
+              f"{sum(agree) / len(agree):.0%} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
