@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         tok = _tokenizer(Path(tmp) / "tok")
-        prompts = [tok.encode(t)[:24] for t in TEXT[:8]]
+        g = torch.Generator().manual_seed(0)  # 24 random tokens each: equal lengths, no padding on either side
+        prompts = torch.randint(3, len(tok), (8, 24), generator=g).tolist()
         for name in args.lineages:
             directory = Path(tmp) / name
             tok.save_pretrained(directory)
@@ -131,7 +132,7 @@ def _ours(model, batch: list[list[int]], n: int, step=None) -> list[list[int]]:
 
 
 def _hf(reference, batch: list[list[int]], n: int) -> list[list[int]]:
-    ids = torch.tensor(batch)  # equal lengths: the prompts are cut to 24 tokens
+    ids = torch.tensor(batch)  # equal lengths
     with torch.inference_mode():
         out = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
                                  do_sample=False, pad_token_id=0)

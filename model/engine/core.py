@@ -114,7 +114,8 @@ class EngineCore:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.scheduler.waiting)
+        """Requests waiting for a row or blocks: new ones and preempted ones."""
+        return len(self.scheduler.waiting) + len(self.scheduler.preempted)
 
     @property
     def num_running(self) -> int:
