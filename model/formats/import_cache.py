@@ -116,7 +116,9 @@ def _read(entry: Path, manifest: Manifest, device: str | torch.device, dtype: to
     problem = check_safetensors_complete(entry / WEIGHTS_FILE)
     if problem:
         raise CheckpointError(problem)
-    return dataclasses.replace(load(entry, device, dtype), path=manifest.path.parent)
+    ckpt = dataclasses.replace(load(entry, device, dtype), path=manifest.path.parent)
+    ckpt.model.weights_cache_dir = entry  # model.quant.int8 keeps the model's int8 copies beside it
+    return ckpt
 
 
 def _placed(ckpt: Checkpoint, device: str | torch.device, dtype: torch.dtype | None) -> Checkpoint:

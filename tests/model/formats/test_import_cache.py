@@ -127,3 +127,29 @@ def test_off_or_unwritable_means_no_cache(tiny_file, manifest, cache, tmp_path, 
     with caplog.at_level(logging.WARNING, logger="tserve.weights"):
         ckpt = import_cache.load_converted(manifest, convert)
     assert ckpt.chat_template == CHATML and "cannot cache converted weights" in caplog.text
+
+
+def test_int8_copies_are_kept_beside_the_entry(tiny_file, manifest, cache, monkeypatch, caplog):
+    from model.quant import int8
+
+    convert = Converter(tiny_file, manifest)
+    first = import_cache.load_converted(manifest, convert)
+    assert int8.quantize_checkpoint_(first.model, first.tokenizer) > 0
+    (entry,) = cache.iterdir()
+    (saved,) = entry.glob("int8-*.safetensors")
+    calibrations = []
+    real = int8.quantize_int8_
+    monkeypatch.setattr(int8, "quantize_int8_", lambda *a, **k: calibrations.append(1) or real(*a, **k))
+    second = import_cache.load_converted(manifest, convert)
+    int8.quantize_checkpoint_(second.model, second.tokenizer)
+    assert calibrations == []  # read, not quantized again
+    ids = torch.tensor([first.tokenizer.encode(SENTENCES[0])])
+    with torch.no_grad(), int8.decode_step_context():
+        assert torch.equal(first.model(ids), second.model(ids))
+    saved.write_bytes(b"not safetensors")
+    third = import_cache.load_converted(manifest, convert)
+    with caplog.at_level(logging.WARNING, logger="tserve.weights"):
+        int8.quantize_checkpoint_(third.model, third.tokenizer)
+    assert calibrations == [1] and "quantizing again" in caplog.text
+    with torch.no_grad(), int8.decode_step_context():
+        assert torch.equal(first.model(ids), third.model(ids))
