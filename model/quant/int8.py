@@ -234,7 +234,10 @@ def load_decode_copies_(model: nn.Module, file: Path) -> int:
                     raise ValueError(f"{file}: {q} has shape {list(int8.shape)}")
                 qweight = torch._make_per_channel_quantized_tensor(
                     int8, f.get_tensor(f"{q}.scales"), f.get_tensor(f"{q}.zero_points"), 0)
-                quantized = nnqd.Linear(child.in_features, child.out_features, dtype=torch.qint8)
+                # Built 1x1, then given the real weights: the constructor would otherwise prepack a zero
+                # matrix of the full size twice before set_weight_bias packs the real one (2/3 of the time).
+                quantized = nnqd.Linear(1, 1, dtype=torch.qint8)
+                quantized.in_features, quantized.out_features = child.in_features, child.out_features
                 quantized.set_weight_bias(qweight, child.bias)  # as from_float does
                 inv = f.get_tensor(f"{q}.inv_scale") if f"{q}.inv_scale" in stored else None
                 built.append((parent, name, DecodeInt8Linear(child, quantized, inv)))
