@@ -1,8 +1,8 @@
 # Two commands do all the set-up: `make run` serves the shipped checkpoints on
 # localhost:8000, `make test` runs the test suite. Both create .venv on first use.
 # `make run` installs the serving dependencies only (the `serve` extra: pyproject's base
-# dependencies, ~1.1 GB with CPU torch); `make test` (and `make setup`) adds the dev tools to
-# the same venv (EXTRAS=dev: test, bench and train extras, triton; ~3.1 GB).
+# dependencies; 1.47 GB with CPU torch and the weight packages); `make test` (and `make setup`)
+# adds the dev tools to the same venv (EXTRAS=dev: test, bench and train extras, triton; ~3.4 GB).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
