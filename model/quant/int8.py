@@ -22,6 +22,9 @@ still ships in the pinned 2.13; the deprecation warning is silenced here on purp
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import os
 import threading
 import warnings
 from contextlib import contextmanager
@@ -32,6 +35,7 @@ from torch import Tensor, nn
 
 from model.nn.layers import FeedForward, Linear
 
+log = logging.getLogger("tserve.weights")
 CALIBRATION = Path(__file__).with_name("calibration.txt")  # mixed prose, chat and code, written for this
 SMOOTH_ALPHA = 0.5
 
@@ -179,6 +183,70 @@ def quantize_int8_(model: nn.Module, calibration: Tensor | None = None, decode_o
     return len(targets)
 
 
+# --- the int8 copies of a model kept beside its converted weights (model.formats.import_cache) ----
+
+def _decode_copies(model: nn.Module) -> dict[str, DecodeInt8Linear]:
+    return {name: m for name, m in model.named_modules() if isinstance(m, DecodeInt8Linear)}
+
+
+def save_decode_copies(model: nn.Module, file: Path) -> None:
+    """Write the int8 decode copies of ``model`` (per-channel int8 weights, their scales and
+    zero points, the smoothing ``inv_scale``) to ``file``, atomically (a temporary file renamed)."""
+    from safetensors.torch import save_file
+
+    tensors = {}
+    for name, layer in _decode_copies(model).items():
+        qweight, _ = layer.quantized._weight_bias()
+        tensors[f"{name}.int8"] = qweight.int_repr().contiguous()
+        tensors[f"{name}.scales"] = qweight.q_per_channel_scales().contiguous()
+        tensors[f"{name}.zero_points"] = qweight.q_per_channel_zero_points().contiguous()
+        if layer.inv_scale is not None:
+            tensors[f"{name}.inv_scale"] = layer.inv_scale.contiguous()
+    tmp = file.with_name(f".{file.name}.{os.getpid()}")
+    try:
+        save_file(tensors, str(tmp))
+        os.replace(tmp, file)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def load_decode_copies_(model: nn.Module, file: Path) -> int:
+    """Give every projection of ``model`` its int8 decode copy from ``file`` (written by
+    ``save_decode_copies`` for the same weights): what ``quantize_int8_(decode_only=True)``
+    computes, without the calibration pass and the quantization. Raises ValueError when the
+    file does not fit the model (the caller quantizes instead)."""
+    import torch.ao.nn.quantized.dynamic as nnqd
+    from safetensors import safe_open
+
+    targets = [(parent, name, child, f"{prefix}.{name}" if prefix else name) for prefix, parent in model.named_modules()
+               for name, child in parent.named_children() if isinstance(child, Linear)]
+    with safe_open(str(file), framework="pt") as f:
+        stored = set(f.keys())
+        expected = {f"{q}.{k}" for *_, q in targets for k in ("int8", "scales", "zero_points")}
+        if not expected <= stored or len(stored - expected) > len(targets):
+            raise ValueError(f"{file}: holds other layers than this model's {len(targets)} projections")
+        built = []
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*deprecated.*")
+            for parent, name, child, q in targets:
+                int8 = f.get_tensor(f"{q}.int8")
+                if tuple(int8.shape) != (child.out_features, child.in_features):
+                    raise ValueError(f"{file}: {q} has shape {list(int8.shape)}")
+                qweight = torch._make_per_channel_quantized_tensor(
+                    int8, f.get_tensor(f"{q}.scales"), f.get_tensor(f"{q}.zero_points"), 0)
+                # Built 1x1, then given the real weights: the constructor would otherwise prepack a zero
+                # matrix of the full size twice before set_weight_bias packs the real one (2/3 of the time).
+                quantized = nnqd.Linear(1, 1, dtype=torch.qint8)
+                quantized.in_features, quantized.out_features = child.in_features, child.out_features
+                quantized.set_weight_bias(qweight, child.bias)  # as from_float does
+                inv = f.get_tensor(f"{q}.inv_scale") if f"{q}.inv_scale" in stored else None
+                built.append((parent, name, DecodeInt8Linear(child, quantized, inv)))
+    model.eval()
+    for parent, name, layer in built:  # only once every layer read: a bad file leaves the model as it was
+        setattr(parent, name, layer)
+    return len(built)
+
+
 def wants_int8(mode: str, config, device: str) -> bool:
     """The service's ``TSERVE_QUANTIZE``: ``int8`` for every model, ``none`` for none, ``auto``
     (the default) for the Llama architecture (decoder-only, gated feed-forward) on the CPU, where
@@ -191,8 +259,39 @@ def wants_int8(mode: str, config, device: str) -> bool:
 def quantize_checkpoint_(model: nn.Module, tokenizer) -> int:
     """``quantize_int8_`` as the service applies it: generative models keep float prompts and
     decode in int8 (``decode_only``), gated feed-forwards smoothed on the calibration text;
-    encoder-only models (no decode steps) run every projection in int8."""
+    encoder-only models (no decode steps) run every projection in int8.
+
+    A generative model read from a converted-weights cache entry (``weights_cache_dir``, set by
+    model.formats.import_cache) keeps its int8 copies there, keyed by this file, the calibration
+    text, torch's version and the weights' dtype: a later start loads them instead of
+    calibrating and quantizing again (Gemma 3 270M: ~12 s of a start on 2 cores)."""
     cfg = model.cfg
+    cached = _decode_copies_file(model) if cfg.has_decoder else None
+    if cached is not None and cached.is_file():
+        try:
+            return load_decode_copies_(model, cached)
+        except Exception as exc:  # noqa: BLE001 - a bad file is quantized again, never used
+            log.warning("int8 copies in %s cannot be used (%s: %s); quantizing again", cached, type(exc).__name__, exc)
     gated = cfg.mlp == "gated" and tokenizer is not None
     calibration = calibration_ids(tokenizer, limit=min(512, cfg.max_positions)) if gated else None
-    return quantize_int8_(model, calibration, decode_only=cfg.has_decoder)
+    count = quantize_int8_(model, calibration, decode_only=cfg.has_decoder)
+    if cached is not None:
+        try:
+            save_decode_copies(model, cached)
+            for old in cached.parent.glob("int8-*.safetensors"):
+                if old != cached:
+                    old.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("cannot keep the int8 copies in %s (%s)", cached, exc)
+    return count
+
+
+def _decode_copies_file(model: nn.Module) -> Path | None:
+    directory = getattr(model, "weights_cache_dir", None)
+    if directory is None:
+        return None
+    digest = hashlib.sha256()
+    for part in (Path(__file__).read_bytes(), CALIBRATION.read_bytes(), torch.__version__.encode(),
+                 str(next(model.parameters()).dtype).encode(), str(SMOOTH_ALPHA).encode()):
+        digest.update(part + b"\0")
+    return Path(directory) / f"int8-{digest.hexdigest()[:16]}.safetensors"

@@ -1,0 +1,159 @@
+"""Converted weights, kept between starts: a manifest's GGUF file imported once, then read back
+as one of our checkpoints.
+
+Importing a GGUF file costs most of a start (Gemma 3 270M: ~18 s parsing its 262k-token
+vocabulary out of the metadata, ~5 s dequantizing; SmolLM2: ~4 s). The result of the import
+is written with ``model.formats.checkpoint.save`` (config.json, float32 model.safetensors,
+tokenizer.json, chat template, stop ids) under
+
+    <TSERVE_WEIGHTS_CACHE>/converted/<sha256 of the GGUF, 16 hex>-<key, 16 hex>/
+
+(default ``~/.cache/transformer-serve/converted/``; Gemma 3 270M ~1.1 GB, SmolLM2 ~0.55 GB),
+and later starts load that directory instead (safetensors, ~1 s). The key hashes what the
+conversion depends on: the file's sha256 (the manifest's, verified by ``locate``), the source
+of the converter and of the model code (model/formats, model/tokenization, model/nn,
+model/config.py), the versions of gguf and torch, and ``CACHE_FORMAT``. Any change there gives a
+new directory; the older ones of the same file are removed when it is written.
+
+Only manifest sources are cached: their files are pinned by sha256. A GGUF path given
+directly is imported on every start (``python -m model.formats.convert`` makes a checkpoint of
+it once). ``TSERVE_CONVERTED_CACHE=off`` turns the cache off.
+
+Safety: an entry is written into a temporary directory beside it and renamed into place, so
+a reader sees no entry or a whole one. An entry that cannot be read (truncated, edited, from
+an incompatible version) is logged as a warning, removed and converted again; a cache that
+cannot be written is a warning, and the model is served from the import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from model.formats.checkpoint import WEIGHTS_FILE, Checkpoint, CheckpointError, check_safetensors_complete, load, save
+from model.formats.manifest import Manifest, cache_dir
+
+log = logging.getLogger("tserve.weights")
+
+CACHE_FORMAT = 1  # bump when the layout of an entry changes
+SWITCH_ENV = "TSERVE_CONVERTED_CACHE"
+SUBDIR = "converted"
+MODEL_ROOT = Path(__file__).resolve().parents[1]  # model/
+# The code a converted checkpoint depends on: the importers, the tokenizers, the layers whose
+# state-dict keys and stored conventions (e.g. Gemma's 1 + w norms) the entry is written in.
+CODE = ("formats", "tokenization", "nn", "config.py")
+
+
+def enabled() -> bool:
+    return os.environ.get(SWITCH_ENV, "on").strip().lower() not in ("off", "0", "false", "no")
+
+
+def code_version() -> str:
+    """sha256 over the source files the conversion depends on (``CODE``), in path order."""
+    digest = hashlib.sha256()
+    for part in CODE:
+        root = MODEL_ROOT / part
+        for file in sorted(root.rglob("*.py")) if root.is_dir() else [root]:
+            digest.update(str(file.relative_to(MODEL_ROOT)).encode() + b"\0" + file.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def cache_key(manifest: Manifest) -> dict[str, object]:
+    """Everything an entry depends on, as stored in its ``source.json``."""
+    return {"cache_format": CACHE_FORMAT, "source_sha256": manifest.sha256, "source_format": manifest.format,
+            "code": code_version(), "gguf": _version("gguf"), "torch": torch.__version__}
+
+
+def entry_dir(manifest: Manifest, key: dict[str, object]) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+    return cache_dir() / SUBDIR / f"{manifest.sha256[:16]}-{digest[:16]}"
+
+
+def load_converted(manifest: Manifest, convert: Callable[[], Checkpoint], device: str | torch.device = "cpu",
+                   dtype: torch.dtype | None = None) -> Checkpoint:
+    """The checkpoint of ``manifest``'s file on ``device`` (floats cast to ``dtype``): read from
+    the cache entry for the current key, or ``convert()`` (the import, float32 on the CPU),
+    written as that entry and read back from it, so a first and a later start serve the same
+    tensors. Without the cache (off, or not writable) the import itself is returned, placed."""
+    if not enabled():
+        return _placed(convert(), device, dtype)
+    key = cache_key(manifest)
+    entry = entry_dir(manifest, key)
+    if entry.is_dir():
+        try:
+            ckpt = _read(entry, manifest, device, dtype)
+            log.info("converted weights read from the cache", extra={"entry": str(entry)})
+            return ckpt
+        except Exception as exc:  # noqa: BLE001 - an unreadable entry is rebuilt, never served
+            log.warning("converted weights in %s cannot be read (%s: %s); converting again", entry,
+                        type(exc).__name__, exc)
+            shutil.rmtree(entry, ignore_errors=True)
+    ckpt = convert()
+    if not _write(entry, ckpt, key):
+        return _placed(ckpt, device, dtype)
+    del ckpt
+    return _read(entry, manifest, device, dtype)
+
+
+def _read(entry: Path, manifest: Manifest, device: str | torch.device, dtype: torch.dtype | None) -> Checkpoint:
+    problem = check_safetensors_complete(entry / WEIGHTS_FILE)
+    if problem:
+        raise CheckpointError(problem)
+    ckpt = dataclasses.replace(load(entry, device, dtype), path=manifest.path.parent)
+    ckpt.model.weights_cache_dir = entry  # model.quant.int8 keeps the model's int8 copies beside it
+    return ckpt
+
+
+def _placed(ckpt: Checkpoint, device: str | torch.device, dtype: torch.dtype | None) -> Checkpoint:
+    ckpt.model.to(device=device, dtype=dtype)
+    return ckpt
+
+
+def _write(entry: Path, ckpt: Checkpoint, key: dict[str, object]) -> bool:
+    """Write ``ckpt`` as ``entry`` atomically (a temporary sibling renamed into place); older
+    entries of the same source file go. Failing to write is a warning (returns False)."""
+    tmp = None
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=entry.parent, prefix=f".{entry.name}."))
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would hide the entry from other users of a shared cache
+        save(tmp, ckpt.model, ckpt.tokenizer, chat_template=ckpt.chat_template, stop_token_ids=ckpt.stop_token_ids)
+        (tmp / "source.json").write_text(json.dumps({**key, "manifest": str(ckpt.path)}, indent=2) + "\n")
+        try:
+            os.rename(tmp, entry)
+        except OSError:
+            if not entry.is_dir():  # another process won the race with the same entry: keep theirs
+                raise
+        else:
+            tmp = None
+        for old in entry.parent.glob(entry.name.split("-")[0] + "-*"):
+            if old != entry and old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+        log.info("converted weights cached", extra={"entry": str(entry)})
+        return True
+    except OSError as exc:
+        log.warning("cannot cache converted weights in %s (%s); set TSERVE_WEIGHTS_CACHE to a writable directory "
+                    "or TSERVE_CONVERTED_CACHE=off", entry.parent, exc)
+        return False
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
