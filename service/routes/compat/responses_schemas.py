@@ -21,7 +21,7 @@ class ItemModel(RequestModel):
     model_config = ConfigDict(extra="ignore")
 
 
-class TextPart(ItemModel):
+class InputTextPart(ItemModel):
     type: Literal["input_text", "output_text", "text"]
     text: str
 
@@ -29,7 +29,7 @@ class TextPart(ItemModel):
 class MessageItem(ItemModel):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
-    content: list[TextPart] | str
+    content: list[InputTextPart] | str
 
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
@@ -45,7 +45,7 @@ class FunctionCallItem(ItemModel):
 class FunctionCallOutputItem(ItemModel):
     type: Literal["function_call_output"]
     call_id: str = Field(min_length=1)
-    output: list[TextPart] | str
+    output: list[InputTextPart] | str
 
     def text(self) -> str:
         return self.output if isinstance(self.output, str) else "".join(p.text for p in self.output)

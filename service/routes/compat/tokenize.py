@@ -60,7 +60,7 @@ def _engine(registry: EngineRegistry, name: str | None, endpoint: str) -> BaseEn
 async def tokenize(body: TokenizeRequest, request: Request, registry: RegistryDep):
     given = [name for name in ("prompt", "content", "messages") if getattr(body, name) is not None]
     if len(given) != 1:
-        raise InvalidRequestError("send exactly one of 'prompt', 'content' (llama.cpp) or 'messages'; got "
+        raise InvalidRequestError("/tokenize takes exactly one of 'prompt', 'content' (llama.cpp) or 'messages'; got "
                                   f"{len(given)}", given[1] if given else "prompt")
     engine = _engine(registry, body.model, "/tokenize")
     mark(request, engine.name)
