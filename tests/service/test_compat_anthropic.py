@@ -82,6 +82,20 @@ def test_max_tokens_gives_stop_reason_max_tokens(client):
     assert reply.stop_reason == "max_tokens" and reply.stop_sequence is None and reply.usage.output_tokens == 3
 
 
+def test_stop_sequences_stop_the_tiny_model_too(client):
+    kw = dict(model="chat-tiny", max_tokens=12, messages=ASK, **GREEDY)
+    text = client.messages.create(**kw).content[0].text
+    assert len(text) >= 3
+    stop = text[1:3]  # cut from the greedy text itself, whatever the random model says
+    cut = client.messages.create(**kw, stop_sequences=["@@never@@", stop])
+    assert (cut.stop_reason, cut.stop_sequence) == ("stop_sequence", stop)
+    assert cut.content[0].text == text[:text.index(stop)]
+    with client.messages.stream(**kw, stop_sequences=[stop]) as stream:
+        final = stream.get_final_message()
+    assert (final.stop_reason, final.stop_sequence, final.content[0].text) == ("stop_sequence", stop,
+                                                                               cut.content[0].text)
+
+
 @real_model
 @pytest.mark.slow
 def test_stop_sequences_stop(client):
