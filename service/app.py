@@ -100,7 +100,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(playground.router)
     api = APIRouter(dependencies=auth)
     own = (generate, completions, chat, translate, translate_po, encoder)
-    api_routers = [module.router for module in own] + [system.models]
+    api_routers = [module.router for module in own] + [system.models] + list(compat.OPENAI_SHAPED)
     # TGI, TEI, InferenceClient: Authorization: Bearer like ours, but their own error shapes, so
     # the key-first middleware (OpenAI-shaped 401 before the body is read) covers only ours.
     for router in api_routers + list(compat.BEARER_AUTH):

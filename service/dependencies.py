@@ -40,3 +40,15 @@ def require_api_key(request: Request, settings: SettingsDep) -> None:
     this are also checked before their body is read (``service.middleware.ApiKeyFirstMiddleware``)."""
     if not api_key_ok(request.headers.get("authorization", ""), settings):
         raise HTTPException(401, API_KEY_MESSAGE, headers={"WWW-Authenticate": "Bearer"})
+
+
+ANTHROPIC_KEY_MESSAGE = "missing or invalid API key (x-api-key: <key>, or Authorization: Bearer <key>)"
+
+
+def require_api_key_or_x_api_key(request: Request, settings: SettingsDep) -> None:
+    """Anthropic's clients send the key as ``x-api-key``; ``Authorization: Bearer`` works too."""
+    given = request.headers.get("x-api-key")
+    if api_key_ok(request.headers.get("authorization", ""), settings) or (
+            given is not None and api_key_ok(f"Bearer {given}", settings)):
+        return
+    raise HTTPException(401, ANTHROPIC_KEY_MESSAGE)

@@ -213,26 +213,23 @@ class GenerativeEngine(BaseEngine):
             return f"the KV cache's pool, TSERVE_KV_CACHE_BYTES, holds {pool} tokens"
         return "its context length"
 
-    def chat_prompt(self, messages: list[dict[str, str]], tools: list[dict] | None = None) -> list[int]:
+    def chat_prompt(self, messages: list[dict[str, str]], tools: list[dict] | None = None,
+                    add_generation_prompt: bool = True) -> list[int]:
         """The prompt ids of a conversation, rendered by the model's own chat template (in a
-        sandbox, with a time limit) with the assistant's turn opened; ``tools`` (OpenAI's
-        shape) for a template that renders them (``template_takes_tools``)."""
+        sandbox, with a time limit) with the assistant's turn opened (unless
+        ``add_generation_prompt`` is false: /tokenize); ``tools`` (OpenAI's shape) for a template
+        that renders them (``template_takes_tools``)."""
         if self.chat is None:
             raise InvalidRequestError(f"model '{self.name}' has no chat template; use /v1/completions for plain "
                                       "text generation", "model")
         try:
-            text = self.chat.render(messages, add_generation_prompt=True, **({"tools": tools} if tools else {}))
+            text = self.chat.render(messages, add_generation_prompt=add_generation_prompt,
+                                    **({"tools": tools} if tools else {}))
         except (ChatMessageError, ChatTemplateError) as exc:
             raise InvalidRequestError(f"messages: {exc}", "messages") from None
         ids = self.tokenizer.encode(text, add_special_tokens=False)  # the template wrote the special tokens
         self._check_lengths([ids], "messages", False)
         return ids
-
-    def token_text(self, token_id: int) -> str:
-        """A token's text; a token holding only part of a UTF-8 character has none, so its raw
-        vocabulary entry is used (unique, unlike the replacement character)."""
-        text = self.tokenizer.decode([token_id], skip_special_tokens=False)
-        return self.tokenizer.id_to_token(token_id) or text if "\ufffd" in text else text
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, prompt_field: str = "prompt") -> RequestStream:
         return self.submit_all([(prompt_ids, params, prompt_field)])[0]

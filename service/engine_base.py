@@ -71,6 +71,26 @@ class BaseEngine:
                 raise InvalidRequestError(f"{field_name} token ids must be in [0, {vocab})", field_name)
         self._check_lengths(rows, field_name, len(rows) > 1)
 
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """One text's token ids as the model reads them, not checked against a limit (/tokenize
+        counts; it admits nothing)."""
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids a client may send are in ``[0, vocab_size)``."""
+        return self.cfg.vocab_size
+
+    def token_strs(self, ids: Sequence[int]) -> list[str]:
+        """The vocabulary entries of ``ids`` (``Ġthe``, ``▁the``: what vLLM's ``token_strs`` shows)."""
+        return [self.tokenizer.id_to_token(i) or "" for i in ids]
+
+    def token_text(self, token_id: int) -> str:
+        """A token's text; a token holding only part of a UTF-8 character has none, so its raw
+        vocabulary entry is used (unique, unlike the replacement character)."""
+        text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return self.tokenizer.id_to_token(token_id) or text if "\ufffd" in text else text
+
     def is_special(self, token_id: int) -> bool:
         """A special token ([CLS], </s>, ...): APIs such as TGI flag them in their token lists."""
         return token_id in self.tokenizer.special_ids

@@ -46,13 +46,13 @@ def error_response(code: str, message: str, param: str | None = None, status: in
     return ErrorJSONResponse(body, status_code=status or error_status(code), headers=headers)
 
 
-_UNION_BRANCH = re.compile(r"^(str|int|float|bool|none|list\[.*\]|dict\[.*\]|function-\w+\[.*\]|literal\[.*\])$")
+UNION_BRANCH = re.compile(r"^(str|int|float|bool|none|list\[.*\]|dict\[.*\]|function-\w+\[.*\]|literal\[.*\])$")
 
 
 def _location(loc: tuple) -> tuple[str, str | None]:
     """('body', 'stop', 'list[str]', 5) -> ('stop[5]', 'stop'): pydantic's union-branch
     names are dropped so the message names the client's field."""
-    parts = [p for p in loc if p != "body" and not (isinstance(p, str) and _UNION_BRANCH.match(p))]
+    parts = [p for p in loc if p != "body" and not (isinstance(p, str) and UNION_BRANCH.match(p))]
     text = ""
     for p in parts:
         text += f"[{p}]" if isinstance(p, int) else (f".{p}" if text else str(p))
@@ -97,7 +97,7 @@ def _union_branches(errors: list[dict], param: str | None) -> list[str]:
     branches: list[str] = []
     for e in errors:
         loc = [p for p in e.get("loc", ()) if p != "body"]
-        if len(loc) > 1 and loc[0] == param and isinstance(loc[1], str) and _UNION_BRANCH.match(loc[1]):
+        if len(loc) > 1 and loc[0] == param and isinstance(loc[1], str) and UNION_BRANCH.match(loc[1]):
             if loc[1] not in branches:
                 branches.append(loc[1])
     return [b.replace("list[int]", "list[token id]").replace("none", "null") for b in branches]

@@ -1,11 +1,12 @@
-"""The OpenAPI contract of the drop-in APIs (TGI, TEI, ``POST /``, LibreTranslate, DeepL):
+"""The OpenAPI contract of the drop-in APIs (TGI, TEI, ``POST /``, LibreTranslate, DeepL, Anthropic):
 what each route accepts, what it answers and in which error shape, completed for this
 server's settings and models (``service.openapi.contract`` calls ``drop_ins``).
 
 Each API keeps its own error body: TGI and TEI ``{"error", "error_type"}``, LibreTranslate
-``{"error"}``, DeepL ``{"message"}``; a body over TSERVE_MAX_BODY_BYTES (413) or headers over
-the limits (431) are answered before any route, in the OpenAI shape. Unknown fields are
-ignored, as those servers ignore them (docs/api-errors.md); fields this server cannot honour
+``{"error"}``, DeepL ``{"message"}``, Anthropic ``{"type": "error", "error": {"type", "message"}}``;
+a body over TSERVE_MAX_BODY_BYTES (413) or headers over the limits (431) are answered before any
+route, in the OpenAI shape. Unknown fields are ignored, as those servers ignore them (Anthropic
+refuses them, as Anthropic does; docs/api-errors.md); fields this server cannot honour
 are accepted only at their neutral value. LibreTranslate and DeepL read JSON, a form, or the
 query string (the schema states JSON and the form).
 """
@@ -27,7 +28,19 @@ ERRORS = {
         "error": {"type": "string"}, "error_type": {"type": "string"}}},
     "LibreTranslateError": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
     "DeepLError": {"type": "object", "required": ["message"], "properties": {"message": {"type": "string"}}},
+    "AnthropicError": {"type": "object", "required": ["type", "error"], "properties": {
+        "type": {"const": "error"}, "error": {"type": "object", "required": ["type", "message"], "properties": {
+            "type": {"type": "string"}, "message": {"type": "string"}}}}},
 }
+ANTHROPIC = {400: "invalid_request_error: a field out of range, a prompt over the model's tokens, a model without a "
+                  "chat template", 401: "authentication_error: no or a wrong x-api-key / Bearer key",
+             404: "not_found_error: no loaded model has this name", 500: "api_error",
+             504: "timeout_error: the request ran past TSERVE_REQUEST_TIMEOUT_S",
+             529: "overloaded_error: the queue is full (Retry-After), or models are still loading"}
+ANTHROPIC_EVENTS = {"type": "string", "description": (
+    "named Server-Sent Events: event: message_start, ping, content_block_start, content_block_delta (text_delta or "
+    "input_json_delta), content_block_stop, message_delta, message_stop; event: error with the error body if "
+    "generation fails after the stream started")}
 TGI = {401: "no or a wrong Bearer key", 422: "validation: a field out of range, an unknown model, a prompt too long",
        424: "generation failed (timeout)", 429: "overloaded (Retry-After)",
        503: "models still loading, or shutting down"}
@@ -86,6 +99,9 @@ def drop_ins(schema: dict[str, Any], settings, registry) -> None:
         paths[path]["post"]["requestBody"] = _json_body(body, form=True)
     paths["/v2/languages"]["get"]["parameters"] = [{"name": "type", "in": "query", "required": False,
                                                     "schema": {"enum": ["source", "target"]}}]
+    _anthropic(schema, components, [e.name for e in decoders if getattr(e, "chat", None) is not None])
+    components["ResponsesRequest"]["properties"]["previous_response_id"] = {
+        "type": "null", "description": "not supported: nothing is stored (400 naming it)"}
     for (method, path), (error, statuses, streams) in ROUTES.items():
         responses = paths[path][method]["responses"]
         ok = responses.setdefault("200", {"description": "Successful Response"})
@@ -237,3 +253,27 @@ def _deepl(texts: dict, pairs: list) -> dict:
 
 def _deepl_type() -> dict:
     return {"type": "object", "properties": {"type": {"enum": ["source", "target"]}}}
+
+
+def _anthropic(schema: dict, components: dict, chat_models: list[str]) -> None:
+    """``/v1/messages`` and ``/count_tokens``: Anthropic's error body and statuses, the chat models."""
+    for name in ("MessagesRequest", "CountTokensRequest"):
+        props = components[name]["properties"]
+        if chat_models:
+            props["model"] = {"enum": chat_models, "description": "a loaded model with a chat template; another "
+                              "name is a 404 not_found_error"}
+    components["ToolChoiceParam"]["if"] = {"properties": {"type": {"const": "tool"}}}
+    components["ToolChoiceParam"]["then"] = {"required": ["name"], "properties": {"name": {"type": "string"}}}
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        responses = schema["paths"][path]["post"]["responses"]
+        responses.pop("422", None)
+        ok = responses.setdefault("200", {"description": "Successful Response"})
+        ok["content"] = {"application/json": {"schema": {"type": "object"}}}
+        if path == "/v1/messages":
+            ok["content"]["text/event-stream"] = {"schema": ANTHROPIC_EVENTS}
+            ok["description"] = "a message, or with stream=true its named events"
+        body = {"$ref": "#/components/schemas/AnthropicError"}
+        for status, why in ANTHROPIC.items():
+            responses[str(status)] = {"description": why, "content": {"application/json": {"schema": body}}}
+        for status, why in BEFORE_ROUTES.items():
+            responses[str(status)] = {"description": why, "content": {"application/json": {"schema": OPENAI_ERROR}}}

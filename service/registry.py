@@ -16,12 +16,25 @@ from model.decode import prepare, prepare_weights
 from model.formats.manifest import ManifestError, is_manifest_dir, locate, read_manifest
 from service.encoder_engine import EncoderEngine
 from service.engine import BaseEngine, GenerativeEngine
+from service.engine_base import TASKS
 from service.engine_errors import EngineStoppedError, InvalidRequestError, ModelNotFoundError
 from service.metrics import Metrics
 from service.schemas import printable
 from service.settings import Settings
 
 log = logging.getLogger("tserve.registry")
+
+# the setting that names each task's default model (``EngineRegistry.default``)
+DEFAULT_SETTINGS = {"text-generation": "default_generation_model", "feature-extraction": "default_embedding_model",
+                    "fill-mask": "default_fill_mask_model", "translation": "default_translation_model"}
+# what drop-in clients send when they have no model to name: TGI's and TEI's own names, test
+# placeholders, an empty string, or the server's URL (huggingface_hub with a base_url)
+PLACEHOLDER_MODELS = {"", "tgi", "tei", "dummy", "default", "unused", "none"}
+
+
+def is_placeholder(name: str | None) -> bool:
+    return name is None or name.strip().lower() in PLACEHOLDER_MODELS or name.startswith(("http://", "https://"))
+
 
 FAMILY_NAMES = {"encoder-decoder": "translation (encoder-decoder)", "decoder": "text generation (decoder)",
                 "encoder": "fill-mask/embedding (encoder)"}
@@ -109,11 +122,34 @@ class EngineRegistry:
         return {"ready": self.ready, "error": self.error,
                 "models": {name: ("ready" if e.ready else "starting") for name, e in self.engines.items()}}
 
+    def default(self, task: str) -> BaseEngine | None:
+        """The model a drop-in request of ``task`` (``TASKS``' values, or ``feature-extraction``)
+        without a model goes to: ``TSERVE_DEFAULT_<TASK>_MODEL`` when set, else for text generation
+        the first model with a chat template (then any), else the first of the task."""
+        candidates = [e for e in self.engines.values() if e.task == task]
+        return self._default(candidates, task) if candidates else None
+
+    def _default(self, candidates: list[BaseEngine], task: str) -> BaseEngine:
+        setting = DEFAULT_SETTINGS.get(task)
+        wanted = getattr(self.settings, setting) if setting else ""
+        if wanted:
+            found = next((e for e in candidates if e.name == wanted), None)
+            if found is None:
+                raise InvalidRequestError(f"TSERVE_{setting.upper()} names '{wanted}', which is not a loaded {task} "
+                                          f"model (loaded: {sorted(e.name for e in candidates)})", "model")
+            return found
+        if task == "text-generation":
+            return next((e for e in candidates if getattr(e, "chat", None) is not None), candidates[0])
+        return candidates[0]
+
     def get(self, name: str | None, family: str, endpoint: str, task: str | None = None,
             only_one: bool = False) -> BaseEngine:
         """The engine for ``name``; without a name, the first loaded model of ``family`` (of ``task``
-        where models of other tasks could answer too). With ``only_one`` (the drop-in APIs, which
-        have no model field) several candidates are a 400 listing them instead."""
+        where models of other tasks could answer too). With ``only_one`` (the drop-in APIs, whose
+        clients send no model or a placeholder such as ``"tgi"``) the task's default model
+        answers (``default``), and a placeholder counts as no name."""
+        if only_one and is_placeholder(name):
+            name = None
         if name is None:
             candidates = [e for e in self.engines.values() if e.family == family]
             if task is not None and any(e.task == task for e in candidates):
@@ -122,11 +158,7 @@ class EngineRegistry:
                 if not self.started:
                     raise EngineStoppedError("models are still loading")
                 raise ModelNotFoundError(f"no {FAMILY_NAMES[family]} model is loaded", "model")
-            if only_one and len(candidates) > 1:
-                raise InvalidRequestError(f"{endpoint}: several models could answer "
-                                          f"{sorted(e.name for e in candidates)}; name one in the request's `model` "
-                                          f"field, or serve only one (TSERVE_MODELS / --models)", "model")
-            engine = candidates[0]
+            engine = self._default(candidates, task or TASKS[family]) if only_one else candidates[0]
         else:
             engine = self.engines.get(name)
             if engine is None:

@@ -45,6 +45,17 @@ class Settings(BaseSettings):
         "auto", description="decode-step attention: auto = the Triton kernel on CUDA when triton is installed, "
                             "else SDPA; triton = the kernel or a start-up error")
 
+    # --- which model answers a drop-in request that names none (TGI, TEI, InferenceClient) -----
+    default_generation_model: str = Field(
+        "", description="text generation without a model (or with a placeholder such as 'tgi'); empty = the "
+                        "first loaded model with a chat template, else the first text-generation model")
+    default_embedding_model: str = Field("", description="embeddings without a model; empty = the first "
+                                                         "embedding model loaded")
+    default_fill_mask_model: str = Field("", description="fill-mask without a model; empty = the first "
+                                                         "fill-mask model loaded")
+    default_translation_model: str = Field("", description="translation without a model or language pair; "
+                                                           "empty = the first translation model loaded")
+
     # --- engine limits (per model) -----------------------------------------------------
     max_batch: int = Field(32, ge=1, le=1024, description="sequences in flight per model (rows of the KV cache); "
                            "memory is TSERVE_KV_CACHE_BYTES")

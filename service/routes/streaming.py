@@ -45,26 +45,33 @@ def mark(request: Request, model: str | None = None, usage: TokenUsage | None = 
         request.scope[ERROR_KEY] = error
 
 
-def sse_event(data: dict[str, Any] | str) -> bytes:
+def sse_event(data: dict[str, Any] | str, event: str | None = None) -> bytes:
+    """One Server-Sent Event; ``event`` adds an ``event:`` line (Anthropic's and OpenAI's Responses
+    streams name every event after its ``type``)."""
     payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
-    return f"data: {payload}\n\n".encode()
+    return (f"event: {event}\n" if event else "").encode() + f"data: {payload}\n\n".encode()
 
 
 def sse_response(chunks: AsyncIterator[dict[str, Any]], streams: list[RequestStream],
                  request: Request | None = None, done: bool = True,
-                 error_chunk: Callable[[RequestFailedError], dict[str, Any]] | None = None) -> StreamingResponse:
+                 error_chunk: Callable[[RequestFailedError], dict[str, Any]] | None = None,
+                 named: bool = False) -> StreamingResponse:
     """One ``data: {json}`` per chunk, then ``data: [DONE]`` (unless ``done`` is false: TGI sends
     none). An error (timeout, shutdown) becomes a final error chunk (OpenAI's shape unless
-    ``error_chunk`` gives another); with ``request`` its code goes into the request's log line."""
+    ``error_chunk`` gives another); with ``request`` its code goes into the request's log line.
+    ``named``: each event also carries ``event: <the chunk's type>``."""
+
+    def event(chunk: dict[str, Any]) -> bytes:
+        return sse_event(chunk, chunk.get("type") if named else None)
 
     async def body() -> AsyncIterator[bytes]:
         try:
             async for chunk in chunks:
-                yield sse_event(chunk)
+                yield event(chunk)
         except RequestFailedError as exc:
             if request is not None:
                 mark(request, error=exc.code)
-            yield sse_event(error_chunk(exc) if error_chunk else exc.body())
+            yield event(error_chunk(exc) if error_chunk else exc.body())
         finally:
             for s in streams:
                 s.abort()

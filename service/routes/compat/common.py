@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException
 from service import translation
 from service.engine import GenerativeEngine, SamplingParams
 from service.engine_errors import EngineError, InvalidRequestError
+from service.errors import UNION_BRANCH
 from service.routes.inputs import text_list
 from service.routes.streaming import client_gone, mark
 from service.settings import Settings
@@ -55,7 +56,8 @@ def error_route(render: Render) -> type[APIRoute]:
                     return render(exc)
                 except (RequestValidationError, ValidationError) as exc:  # a body a route validates itself
                     err = exc.errors()[0]
-                    where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+                    where = ".".join(str(p) for p in err.get("loc", ()) if p != "body" and not (
+                        isinstance(p, str) and UNION_BRANCH.match(p)))  # pydantic's union branch names
                     msg = "request body required (a JSON object)" if not where and err["type"] == "missing" \
                         else f"{where}: {err['msg']}" if where else err["msg"]
                     return render(InvalidRequestError(msg, where or None))

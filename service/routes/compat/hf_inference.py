@@ -12,7 +12,8 @@
    translation, fill-mask (TGI answers ``POST /`` with generation).
 ``GET /info`` answers as TGI when a text-generation model is loaded (what TGI clients and
 ``InferenceClient.get_endpoint_info`` read), otherwise as TEI when an embedding model is,
-otherwise in TGI's shape for the first model loaded.
+otherwise in TGI's shape for the first model loaded; it describes the default model of its task
+(``EngineRegistry.default``), the one a request without ``model`` (or with a placeholder) gets.
 """
 
 from __future__ import annotations
@@ -125,8 +126,8 @@ async def _fill_mask(body: dict, request: Request, registry: EngineRegistry, set
 @router.get("/info", summary="TGI's /info when a generation model is loaded, else TEI's")
 async def info(registry: RegistryDep, settings: SettingsDep):
     engines = list(registry.engines.values())
-    decoder = next((e for e in engines if e.task == "text-generation"), None)
-    embedder = next((e for e in engines if e.task == "feature-extraction"), None)
+    decoder = registry.default("text-generation")  # the model a request without `model` goes to
+    embedder = registry.default("feature-extraction")
     common = {"max_concurrent_requests": settings.max_queue + settings.max_batch, "max_client_batch_size":
               settings.max_texts, "version": VERSION, "sha": None, "docker_label": None}
     if decoder is None and embedder is not None:

@@ -1,0 +1,247 @@
+"""OpenAI's Responses API, stateless: ``POST /v1/responses`` (plain and streamed).
+
+A thin adapter over the chat route's engine calls: ``instructions`` + ``input`` become chat
+messages (``function_call`` items the assistant's tool calls, ``function_call_output`` items tool
+results), the model's template makes the prompt, ``text.format`` becomes the same constraint as
+``response_format`` (``service/structured.py``) and function ``tools`` the same tool grammar
+(``service/tool_calls.py``). The output is a ``message`` item with one ``output_text`` part, or
+``function_call`` items. ``max_output_tokens`` reached: ``status: "incomplete"`` with
+``incomplete_details.reason: "max_output_tokens"``.
+
+Nothing is stored: ``store`` is accepted and the response says ``store: false``;
+``previous_response_id`` is a 400 naming it (send the whole conversation in ``input``).
+The stream sends ``response.created``, ``response.in_progress``, then per output item
+``response.output_item.added``, for text ``response.content_part.added``,
+``response.output_text.delta`` …, ``response.output_text.done``, ``response.content_part.done``
+(for a call ``response.function_call_arguments.delta`` / ``.done``), ``response.output_item.done``,
+and ``response.completed`` (or ``response.incomplete``), each with its ``event:`` line and a
+``sequence_number``. Errors have OpenAI's shape, as on the other OpenAI routes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from fastapi import APIRouter, Request
+
+from service import tool_calls
+from service.chat_schemas import ChatMessage
+from service.dependencies import RegistryDep, SettingsDep
+from service.engine import EngineEvent, GenerativeEngine, RequestStream, SamplingParams
+from service.engine_errors import InvalidRequestError
+from service.errors import ERROR_RESPONSES
+from service.routes.compat.responses_schemas import ResponsesRequest
+from service.routes.streaming import check_event, client_gone, mark, sse_response
+from service.structured import Constraint, GrammarSpec, one_constraint, schema_text
+from service.structured_schemas import FunctionCall, FunctionDefinition, MessageToolCall, NamedToolChoice, Tool
+from service.waiting import collect
+
+router = APIRouter(tags=["openai"])
+STREAM_RESPONSES = {200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+                          "description": "a response object, or with stream=true a stream of typed response.* "
+                                         "events"}}
+
+
+def _message(role: str, text: str, calls: list[MessageToolCall] | None = None) -> ChatMessage:
+    return ChatMessage.model_construct(role=role, content=text, tool_calls=calls or None, name=None,
+                                       tool_call_id=None, function_call=None, audio=None, refusal=None)
+
+
+def chat_messages(body: ResponsesRequest) -> list[ChatMessage]:
+    """``instructions`` and ``input`` as chat messages; consecutive ``function_call`` items join
+    the assistant turn before them (one turn, several calls), as the chat API carries them."""
+    out = [_message("system", body.instructions)] if body.instructions and body.instructions.strip() else []
+    if isinstance(body.input, str):
+        if not body.input.strip():
+            raise InvalidRequestError("input: must not be empty or blank", "input")
+        return [*out, _message("user", body.input)]
+    for i, item in enumerate(body.input):
+        if item.type == "message":
+            if not item.text().strip() and item.role != "assistant":
+                raise InvalidRequestError(f"input[{i}].content: must not be empty or blank", "input")
+            out.append(_message("system" if item.role == "developer" else item.role, item.text()))
+        elif item.type == "function_call":
+            call = MessageToolCall(id=item.call_id, function=FunctionCall(name=item.name, arguments=item.arguments))
+            if out and out[-1].role == "assistant":
+                out[-1].tool_calls = [*(out[-1].tool_calls or []), call]
+            else:
+                out.append(_message("assistant", "", [call]))
+        else:
+            out.append(_message("tool", item.text()))
+    if not out or all(m.role == "system" for m in out):
+        raise InvalidRequestError("input: must hold at least one message", "input")
+    return out
+
+
+def _text_constraint(body: ResponsesRequest, settings) -> Constraint | None:
+    fmt = body.text.format if body.text else None
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return Constraint(GrammarSpec("json_object"), "text.format")
+    if fmt.schema_ is None:
+        raise InvalidRequestError("text.format of type 'json_schema' needs a 'schema'", "text.format.schema")
+    return Constraint(GrammarSpec("json_schema", schema_text(fmt.schema_, "text.format.schema", settings)),
+                      "text.format.schema")
+
+
+def _plan(body: ResponsesRequest, engine: GenerativeEngine, settings) -> tool_calls.ToolPlan:
+    tools = [Tool(type="function", function=FunctionDefinition(name=t.name, description=t.description,
+                                                               parameters=t.parameters)) for t in body.tools or []]
+    choice = body.tool_choice
+    if not isinstance(choice, str | None):
+        choice = NamedToolChoice(type="function", function={"name": choice.name})
+    parallel = body.parallel_tool_calls is not False
+    return tool_calls.plan(tools or None, choice, parallel, chat_messages(body), engine.template_takes_tools,
+                           settings)
+
+
+@dataclass
+class _Reply:
+    engine: GenerativeEngine
+    body: ResponsesRequest
+    id: str
+    created: int
+    prompt: list[int]
+    seq: int = 0
+    output: list[dict] = field(default_factory=list)
+
+    def event(self, kind: str, **fields) -> dict:
+        self.seq += 1
+        return {"type": kind, "sequence_number": self.seq - 1, **fields}
+
+    def response(self, status: str, final: EngineEvent | None = None) -> dict:
+        body = self.body
+        fmt = body.text.format.model_dump(by_alias=True, exclude_none=True) if body.text and body.text.format \
+            else {"type": "text"}
+        out = {"id": self.id, "object": "response", "created_at": self.created, "status": status, "error": None,
+               "incomplete_details": None, "instructions": body.instructions, "max_output_tokens":
+               body.max_output_tokens, "model": self.engine.name, "output": self.output,
+               "parallel_tool_calls": body.parallel_tool_calls is not False,
+               "previous_response_id": None, "store": False, "temperature": _temperature(body), "top_p":
+               body.top_p if body.top_p is not None else 1.0, "text": {"format": fmt},
+               "tool_choice": body.tool_choice.model_dump() if hasattr(body.tool_choice, "model_dump")
+               else (body.tool_choice or "auto"),
+               "tools": [t.model_dump(exclude_none=True) for t in body.tools or []], "truncation": "disabled",
+               "metadata": body.metadata or {}, "usage": None}
+        if final is not None:
+            prompt, completion = len(self.prompt), self.engine.completion_tokens(final)
+            out["usage"] = {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0},
+                            "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
+                            "total_tokens": prompt + completion}
+            if final.finish_reason == "length":
+                out["incomplete_details"] = {"reason": "max_output_tokens"}
+        return out
+
+
+def _temperature(body: ResponsesRequest) -> float:
+    return body.temperature if body.temperature is not None else 1.0
+
+
+def _status(final: EngineEvent) -> str:
+    return "incomplete" if final.finish_reason == "length" else "completed"
+
+
+def _text_item(reply: _Reply, text: str, status: str) -> dict:
+    return {"type": "message", "id": f"msg_{reply.id.removeprefix('resp_')}", "status": status, "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+
+
+def _call_item(call_id: str, name: str, arguments: str, status: str = "completed") -> dict:
+    return {"type": "function_call", "id": "fc_" + call_id.removeprefix("call_"), "call_id": call_id, "name": name,
+            "arguments": arguments, "status": status}
+
+
+@router.post("/v1/responses", responses={**ERROR_RESPONSES, **STREAM_RESPONSES},
+             summary="OpenAI Responses (stateless): a message or function calls (stream=true for typed SSE events)")
+async def responses(body: ResponsesRequest, request: Request, registry: RegistryDep, settings: SettingsDep):
+    if body.previous_response_id is not None:
+        raise InvalidRequestError("previous_response_id is not supported: this server stores no responses; send "
+                                  "the whole conversation in 'input'", "previous_response_id")
+    engine: GenerativeEngine = registry.get(body.model, "decoder", "/v1/responses")
+    mark(request, engine.name)
+    plan = _plan(body, engine, settings)
+    constraint = one_constraint(_text_constraint(body, settings), plan.constraint)
+    prompt = engine.chat_prompt(plan.messages, plan.template_tools)
+    limit = body.max_output_tokens if body.max_output_tokens is not None else max(1, engine.max_len - len(prompt))
+    params = SamplingParams(max_new_tokens=limit, temperature=_temperature(body),
+                            top_p=body.top_p if body.top_p is not None else 1.0, seed=body.seed)
+    streams = await engine.submit_constrained([(prompt, params, "input")], constraint.spec if constraint else None,
+                                              constraint.field if constraint else "", group_field="input",
+                                              limit_field="max_output_tokens")
+    reply = _Reply(engine, body, f"resp_{streams[0].request_id}", int(time.time()), prompt)
+    if body.stream:
+        return sse_response(_events(reply, streams[0], plan.parse_calls, request), streams, request, done=False,
+                            named=True)
+    (events,) = await collect(client_gone(request), streams)
+    final = events[-1]
+    mark(request, usage=engine.usage([prompt], [final]))
+    text, calls = "".join(e.text for e in events), []
+    if plan.parse_calls:
+        text, calls = tool_calls.parse(text)
+    status = _status(final)
+    reply.output = [_call_item(c.id, c.function.name, c.function.arguments) for c in calls] if calls else \
+        [_text_item(reply, text or "", status)]
+    return reply.response(status, final)
+
+
+async def _events(reply: _Reply, stream: RequestStream, parse_calls: bool, request: Request) -> AsyncIterator[dict]:
+    yield reply.event("response.created", response=reply.response("in_progress"))
+    yield reply.event("response.in_progress", response=reply.response("in_progress"))
+    parser, events, text, item = tool_calls.CallStream(), [], "", None
+    async for event in stream:
+        check_event(event)
+        events.append(event)
+        deltas = parser.feed(event.text) + (parser.finish() if event.finished else []) if parse_calls else (
+            [{"content": event.text}] if event.text else [])
+        for delta in deltas:
+            if "content" in delta:
+                if item is None:
+                    item = _text_item(reply, "", "in_progress")
+                    for e in _open_text(reply, item):
+                        yield e
+                text += delta["content"]
+                yield reply.event("response.output_text.delta", item_id=item["id"], output_index=0,
+                                  content_index=0, delta=delta["content"], logprobs=[])
+                continue
+            call = delta["tool_calls"][0]
+            if "id" in call:
+                item = _call_item(call["id"], call["function"]["name"], "", "in_progress")
+                reply.output.append(item)
+                yield reply.event("response.output_item.added", output_index=len(reply.output) - 1, item=dict(item))
+                continue
+            arguments, index = call["function"]["arguments"], len(reply.output) - 1
+            yield reply.event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
+                              delta=arguments)
+            yield reply.event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                              name=item["name"], arguments=arguments)
+            item.update(arguments=arguments, status="completed")
+            yield reply.event("response.output_item.done", output_index=index, item=dict(item))
+    final = events[-1]
+    status = _status(final)
+    if not reply.output and item is None:  # no text at all: the message item still opens and closes
+        item = _text_item(reply, "", "in_progress")
+        for e in _open_text(reply, item):
+            yield e
+    if item is not None and item["type"] == "message":
+        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+        yield reply.event("response.output_text.done", item_id=item["id"], output_index=0, content_index=0,
+                          text=text, logprobs=[])
+        yield reply.event("response.content_part.done", item_id=item["id"], output_index=0, content_index=0,
+                          part=part)
+        done = _text_item(reply, text, status)
+        reply.output = [done]
+        yield reply.event("response.output_item.done", output_index=0, item=done)
+    mark(request, usage=reply.engine.usage([reply.prompt], [final]))
+    yield reply.event("response.completed" if status == "completed" else "response.incomplete",
+                      response=reply.response(status, final))
+
+
+def _open_text(reply: _Reply, item: dict) -> list[dict]:
+    reply.output = [item]
+    return [reply.event("response.output_item.added", output_index=0, item={**item, "content": []}),
+            reply.event("response.content_part.added", item_id=item["id"], output_index=0, content_index=0,
+                        part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})]
+
