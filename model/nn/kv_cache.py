@@ -418,6 +418,11 @@ class CacheView:
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         self.cache.write(layer, self.tables, self.positions, self.real, k, v)
         if self.span is None:
+            # Attend over what the cache holds, as every later read will: a cache narrower than the
+            # model (bfloat16 K/V of a float32 model) rounds the new tokens too, so a prompt computed
+            # whole equals one computed in chunks or found in the prefix cache.
+            if self.cache.k.dtype != k.dtype:
+                return k.to(self.cache.k.dtype).to(k.dtype), v.to(self.cache.v.dtype).to(v.dtype)
             return k, v
         keys, values = self.cache.read(layer, self.tables, self.span)  # 2 x (B, nkv, span, hs)
         # A cache kept in a narrower dtype than the model computes in (TSERVE_KV_DTYPE) is read

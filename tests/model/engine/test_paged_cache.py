@@ -154,3 +154,29 @@ def test_a_sliding_window_model_gives_blocks_behind_the_window_back():
         held.append(core.cache.pool.used)
     assert tokens == ids[30:]
     assert max(held[-50:]) <= -(-20 // BLOCK_LEN) + 2  # the window's blocks and the one being written
+
+
+def test_a_bfloat16_cache_gives_the_same_logits_whole_in_chunks_or_from_the_prefix_cache(llama):
+    """A prompt computed whole attends over its K/V as the cache holds them (rounded to
+    bfloat16), as a chunked prompt or one continuing a cached prefix does: the same logits to
+    float32 rounding, not bfloat16's (greedy outputs then do not depend on the prefix cache)."""
+    ids = torch.randint(3, llama.cfg.vocab_size, (70,), generator=torch.Generator().manual_seed(8)).tolist()
+    with torch.inference_mode():
+        whole = llama.prefill(llama.new_cache(1, 128, dtype=torch.bfloat16), [ids], [0])[0]
+        cache = llama.new_cache(1, 128, dtype=torch.bfloat16)
+        llama.prefill(cache, [ids[:32]], [0])
+        chunked = llama.prefill(cache, [ids[32:]], [0], starts=[32])[0]
+    torch.testing.assert_close(chunked, whole, atol=1e-6, rtol=0)  # without the rounding: 5e-5 apart
+    greedy = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
+    core = EngineCore(llama, None, n_slots=2, max_len=256, prefix_cache=True, step=_bf16_step(llama))
+    cold, _ = drain(core, [EngineRequest("cold", ids, greedy)])
+    hit, _ = drain(core, [EngineRequest("hit", ids, greedy)])
+    assert core.prefix.hit_tokens == 4 * BLOCK_LEN and hit["hit"] == cold["cold"]
+
+
+def _bf16_step(model):
+    from model.decode import PythonStep
+
+    step = PythonStep(model)
+    step.kv_dtype = torch.bfloat16
+    return step
