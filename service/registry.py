@@ -179,13 +179,27 @@ class EngineRegistry:
             return entry.engine
         if entry.loading is None or entry.loading.done():
             entry.loading = asyncio.create_task(self._load(entry), name=f"load-{name}")
-            entry.loading.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no warning
-        return await asyncio.shield(entry.loading)
+            entry.loading.add_done_callback(self._loaded)
+        await asyncio.shield(entry.loading)
+        if entry.engine is None:  # unloaded again before this caller resumed (evicted by the next load)
+            raise EngineStoppedError(f"model '{name}' was unloaded again while loading; retry")
+        return entry.engine
 
-    async def _load(self, entry: ModelEntry) -> BaseEngine:
+    def _loaded(self, task: asyncio.Task) -> None:
+        """The load task is done: forget it (it must not keep anything alive) and retrieve its
+        exception, which its waiters have raised already."""
+        for entry in self.entries.values():
+            if entry.loading is task:
+                entry.loading = None
+        if not task.cancelled():
+            task.exception()
+
+    async def _load(self, entry: ModelEntry) -> None:
+        """Load ``entry`` (the task ``load`` shares). It returns nothing: a task's result outlives
+        it in every reference to the task, and an engine kept that way would never be freed."""
         async with self._load_lock:
             if entry.state == "loaded" and entry.engine is not None:
-                return entry.engine
+                return
             entry.state, entry.error = "loading", None
             started = time.perf_counter()
             try:
@@ -216,7 +230,6 @@ class EngineRegistry:
             self._observe_memory(entry)
             log.info("model loaded", extra={"model": entry.name, "seconds": round(seconds, 2),
                                             "bytes": size, "loaded": sorted(self.engines)})
-            return engine
 
     async def _build(self, entry: ModelEntry) -> BaseEngine:
         """Load, prepare and warm up one model; the heavy parts run in worker threads."""

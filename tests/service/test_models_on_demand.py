@@ -5,9 +5,11 @@ off the event loop), the memory budget (LRU eviction of idle models, never one i
 from __future__ import annotations
 
 import asyncio
+import gc
 import re
 import threading
 import time
+import weakref
 
 import httpx
 import pytest
@@ -242,3 +244,19 @@ async def test_preload_names_must_be_served(weights_dir):
         ready = await c.get("/ready")
         assert ready.status_code == 503 and "TSERVE_PRELOAD" in ready.json()["error"]
         assert "typo" in ready.json()["error"]
+
+
+async def test_an_unloaded_model_is_freed(weights_dir):
+    """Nothing keeps an unloaded engine alive (a finished load task once did): its weights and KV
+    cache are garbage, and malloc_trim can hand their pages back."""
+    app = create_app(settings_for(weights_dir, preload="generate-tiny,fill-mask-tiny"))
+    async with app.router.lifespan_context(app), asgi_client(app) as c:
+        await wait_ready(c)
+        assert (await request(c, "generate-tiny")).status_code == 200
+        engine = app.state.registry.engines["generate-tiny"]
+        model, cache = weakref.ref(engine.model), weakref.ref(engine.core.runner.cache)
+        del engine
+        assert (await c.post("/models/unload", json={"model": "generate-tiny"})).status_code == 200
+        gc.collect()
+        assert model() is None and cache() is None
+        assert (await request(c, "fill-mask-tiny")).status_code == 200  # the other model still serves
