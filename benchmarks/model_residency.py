@@ -125,15 +125,20 @@ def rss(keep: str, unload: list[str]) -> None:
         unload = [n for n in _served() if n != keep]
     fresh = _run_child({"mode": "rss", "preload": [keep], "unload": [], "trim": True})
     rows = [("fresh process, only " + keep, fresh["rss_loaded"], None)]
+    sizes = {}
     for trim in (True, False):
         r = _run_child({"mode": "rss", "preload": [keep, *unload], "unload": unload, "trim": trim})
-        label = f"{keep} + {', '.join(unload)}, then unload them ({'gc + malloc_trim' if trim else 'gc only'})"
+        label = (f"{keep} + {', '.join(unload)}, then unload all but {keep} "
+                 f"({'gc + malloc_trim' if trim else 'gc only'})")
         rows.append((label, r["rss_loaded"], r["rss_after"]))
+        sizes = r["models_bytes"]
     print(f"| case | RSS loaded | RSS after unload | vs fresh ({_mib(fresh['rss_loaded'])}) |")
     print("|---|---|---|---|")
     for label, loaded, after in rows:
         ratio = "" if after is None else f"{after / fresh['rss_loaded']:.2f}x"
         print(f"| {label} | {_mib(loaded)} | {'' if after is None else _mib(after)} | {ratio} |")
+    print("\nweights + KV caches per model (/v1/models memory):",
+          ", ".join(f"{name} {_mib(n)}" for name, n in sorted(sizes.items())))
 
 
 def cycle(budget: str, rounds: int) -> None:

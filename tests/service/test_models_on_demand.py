@@ -260,3 +260,14 @@ async def test_an_unloaded_model_is_freed(weights_dir):
         gc.collect()
         assert model() is None and cache() is None
         assert (await request(c, "fill-mask-tiny")).status_code == 200  # the other model still serves
+
+
+async def test_drop_in_apis_answer_the_budget_in_their_own_shape(weights_dir):
+    app = create_app(settings_for(weights_dir, preload="none", memory_budget="1KiB"))
+    async with app.router.lifespan_context(app), asgi_client(app) as c:
+        await wait_ready(c)
+        tgi = await c.post("/generate", json={"inputs": "To be", "model": "generate-tiny"})
+        assert tgi.status_code == 503 and tgi.headers["retry-after"] == "5"
+        assert tgi.json()["error_type"] == "overloaded" and "TSERVE_MEMORY_BUDGET" in tgi.json()["error"]
+        tei = await c.post("/embed", json={"inputs": "To be", "model": "fill-mask-tiny"})
+        assert tei.status_code == 503 and "retry-after" in tei.headers and "TSERVE_MEMORY_BUDGET" in tei.json()["error"]
