@@ -271,7 +271,15 @@ class EngineRegistry:
             used = sum(e.engine.memory()["total_bytes"] for e in others)
             if used + needed <= budget:
                 return
-            idle = sorted((e for e in others if not e.in_use()), key=lambda e: e.last_used)
+            # While preloading, the preloaded models must all fit: evicting one for the next
+            # would leave start-up "ready" with models the operator wanted warm already gone.
+            idle = sorted((e for e in others if not e.in_use() and (self.started or e.name not in self.preloaded)),
+                          key=lambda e: e.last_used)
+            if not idle and not self.started:
+                raise MemoryBudgetError(
+                    f"the preloaded models need more than TSERVE_MEMORY_BUDGET ({mib(budget)}): {mib(used)} loaded "
+                    f"({', '.join(e.name for e in others)}) and '{entry.name}' needs {mib(needed)}; preload fewer "
+                    "(TSERVE_PRELOAD) or raise the budget")
             if not idle:
                 raise MemoryBudgetError(
                     f"model '{entry.name}' needs {mib(needed)} but TSERVE_MEMORY_BUDGET is {mib(budget)} and "

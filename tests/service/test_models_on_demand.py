@@ -271,3 +271,15 @@ async def test_drop_in_apis_answer_the_budget_in_their_own_shape(weights_dir):
         assert tgi.json()["error_type"] == "overloaded" and "TSERVE_MEMORY_BUDGET" in tgi.json()["error"]
         tei = await c.post("/embed", json={"inputs": "To be", "model": "fill-mask-tiny"})
         assert tei.status_code == 503 and "retry-after" in tei.headers and "TSERVE_MEMORY_BUDGET" in tei.json()["error"]
+
+
+async def test_preloaded_models_past_the_budget_fail_start_up(weights_dir):
+    sizes = await measured_sizes(weights_dir)
+    budget = max(sizes.values()) + 1024  # one at a time: two preloaded models cannot both fit
+    app = create_app(settings_for(weights_dir, preload="generate-tiny,translate-tiny", memory_budget=str(budget)))
+    async with app.router.lifespan_context(app), asgi_client(app) as c:
+        await app.state.loading
+        ready = await c.get("/ready")
+        assert ready.status_code == 503
+        assert "TSERVE_PRELOAD" in ready.json()["error"] and "TSERVE_MEMORY_BUDGET" in ready.json()["error"]
+        assert "generate-tiny" in app.state.registry.engines  # not evicted for the second one
