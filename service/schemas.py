@@ -9,12 +9,12 @@ OpenAI-shaped bodies are in ``service.openai_schemas``.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from service.engine import MAX_STOP_STRINGS, MAX_TOP_LOGPROBS
-from service.units import parse_duration
+from service.units import DURATION_PATTERN, parse_duration
 
 
 class Usage(BaseModel):
@@ -136,8 +136,9 @@ class KeepAlive(RequestModel):
     request, in seconds or a duration (``"5m"``, ``"1h"``); negative = until unloaded, 0 = unload
     once the request is done. Parsed to seconds (-1 for forever); absent: TSERVE_KEEP_ALIVE."""
 
-    keep_alive: float | str | None = Field(None, description="seconds or a duration ('30s', '5m', '1h'); "
-                                           "negative = forever, 0 = unload after this request")
+    keep_alive: float | Annotated[str, Field(pattern=DURATION_PATTERN)] | None = Field(
+        None, description="seconds or a duration ('30s', '5m', '1h30m'); negative = forever, 0 = unload after "
+                          "this request")
 
     @field_validator("keep_alive")
     @classmethod

@@ -39,7 +39,7 @@ NOT_IN_SCHEMA = re.compile(r"tokens|mask token|best_of must equal n|echo togethe
                            r"TSERVE_MAX_TOOLS|is not valid JSON|must be a JSON Schema|needs 'tools'|"
                            r"names must be unique|not in tools|cannot follow a grammar|non-empty list|"
                            r"must not be empty|needs a 'json_schema' object|detected")
-OPERATIONS = 26
+OPERATIONS = 28  # POST /models/load and /models/unload included
 
 
 @pytest.fixture(scope="module")
