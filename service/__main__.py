@@ -28,8 +28,9 @@ FLAGS = {
     "--host": ("host", "bind address (0.0.0.0: every interface)"),
     "--port": ("port", "TCP port, 1-65535"),
     "--weights-dir": ("weights_dir", "directory of checkpoints, one sub-directory each"),
-    "--models": ("models", ("comma-separated models to load, each a checkpoint name in the weights directory, a path "
-                          "to a model directory, or a path to a .gguf file; empty: all in the weights directory")),
+    "--models": ("models", ("comma-separated models to serve, each a checkpoint name in the weights directory, a path "
+                          "to a model directory, or a path to a .gguf file; empty: all in the weights directory "
+                          "(TSERVE_PRELOAD says which load at start-up; the others load on demand)")),
     "--device": ("device", "torch device: cpu, cuda, cuda:1, ..."),
     "--dtype": ("dtype", "weights and KV cache"),
     "--log-level": ("log_level", "log level"),

@@ -20,7 +20,12 @@ from service.dependencies import require_api_key
 from service.errors import install_error_handlers
 from service.logging_config import configure_logging
 from service.metrics import Metrics
-from service.middleware import ApiKeyFirstMiddleware, BodyLimitMiddleware, RequestLogMiddleware
+from service.middleware import (
+    ApiKeyFirstMiddleware,
+    BodyLimitMiddleware,
+    ModelLeaseMiddleware,
+    RequestLogMiddleware,
+)
 from service.registry import EngineRegistry
 from service.routes import (
     chat,
@@ -49,11 +54,7 @@ async def _load(registry: EngineRegistry, app: FastAPI) -> None:
     await registry.start()
     if registry.error is None:
         return
-    try:
-        names = [name for name, _ in registry.discover()]
-    except Exception:  # discovery itself failed: the error says what it found
-        names = []
-    failed = next((n for n in names if n not in registry.engines or not registry.engines[n].ready), None)
+    failed = next((name for name, entry in registry.entries.items() if entry.state == "failed"), None)
     exiting = app.state.settings.exit_on_load_failure
     log.error("model %s failed to load: %s; %s", f"'{failed}'" if failed else "discovery", registry.error,
               "exiting with status 1 (TSERVE_EXIT_ON_LOAD_FAILURE)" if exiting else
@@ -109,6 +110,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for router in compat.OWN_AUTH:  # LibreTranslate's api_key field, DeepL's DeepL-Auth-Key header
         app.include_router(router)
 
+    app.add_middleware(ModelLeaseMiddleware, registry=registry)  # innermost: around the route and its stream
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     if settings.api_key is not None:  # outside the body limit: no key, no 413 either
         keyed = api_routers + ([system.probes] if settings.protect_health_and_metrics else [])

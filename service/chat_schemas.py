@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from service.engine import MAX_TOP_LOGPROBS
 from service.openai_schemas import StreamOptions
-from service.schemas import MAX_SEED, RequestModel, StopStrings, Usage
+from service.schemas import MAX_SEED, KeepAlive, RequestModel, StopStrings, Usage
 from service.structured_schemas import (
     GuidedFields,
     MessageToolCall,
@@ -80,7 +80,7 @@ class ChatMessage(RequestModel):
         return "".join(part.text or "" for part in self.content or [])
 
 
-class ChatCompletionRequest(StopStrings, GuidedFields):
+class ChatCompletionRequest(StopStrings, GuidedFields, KeepAlive):
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1, le=4096)

@@ -26,6 +26,7 @@ import torch
 
 from model import Checkpoint, EngineCore, EngineEvent, EngineRequest, SamplingParams
 from model.decode import DecodeStep
+from model.decode.triton_attention import kernel_runs_on
 from model.engine.grammar import CompiledGrammar, GrammarError, GrammarSpec
 from model.engine.sampling import MAX_STOP_STRINGS, MAX_TOP_LOGPROBS
 from model.tokenization.chat_template import ChatMessageError, ChatTemplate, ChatTemplateError
@@ -123,6 +124,18 @@ class GenerativeEngine(BaseEngine):
                 "kv_cache": self.kv_cache(),
                 "structured_outputs": constrained, "tools": constrained and self.chat is not None,
                 "tool_prompt": ("template" if self.template_takes_tools else "generic") if self.chat else None}
+
+    @property
+    def decode_step_name(self) -> str | None:
+        step = self.core.decode_step
+        kernel = getattr(step, "attention", None)  # under "auto" the kernel object exists but runs on CUDA only
+        device = self.model.device
+        triton = kernel is not None and (kernel.mode == "triton" or device.type == "cuda" and kernel_runs_on(device))
+        return "triton" if step.name == "python" and triton else step.name
+
+    def kv_cache_bytes(self) -> int:
+        runner = self.core.runner
+        return runner.cache.nbytes  # the block pool (the prefix cache's blocks among them) and cross-attention memory
 
     async def stop(self, grace_s: float) -> None:
         await super().stop(grace_s)

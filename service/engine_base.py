@@ -15,6 +15,8 @@ from typing import Any
 from model import Checkpoint, EngineEvent
 from service.engine_errors import EmptyInputError, EngineStoppedError, InputTooLongError, InvalidRequestError
 from service.metrics import Metrics
+from service.model_facts import architecture, quantization
+from service.model_memory import weights_bytes
 from service.settings import Settings
 
 log = logging.getLogger("tserve.engine")
@@ -46,6 +48,8 @@ class BaseEngine:
             raise ValueError(f"{ckpt.path}: a served checkpoint needs a tokenizer.json")
         self.max_len = min(settings.max_seq_len or self.cfg.max_positions, self.cfg.max_positions)
         self.created = int(time.time())
+        self.source_facts: tuple[str | None, str | None] = (None, None)  # (architecture, quantization) of the file
+        self._weights_bytes: int | None = None
         self.ready = False
         self.accepting = False
         self._cv = threading.Condition()
@@ -137,9 +141,34 @@ class BaseEngine:
         return TASKS[self.family]
 
     def info(self) -> dict[str, Any]:
+        arch, source = self.source_facts
         return {"id": self.name, "object": "model", "created": self.created, "owned_by": "transformer-serve",
                 "family": self.family, "task": self.task, "max_seq_len": self.max_len,
-                "parameters": self.model.num_parameters(), "metrics": self.ckpt.metrics}
+                "parameters": self.model.num_parameters(), "metrics": self.ckpt.metrics,
+                "architecture": architecture(self.cfg, arch), "context_length": self.max_len,
+                "quantization": quantization(self.model, source), "decode_step": self.decode_step_name,
+                "memory": self.memory()}
+
+    @property
+    def decode_step_name(self) -> str | None:
+        """native, python or triton (the Python step with the Triton attention kernel); None: no decoder."""
+        return None
+
+    # --- memory (the registry's budget) -----------------------------------------------------
+    def memory(self) -> dict[str, int]:
+        """Bytes this model holds: its weights (with the copies serving adds) and its KV caches."""
+        if self._weights_bytes is None:
+            self._weights_bytes = weights_bytes(self.model)
+        kv = self.kv_cache_bytes()
+        return {"weights_bytes": self._weights_bytes, "kv_cache_bytes": kv, "total_bytes": self._weights_bytes + kv}
+
+    def kv_cache_bytes(self) -> int:
+        return 0
+
+    @property
+    def in_flight(self) -> bool:
+        """Requests queued or running: such a model is never unloaded (eviction, keep-alive)."""
+        return bool(self._busy())
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()

@@ -29,6 +29,7 @@ ERRORS: dict[str, tuple[int, str]] = {
     "internal": (500, "server_error"),
     "not_ready": (503, "unavailable_error"),  # loading, or stopped admitting
     "shutdown": (503, "unavailable_error"),  # admitted, then failed by the shutdown
+    "memory_budget": (503, "unavailable_error"),  # loading the model would pass TSERVE_MEMORY_BUDGET; Retry-After
     "timeout": (504, "timeout_error"),  # TSERVE_REQUEST_TIMEOUT_S
 }
 
@@ -91,6 +92,17 @@ class QueueFullError(EngineError):
 
 class EngineStoppedError(EngineError):
     code = "not_ready"
+
+
+class MemoryBudgetError(EngineError):
+    """A model cannot be loaded within TSERVE_MEMORY_BUDGET because every loaded model is busy
+    (in flight models are never evicted): retry once one is idle."""
+
+    code = "memory_budget"
+
+    def __init__(self, message: str, param: str | None = "model", retry_after: int = 5):
+        super().__init__(message, param)
+        self.retry_after = retry_after
 
 
 class ClientDisconnectedError(EngineError):

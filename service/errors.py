@@ -17,7 +17,6 @@ from service.engine_errors import (
     DOCUMENTED_STATUSES,
     HTTP_STATUS_CODES,
     EngineError,
-    QueueFullError,
     error_body,
     error_status,
 )
@@ -106,7 +105,8 @@ def _union_branches(errors: list[dict], param: str | None) -> list[str]:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(EngineError)
     async def engine_error(request: Request, exc: EngineError) -> JSONResponse:
-        headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, QueueFullError) else None
+        retry_after = getattr(exc, "retry_after", None)  # queue full, memory budget
+        headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
         return ErrorJSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
     @app.exception_handler(RequestValidationError)

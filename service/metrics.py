@@ -12,6 +12,7 @@ from prometheus_client.exposition import generate_latest
 PREFIX = "tserve"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
+LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256)
 
 
@@ -76,6 +77,17 @@ class Metrics:
                                           "the generated tokens).", ["model"], registry=r)
         self.rejected = Counter(name("rejected_requests"), "Requests refused before reaching the engine's queue.",
                                 ["model", "reason"], registry=r)
+
+        self.load_seconds = Histogram(name("model_load_seconds"), "Loading one model: read, prepare, warm up "
+                                      "(at start-up or on demand).", ["model"], buckets=LOAD_BUCKETS, registry=r)
+        self.model_loaded = Gauge(name("model_loaded"), "1 while the model is loaded, 0 while only available.",
+                                  ["model"], registry=r)
+        self.model_memory = Gauge(name("model_memory_bytes"), "Bytes a loaded model holds: weights (with the "
+                                  "copies serving adds) or KV caches; 0 once unloaded.", ["model", "kind"], registry=r)
+        self.evictions = Counter(name("model_evictions"), "Models unloaded to load another within "
+                                 "TSERVE_MEMORY_BUDGET.", ["model"], registry=r)
+        self.unloads = Counter(name("model_unloads"), "Models unloaded, by reason: budget (evicted), keep_alive "
+                               "(idle), request (POST /models/unload).", ["model", "reason"], registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

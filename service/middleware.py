@@ -4,6 +4,8 @@
   client sent a Content-Length.
 - ``ApiKeyFirstMiddleware``: a route that requires the API key answers 401 before anything
   reads the body (no 400 for a malformed body, no 413, to a client without the key).
+- ``ModelLeaseMiddleware``: the models a request uses stay in use (never unloaded) until its
+  response is done, streams included.
 - ``RequestLogMiddleware``: one structured log line and the request metrics per request:
   id, endpoint, status, model, tokens, latency.
 """
@@ -22,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service.dependencies import API_KEY_MESSAGE, api_key_ok
 from service.engine_errors import error_body, error_status
 from service.metrics import Metrics
+from service.registry import EngineRegistry
 from service.settings import Settings
 
 log = logging.getLogger("tserve.access")
@@ -106,6 +109,17 @@ class BodyLimitMiddleware:
         except Exception:
             if not rejected:
                 raise
+
+
+class ModelLeaseMiddleware:
+    def __init__(self, app: ASGIApp, registry: EngineRegistry):
+        self.app, self.registry = app, registry
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        with self.registry.request_leases():
+            await self.app(scope, receive, send)
 
 
 class RequestLogMiddleware:

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from service.schemas import MAX_SEED, RequestModel, StopStrings, Usage
+from service.schemas import MAX_SEED, KeepAlive, RequestModel, StopStrings, Usage
 from service.structured_schemas import GuidedFields, ResponseFormat, StructuredOutputs
 
 
@@ -19,7 +19,7 @@ class StreamOptions(RequestModel):
     include_usage: bool = False
 
 
-class CompletionRequest(StopStrings, GuidedFields):
+class CompletionRequest(StopStrings, GuidedFields, KeepAlive):
     model: str
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(16, ge=1, le=4096)
@@ -87,7 +87,7 @@ class CompletionResponse(BaseModel):
     usage: Usage | None = None
 
 
-class EmbeddingRequest(RequestModel):
+class EmbeddingRequest(KeepAlive):
     model: str | None = None
     input: str | list[str] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] = "float"
@@ -113,15 +113,38 @@ class EmbeddingResponse(BaseModel):
     usage: Usage
 
 
+class ModelMemory(BaseModel):
+    weights_bytes: int  # weights, with the int8 and prepacked copies serving adds
+    kv_cache_bytes: int  # the slot KV cache and the prefix-cache pool (their own nbytes)
+    total_bytes: int
+
+
+class Quantization(BaseModel):
+    weights: str  # dtype prompts run in (float32, bfloat16, float16)
+    decode: str  # what decode steps multiply with: int8, or the weights' dtype
+    source: str | None = None  # the source file's quantization (a GGUF file type: Q4_1, Q4_K_M, ...)
+
+
 class ModelCard(BaseModel):
+    """An OpenAI model object with this server's extra fields. The fields from ``family`` to
+    ``decode_step`` are known once the model has been loaded (null before its first load)."""
+
     id: str
     object: Literal["model"] = "model"
     created: int
     owned_by: str
-    family: str
-    task: str
-    max_seq_len: int
-    parameters: int
+    state: Literal["loaded", "loading", "available", "failed"] = "loaded"
+    state_reason: str | None = None  # why the last load failed, or why it was refused (memory budget)
+    keep_alive: float | None = None  # seconds it stays loaded once idle; -1: forever
+    memory: ModelMemory | None = None  # what it holds now (0 while not loaded)
+    family: str | None = None
+    task: str | None = None
+    architecture: str | None = None  # llama, qwen2, qwen3, mistral, phi3, gemma3, gpt2, bert, marian, transformer
+    context_length: int | None = None  # tokens one request may use (prompt + generated; source for translation)
+    max_seq_len: int | None = None  # the same limit, under its older name
+    quantization: Quantization | None = None
+    decode_step: Literal["native", "python", "triton"] | None = None  # decoder models
+    parameters: int | None = None
     chat: bool = False  # serves /v1/chat/completions (the model has a chat template)
     prefix_cache: dict[str, int] | None = None  # decoder models: block_tokens, blocks_named (the prefix cache)
     kv_cache: dict[str, int] | None = None  # generative models: block_tokens, blocks, bytes, capacity_tokens
@@ -129,6 +152,18 @@ class ModelCard(BaseModel):
     tools: bool = False  # takes tools on /v1/chat/completions
     tool_prompt: Literal["template", "generic"] | None = None  # who shows the model its tools
     metrics: dict[str, Any] = Field(default_factory=dict)
+
+
+class ModelAction(RequestModel):
+    """``POST /models/load`` and ``/models/unload`` (llama.cpp server's router shape)."""
+
+    model: str = Field(min_length=1, max_length=1000)
+
+
+class ModelActionResult(BaseModel):
+    success: bool = True
+    model: str
+    state: Literal["loaded", "loading", "available", "failed"]
 
 
 class ModelList(BaseModel):

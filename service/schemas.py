@@ -9,11 +9,12 @@ OpenAI-shaped bodies are in ``service.openai_schemas``.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from service.engine import MAX_STOP_STRINGS, MAX_TOP_LOGPROBS
+from service.units import DURATION_PATTERN, parse_duration
 
 
 class Usage(BaseModel):
@@ -130,6 +131,21 @@ def check_stop(stops: list[str]) -> list[str]:
     return stops
 
 
+class KeepAlive(RequestModel):
+    """Ollama's ``keep_alive`` as an extension field: how long the model stays loaded after this
+    request, in seconds or a duration (``"5m"``, ``"1h"``); negative = until unloaded, 0 = unload
+    once the request is done. Parsed to seconds (-1 for forever); absent: TSERVE_KEEP_ALIVE."""
+
+    keep_alive: float | Annotated[str, Field(pattern=DURATION_PATTERN)] | None = Field(
+        None, description="seconds or a duration ('30s', '5m', '1h30m'); negative = forever, 0 = unload after "
+                          "this request")
+
+    @field_validator("keep_alive")
+    @classmethod
+    def _keep_alive(cls, value):
+        return None if value is None else parse_duration(value)
+
+
 class StopStrings(RequestModel):
     """A ``stop`` field: one string or a list of them, always checked as a list."""
 
@@ -160,7 +176,7 @@ class SamplingFields(StopStrings):
 
 
 
-class GenerateRequest(SamplingFields):
+class GenerateRequest(SamplingFields, KeepAlive):
     model: str | None = Field(None, description="a loaded decoder model; default: the first one")
     prompt: str = Field(..., min_length=1)
     stream: bool = False
@@ -194,7 +210,7 @@ class GenerateResponse(BaseModel):
     logprobs: list[TokenLogprob] | None = None
 
 
-class TranslateRequest(RequestModel):
+class TranslateRequest(KeepAlive):
     model: str | None = Field(None, description="a loaded encoder-decoder model; default: the first one")
     text: str | list[str] = Field(..., description="one text or a list of texts")
     beam_size: int = Field(4, ge=1, le=16, description="1 = greedy/sampled decoding")
@@ -227,7 +243,7 @@ class TranslateResponse(BaseModel):
     usage: Usage
 
 
-class FillMaskRequest(RequestModel):
+class FillMaskRequest(KeepAlive):
     model: str | None = Field(None, description="a loaded encoder model; default: the first one")
     text: str | list[str] = Field(..., validation_alias=AliasChoices("text", "inputs"),
                                   description="text(s) containing the model's mask token, e.g. [MASK]")

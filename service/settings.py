@@ -10,10 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from model.decode import DecodeOptions
+from service.units import parse_duration, parse_size
 
 
 class Settings(BaseSettings):
@@ -23,7 +24,14 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     weights_dir: Path = Path("weights")
-    models: str = Field("", description="comma-separated checkpoint names to load; empty = all in weights_dir")
+    models: str = Field("", description="comma-separated models to serve; empty = all in weights_dir")
+    preload: str = Field("", description="comma-separated models loaded at start-up (/ready waits for them); "
+                         "empty = every model TSERVE_MODELS selects; 'none' = nothing, models load on demand")
+    memory_budget: int | None = Field(None, ge=0, description="bytes of weights + KV caches of the loaded models "
+                                      "(4GiB, 800MB, ...); loading past it evicts the least recently used idle "
+                                      "model; empty = no budget")
+    keep_alive: float = Field(-1.0, description="how long a model stays loaded after its last request (Ollama's "
+                              "syntax: 5m, 30s, 1h, seconds); -1 = forever, 0 = unload after each request")
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     kv_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
@@ -101,6 +109,16 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_json: bool = True
 
+    @field_validator("memory_budget", mode="before")
+    @classmethod
+    def _size(cls, value):
+        return None if value is None or (isinstance(value, str) and not value.strip()) else parse_size(value)
+
+    @field_validator("keep_alive", mode="before")
+    @classmethod
+    def _duration(cls, value):
+        return parse_duration(value)
+
     def decode_options(self) -> DecodeOptions:
         """The decode step the settings choose (``model.decode.prepare`` reads it), as one value."""
         return DecodeOptions(quantize=self.quantize, native=self.native_decode,
@@ -109,6 +127,13 @@ class Settings(BaseSettings):
 
     def model_names(self) -> list[str]:
         return [m.strip() for m in self.models.split(",") if m.strip()]
+
+    def preload_names(self) -> list[str] | None:
+        """The models to load at start-up; None = every model served (the default)."""
+        names = [m.strip() for m in self.preload.split(",") if m.strip()]
+        if not names:
+            return None
+        return [] if names == ["none"] else names
 
     def cors_origin_list(self) -> list[str]:
         return [o.strip() for o in self.cors_origins.split(",") if o.strip()]

@@ -25,7 +25,7 @@ from model.engine.prefix_cache import PrefixCache
 from model.engine.requests import EngineEvent, EngineRequest
 from model.engine.runner import ModelRunner, StepOutput
 from model.engine.scheduler import Scheduler
-from model.nn.kv_cache import BLOCK_LEN, PagedKVCache
+from model.nn.kv_cache import BLOCK_LEN, PagedKVCache, blocks_for
 from model.nn.transformer import DecoderLM, EncoderDecoder
 from model.tokenization.tokenizer import Tokenizer
 
@@ -47,14 +47,17 @@ class EngineCore:
                  max_src_len: int = 0, max_prefill_tokens: int = 2048, prefix_cache: bool = False,
                  step: DecodeStep | None = None, kv_cache_bytes: int = 0):
         """``n_slots``: the most sequences in flight (rows); ``max_len``: one sequence's context;
-        ``kv_cache_bytes``: the block pool's size (0: every row at ``max_len``, nothing waits for
-        memory). ``prefix_cache``: share cached prompt blocks (decoder-only). ``step``: the
+        ``kv_cache_bytes``: the block pool's size, at most every row at ``max_len`` (0: exactly
+        that, nothing waits for memory). ``prefix_cache``: share cached prompt blocks (decoder-only). ``step``: the
         decode step (``model.decode.prepare``); default the model's own Python step, float, SDPA."""
         self.model, self.tokenizer = model, tokenizer
         self.decode_step: DecodeStep = step or PythonStep(model)
         self.n_slots, self.max_len, self.max_src_len = n_slots, max_len, max_src_len
         prompts = prompts_for(model)
-        n_blocks = self.pool_blocks(model, kv_cache_bytes, self.decode_step.kv_dtype) if kv_cache_bytes else None
+        n_blocks = None  # every row at max_len: nothing ever waits for memory
+        if kv_cache_bytes:  # no more than that, though: a budget beyond it would only be reserved, never used
+            n_blocks = min(self.pool_blocks(model, kv_cache_bytes, self.decode_step.kv_dtype),
+                           1 + n_slots * blocks_for(max_len))
         self.runner = ModelRunner(model, prompts, n_slots, max_len, self.decode_step, max_src_len, n_blocks)
         cache = self.runner.cache
         self.prefix = (PrefixCache(cache.pool, cache.block_len)

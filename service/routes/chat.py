@@ -87,7 +87,8 @@ def _logprobs(engine: GenerativeEngine, events: list[EngineEvent]) -> ChoiceLogp
              summary="OpenAI-compatible chat completion (stream=true for SSE)")
 async def chat_completions(body: ChatCompletionRequest, request: Request, registry: RegistryDep,
                            settings: SettingsDep):
-    engine: GenerativeEngine = registry.get(body.model, "decoder", "/v1/chat/completions")
+    engine: GenerativeEngine = await registry.acquire(body.model, "decoder", "/v1/chat/completions",
+                                                           keep_alive=body.keep_alive)
     mark(request, engine.name)
     tools = tool_calls.plan(body.tools, body.tool_choice, body.parallel_tool_calls, body.messages,
                             engine.template_takes_tools, settings)

@@ -67,7 +67,8 @@ def _logprobs(engine: GenerativeEngine, events: list[EngineEvent], offset: int) 
 @router.post("/v1/completions", response_model=CompletionResponse, response_model_exclude_none=True,
              responses=ERROR_RESPONSES, summary="OpenAI-compatible text completion (stream=true for SSE)")
 async def completions(body: CompletionRequest, request: Request, registry: RegistryDep, settings: SettingsDep):
-    engine: GenerativeEngine = registry.get(body.model, "decoder", "/v1/completions")
+    engine: GenerativeEngine = await registry.acquire(body.model, "decoder", "/v1/completions",
+                                                           keep_alive=body.keep_alive)
     mark(request, engine.name)
     if body.echo and body.logprobs is not None:
         raise InvalidRequestError("echo together with logprobs is not supported", "echo")

@@ -22,7 +22,8 @@ router = APIRouter(tags=["encoder"])
 @router.post("/v1/fill-mask", response_model=FillMaskResponse, responses=ERROR_RESPONSES,
              summary="Fill the mask token(s) in a text; returns the Hugging Face fill-mask shape")
 async def fill_mask(body: FillMaskRequest, request: Request, registry: RegistryDep, settings: SettingsDep):
-    engine: EncoderEngine = registry.get(body.model, "encoder", "/v1/fill-mask", "fill-mask")
+    engine: EncoderEngine = await registry.acquire(body.model, "encoder", "/v1/fill-mask", "fill-mask",
+                                                   keep_alive=body.keep_alive)
     mark(request, engine.name)
     rows = input_ids(body.text, "text", engine, settings)
     results = await unless_disconnected(client_gone(request), engine.fill_mask(rows, body.top_k))
@@ -34,7 +35,8 @@ async def fill_mask(body: FillMaskRequest, request: Request, registry: RegistryD
 @router.post("/v1/embeddings", response_model=EmbeddingResponse, responses=ERROR_RESPONSES,
              summary="OpenAI-compatible sentence embeddings (L2-normalised)")
 async def embeddings(body: EmbeddingRequest, request: Request, registry: RegistryDep, settings: SettingsDep):
-    engine: EncoderEngine = registry.get(body.model, "encoder", "/v1/embeddings", "feature-extraction")
+    engine: EncoderEngine = await registry.acquire(body.model, "encoder", "/v1/embeddings", "feature-extraction",
+                                                   keep_alive=body.keep_alive)
     mark(request, engine.name)
     engine.check_dimensions(body.dimensions)
     rows = input_ids(body.input, "input", engine, settings)

@@ -33,7 +33,8 @@ def token_logprobs(engine: GenerativeEngine, events: list[EngineEvent]) -> list[
 @router.post("/v1/generate", response_model=GenerateResponse, response_model_exclude_none=True,
              responses=ERROR_RESPONSES, summary="Generate text from a prompt (set stream=true for Server-Sent Events)")
 async def generate(body: GenerateRequest, request: Request, registry: RegistryDep, settings: SettingsDep):
-    engine: GenerativeEngine = registry.get(body.model, "decoder", "/v1/generate")
+    engine: GenerativeEngine = await registry.acquire(body.model, "decoder", "/v1/generate",
+                                                           keep_alive=body.keep_alive)
     mark(request, engine.name)
     prompts = input_ids(body.prompt, "prompt", engine, settings)
     params = SamplingParams(max_new_tokens=body.max_tokens, temperature=body.temperature, top_k=body.top_k,

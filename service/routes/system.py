@@ -1,4 +1,4 @@
-"""GET /health, /ready, /metrics, /v1/models."""
+"""GET /health, /ready, /metrics, /v1/models; POST /models/load, /models/unload."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from service.dependencies import RegistryDep
-from service.engine_errors import ModelNotFoundError
-from service.openai_schemas import ModelCard, ModelList
-from service.schemas import printable
+from service.errors import ERROR_RESPONSES
+from service.openai_schemas import ModelAction, ModelActionResult, ModelCard, ModelList
 
 probes = APIRouter(tags=["operations"])
 models = APIRouter(tags=["openai"])
@@ -33,15 +32,26 @@ async def metrics(request: Request):
     return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
-@models.get("/v1/models", response_model=ModelList, summary="Loaded models (OpenAI list shape)")
+@models.get("/v1/models", response_model=ModelList,
+            summary="Every model served: loaded or not, with its state and memory (OpenAI list shape)")
 async def list_models(registry: RegistryDep):
-    return ModelList(data=[ModelCard(**e.info()) for e in registry.engines.values()])
+    return ModelList(data=[ModelCard(**card) for card in registry.cards()])
 
 
-@models.get("/v1/models/{model_id}", response_model=ModelCard, summary="One loaded model")
+@models.get("/v1/models/{model_id}", response_model=ModelCard, summary="One model, loaded or not")
 async def get_model(model_id: str, registry: RegistryDep):
-    engine = registry.engines.get(model_id)
-    if engine is None:
-        raise ModelNotFoundError(f"model '{printable(model_id)}' not found; loaded: {sorted(registry.engines)}",
-                                 "model")
-    return ModelCard(**engine.info())
+    return ModelCard(**registry.card(model_id))
+
+
+@models.post("/models/load", response_model=ModelActionResult, responses=ERROR_RESPONSES,
+             summary="Load a model now (llama.cpp router's shape); evicts idle models past the memory budget")
+async def load_model(body: ModelAction, registry: RegistryDep):
+    await registry.load_within_deadline(body.model)
+    return ModelActionResult(model=body.model, state=registry.card(body.model)["state"])
+
+
+@models.post("/models/unload", response_model=ModelActionResult, responses=ERROR_RESPONSES,
+             summary="Unload a model now; its in-flight requests get TSERVE_SHUTDOWN_GRACE_S to finish")
+async def unload_model(body: ModelAction, registry: RegistryDep):
+    await registry.unload(body.model)
+    return ModelActionResult(model=body.model, state=registry.card(body.model)["state"])

@@ -25,7 +25,8 @@ router = APIRouter(tags=["translation"])
              summary="Translate one text or a list of texts (stream=true streams a single text)")
 async def translate(body: TranslateRequest, request: Request, registry: RegistryDep, settings: SettingsDep):
     found = translation.engine_for(registry) if body.model is None else None
-    engine: GenerativeEngine = found[1] if found else registry.get(body.model, "encoder-decoder", "/v1/translate")
+    engine: GenerativeEngine = await registry.acquire(found[1].name if found else body.model, "encoder-decoder",
+                                                      "/v1/translate", keep_alive=body.keep_alive)
     mark(request, engine.name)
     if body.stream and not isinstance(body.text, str):
         raise InvalidRequestError("stream=true needs a single text, not a list", "stream")

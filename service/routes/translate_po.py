@@ -61,7 +61,7 @@ async def translate_po(request: Request, registry: RegistryDep, settings: Settin
                        query: Annotated[TranslatePoOptions, Query()]):
     data, fields = await _upload(request)
     body = _options(query, fields)
-    engine: GenerativeEngine = registry.get(body.model, "encoder-decoder", "/v1/translate/po")
+    engine: GenerativeEngine = await registry.acquire(body.model, "encoder-decoder", "/v1/translate/po")
     mark(request, engine.name)
     po = po_catalogue.parse(data, settings)
     texts = po_catalogue.plan(po, body.include_fuzzy, body.max_entries)

@@ -37,7 +37,8 @@ FORMALITY = ("default", "more", "less", "prefer_more", "prefer_less")
 
 def _render(exc: EngineError) -> JSONResponse:
     status = exc.status if exc.status in (400, 403, 404, 413, 429, 456, 503) else (400 if exc.status < 500 else 500)
-    headers = {"Retry-After": str(getattr(exc, "retry_after", 1))} if status == 429 else None
+    headers = ({"Retry-After": str(getattr(exc, "retry_after", 1))}
+               if status == 429 or hasattr(exc, "retry_after") else None)
     return JSONResponse({"message": exc.message}, status_code=status, headers=headers)
 
 

@@ -33,7 +33,8 @@ from service.translation import engine_for, translation_pairs
 
 def _render(exc: EngineError) -> JSONResponse:
     status = exc.status if exc.status in (400, 403, 429, 500, 503) else (400 if exc.status < 500 else 500)
-    headers = {"Retry-After": str(getattr(exc, "retry_after", 1))} if status == 429 else None
+    headers = ({"Retry-After": str(getattr(exc, "retry_after", 1))}
+               if status == 429 or hasattr(exc, "retry_after") else None)
     return JSONResponse({"error": exc.message}, status_code=status, headers=headers)
 
 

@@ -35,7 +35,8 @@ def render(exc: EngineError) -> JSONResponse:
         status = TEI_STATUSES.get(exc.code, 422)
     else:
         status = exc.status if exc.status in TEI_ERROR_TYPES else 424
-    headers = {"Retry-After": str(getattr(exc, "retry_after", 1))} if status == 429 else None
+    headers = ({"Retry-After": str(getattr(exc, "retry_after", 1))}
+               if status == 429 or hasattr(exc, "retry_after") else None)
     return JSONResponse({"error": exc.message, "error_type": TEI_ERROR_TYPES[status]}, status_code=status,
                         headers=headers)
 
@@ -56,7 +57,7 @@ class EmbedRequest(RequestModel):
 
 
 async def embed(body: EmbedRequest, request: Request, registry, settings) -> list[list[float]]:
-    engine: EncoderEngine = registry.get(body.model, "encoder", request.url.path, "feature-extraction",
+    engine: EncoderEngine = await registry.acquire(body.model, "encoder", request.url.path, "feature-extraction",
                                            only_one=True)
     mark(request, engine.name)
     if body.truncation_direction.lower() == "left":

@@ -34,7 +34,8 @@ TGI_ERROR_TYPES = {400: "validation", 404: "validation", 413: "validation", 422:
 
 def render(exc: EngineError) -> JSONResponse:
     status = 422 if exc.status in (400, 404) else (424 if exc.status in (500, 504) else exc.status)
-    headers = {"Retry-After": str(getattr(exc, "retry_after", 1))} if status == 429 else None
+    headers = ({"Retry-After": str(getattr(exc, "retry_after", 1))}
+               if status == 429 or hasattr(exc, "retry_after") else None)
     return JSONResponse({"error": exc.message, "error_type": TGI_ERROR_TYPES.get(status, "generation")},
                         status_code=status, headers=headers)
 
@@ -104,9 +105,9 @@ def _details(engine: GenerativeEngine, events: list[EngineEvent], seed: int | No
             "generated_tokens": engine.completion_tokens(final), "seed": seed, "prefill": [], "tokens": tokens}
 
 
-def prepare(body: TGIRequest, request: Request, registry, settings) -> tuple[GenerativeEngine, list[int],
-                                                                              SamplingParams]:
-    engine: GenerativeEngine = registry.get(body.model, "decoder", request.url.path, only_one=True)
+async def prepare(body: TGIRequest, request: Request, registry, settings) -> tuple[GenerativeEngine, list[int],
+                                                                                    SamplingParams]:
+    engine: GenerativeEngine = await registry.acquire(body.model, "decoder", request.url.path, only_one=True)
     mark(request, engine.name)
     ids = input_ids(body.inputs, "inputs", engine, settings)[0]
     return engine, ids, sampling(body.parameters, len(ids), engine)
@@ -121,7 +122,7 @@ async def _submit(engine: GenerativeEngine, ids: list[int], params: SamplingPara
 
 
 async def generate_one(body: TGIRequest, request: Request, registry, settings) -> dict:
-    engine, ids, params = prepare(body, request, registry, settings)
+    engine, ids, params = await prepare(body, request, registry, settings)
     (events,) = await collect(client_gone(request), [await _submit(engine, ids, params, body, settings)])
     mark(request, usage=engine.usage([ids], [events[-1]]))
     text = "".join(e.text for e in events)
@@ -132,7 +133,7 @@ async def generate_one(body: TGIRequest, request: Request, registry, settings) -
 
 
 async def stream_response(body: TGIRequest, request: Request, registry, settings):
-    engine, ids, params = prepare(body, request, registry, settings)
+    engine, ids, params = await prepare(body, request, registry, settings)
     stream = await _submit(engine, ids, params, body, settings)
     return sse_response(_events(engine, stream, request, body, ids), [stream], done=False,
                         error_chunk=lambda exc: {"error": exc.message, "error_type": "generation"})
