@@ -199,10 +199,11 @@ class NativeStep:
             raise ValueError(f"sequence length {max(positions) + 1} exceeds the KV cache's max_len {cache.max_len}")
         if cache.k.dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"the native decode step needs a float32 or bfloat16 KV cache, not {cache.k.dtype}")
-        batch = cache.batch(slots)
+        batch = cache.batch(slots)  # checks the rows
         for slot, p in zip(batch.slots, positions):
             if not cache.ensure(slot, p + 1):
                 raise RuntimeError(f"the KV cache's pool of {cache.n_blocks} blocks is exhausted")
+        cache.zero_fresh()  # blocks just allocated (a bare cache; the engine allocates before the step)
         tables = cache.block_tables(batch, max(positions) + 1)  # on the host: the step reads it there
         with decode_threads(len(slots)):
             return self.plan.step(tokens.view(-1), cache.k, cache.v, tables, positions)

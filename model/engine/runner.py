@@ -47,6 +47,7 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, plan: StepPlan) -> StepOutput:
         self._apply_moves(plan)
+        self.cache.zero_fresh()  # blocks the plan allocated, zeroed before anything (a copy on write) fills them
         self.cache.copy_blocks(plan.copies)
         logits, owners = self._forward(plan)
         return self._choose(logits, owners) if logits is not None else StepOutput()

@@ -296,3 +296,18 @@ def test_a_native_step_that_cannot_be_set_up_falls_back_under_auto(monkeypatch, 
     assert "could not be set up (AttributeError" in caplog.text
     with pytest.raises(AttributeError, match="set_features"):
         prepare(_model(fresh_seed), DecodeOptions(native="on"))
+
+
+def test_decoding_from_the_first_position_without_a_prefill(fresh_seed):
+    """Every position through the step itself, blocks allocated as it goes (a bare cache):
+    the blocks it writes are zeroed before the first write, never after."""
+    model = _model(fresh_seed, d_model=256, n_heads=4, n_kv_heads=2)
+    ids = random_prompts(model, fresh_seed, (40,))[0]
+
+    def teacher_forced(step):
+        cache = model.new_cache(2, len(ids) + 1, dtype=step.kv_dtype)
+        with torch.inference_mode():
+            return torch.cat([step(cache, torch.tensor([t]), [1], [i]) for i, t in enumerate(ids)])
+
+    torch.testing.assert_close(teacher_forced(NativeStep(model, kv_dtype=torch.float32)),
+                               teacher_forced(PythonStep(model)), atol=2e-4, rtol=1e-4)

@@ -180,3 +180,18 @@ def _bf16_step(model):
     step = PythonStep(model)
     step.kv_dtype = torch.bfloat16
     return step
+
+
+def test_a_copy_on_write_into_a_block_never_used_before_keeps_the_copy(llama):
+    """The runner zeroes newly allocated blocks before it copies into them, not after."""
+    from model.engine.plan import StepPlan
+
+    core = EngineCore(llama, None, n_slots=2, max_len=64)
+    cache = core.cache
+    with torch.inference_mode():
+        llama.prefill(cache, [list(range(3, 23))], [0])  # row 0: 20 positions in two blocks
+    cache.fork([0], [1])  # row 1 shares them
+    shared, own = cache.private(1, 19)  # the partial block, about to be written by row 1: copied
+    assert own in cache.pool.fresh and cache.pool.refs[shared] == 1
+    core.runner.run(StepPlan(copies=[(shared, own)]))
+    assert torch.equal(cache.k[:, own, :, :4], cache.k[:, shared, :, :4]) and cache.k[:, own, :, :4].abs().sum() > 0
