@@ -270,9 +270,13 @@ def _run_old(revision: str, sections: list[str]) -> dict:
                    capture_output=True)
     try:
         result = tree / "result.json"
-        env = {**os.environ, "PYTHONPATH": str(tree)}
-        subprocess.run([sys.executable, str(Path(__file__)), "--json", str(result), "--sections", *sections],
-                       cwd=ROOT, env=env, check=True)
+        # Run from the old tree (its model/ first on sys.path), this file by path through runpy: not
+        # as a script, whose folder would come first on sys.path (benchmarks/profile.py would then
+        # stand in for the standard library's profile module).
+        argv = [str(Path(__file__)), "--json", str(result), "--sections", *sections]
+        code = f"import runpy, sys; sys.argv = {argv!r}; runpy.run_path(sys.argv[0], run_name='__main__')"
+        subprocess.run([sys.executable, "-c", code], cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
+                       check=True)
         return json.loads(result.read_text())
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
