@@ -199,12 +199,16 @@ class NativeStep:
             raise ValueError(f"sequence length {max(positions) + 1} exceeds the KV cache's max_len {cache.max_len}")
         if cache.k.dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"the native decode step needs a float32 or bfloat16 KV cache, not {cache.k.dtype}")
-        batch = cache.batch(slots)  # checks the rows
-        for slot, p in zip(batch.slots, positions):
-            if not cache.ensure(slot, p + 1):
+        rows = [int(s) for s in slots]
+        if min(rows) < 0 or max(rows) >= cache.n_slots:
+            raise IndexError(f"slots {[s for s in rows if not 0 <= s < cache.n_slots]} out of range "
+                             f"[0, {cache.n_slots})")
+        for slot, p in zip(rows, positions):
+            if cache.held(slot) <= p and not cache.ensure(slot, p + 1):  # a bare cache; the engine allocated
                 raise RuntimeError(f"the KV cache's pool of {cache.n_blocks} blocks is exhausted")
-        cache.zero_fresh()  # blocks just allocated (a bare cache; the engine allocates before the step)
-        tables = cache.block_tables(batch, max(positions) + 1)  # on the host: the step reads it there
+        cache.zero_fresh()  # blocks just allocated, before the step writes them
+        width = -(-(max(positions) + 1) // cache.block_len)
+        tables = cache.tables[rows, :width]  # (B, blocks) on the host, where the step reads it
         with decode_threads(len(slots)):
             return self.plan.step(tokens.view(-1), cache.k, cache.v, tables, positions)
 

@@ -19,9 +19,9 @@ goes back to the free list, unless the prefix cache names it by a hash: then it 
 readable, evictable least recently used first, until a new allocation needs it.
 
 Reading. Each attention layer calls ``k, v = view.update(layer, k, v)`` (gpt-fast style): the
-new tokens are written through the table, and the Python path gets a span of history whose
-length comes from a small fixed set of sizes (powers of two), gathered block by block, with a
-mask for the positions a row may see. The decode steps that read blocks in place (the C++ step,
+new tokens are written through the table, and the Python path gets a span of history (whole
+blocks, up to the furthest row's end), gathered block by block, with a mask for the positions
+a row may see. The decode steps that read blocks in place (the C++ step,
 the Triton kernel) get the pool and the tables (``update_in_place``).
 
 For the encoder-decoder each row also keeps the cross-attention K/V of its source, computed
@@ -343,15 +343,19 @@ class PagedKVCache(nn.Module):
         self.k[layer].view(-1, hs).index_copy_(0, rows, k.reshape(-1, hs).to(self.k.dtype))
         self.v[layer].view(-1, hs).index_copy_(0, rows, v.reshape(-1, hs).to(self.v.dtype))
 
-    def read(self, layer: int, tables: Tensor, length: int) -> tuple[Tensor, Tensor]:
-        """The first ``length`` positions of each row, gathered from its blocks: 2 x (B, nh, length, hs)."""
+    def read(self, layer: int, tables: Tensor, length: int, dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
+        """The first ``length`` positions of each row, gathered from its blocks, in ``dtype``
+        (default the cache's): 2 x (B, nh, length, hs). One gather, then one strided copy that
+        also converts."""
         n = blocks_for(length, self.block_len)
         ids = tables[:, :n]
         out = []
         for buf in (self.k, self.v):
             run = buf[layer][ids]  # (B, n, nh, bl, hs)
             b, _, nh, bl, hs = run.shape
-            out.append(run.transpose(1, 2).reshape(b, nh, n * bl, hs)[:, :, :length])
+            dst = torch.empty((b, nh, n * bl, hs), dtype=dtype or buf.dtype, device=buf.device)
+            dst.view(b, nh, n, bl, hs).copy_(run.transpose(1, 2))
+            out.append(dst if n * bl == length else dst[:, :, :length])
         return out[0], out[1]
 
     # --- cross-attention memory (encoder-decoder) ------------------------------------
@@ -424,10 +428,9 @@ class CacheView:
             if self.cache.k.dtype != k.dtype:
                 return k.to(self.cache.k.dtype).to(k.dtype), v.to(self.cache.v.dtype).to(v.dtype)
             return k, v
-        keys, values = self.cache.read(layer, self.tables, self.span)  # 2 x (B, nkv, span, hs)
         # A cache kept in a narrower dtype than the model computes in (TSERVE_KV_DTYPE) is read
-        # back in the model's dtype; the same dtype is a no-op.
-        return keys.to(k.dtype), values.to(v.dtype)
+        # back in the model's dtype, in the same copy that gathers the blocks.
+        return self.cache.read(layer, self.tables, self.span, k.dtype)  # 2 x (B, nkv, span, hs)
 
     def update_in_place(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """For a kernel that reads the blocks where they lie (decode, one new token per row):

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from model.config import ModelConfig
 from model.nn.host_transfer import to_device
-from model.nn.kv_cache import BLOCK_LEN, CacheView, PagedKVCache, span_bucket
+from model.nn.kv_cache import BLOCK_LEN, CacheView, PagedKVCache, blocks_for
 from model.nn.layers import (
     ACTIVATION_FNS,
     AttentionContext,
@@ -182,7 +182,8 @@ class _CachedDecoder(TransformerModel):
         pos = to_device(starts, torch.long, dev)[:, None] + offsets[None, :]  # (B, T)
         lengths_t = to_device(lengths, torch.long, dev)
         view = self._cache_view(cache, cache.batch(slots), pos, lengths_t, ragged=min(lengths) < t,
-                                fresh=all(s == 0 for s in starts), span=span_bucket(max(ends), cache.max_len))
+                                fresh=all(s == 0 for s in starts),
+                                span=min(blocks_for(max(ends), cache.block_len) * cache.block_len, cache.max_len))
         # Nothing cached yet: attend causally over the new tokens alone. Otherwise every row
         # reads the same fixed span and a mask hides what lies beyond its own position.
         mask = None if view.span is None else (cache.key_positions[:view.span][None, None, :] <= pos[:, :, None])

@@ -141,10 +141,10 @@ template <typename T>
 struct PagedRows {
   const T* base;  // this layer's pool, K or V
   const int64_t* table;  // the sequence's block table
-  int64_t block_len, block_stride, head_offset, hs, first;
+  int64_t shift, block_stride, head_offset, hs, first;  // block_len = 1 << shift (a shift, not a division, per key)
   const T* row(int64_t t) const {
     const int64_t p = first + t;
-    return base + table[p / block_len] * block_stride + head_offset + (p % block_len) * hs;
+    return base + table[p >> shift] * block_stride + head_offset + (p & ((int64_t{1} << shift) - 1)) * hs;
   }
 };
 
@@ -364,6 +364,7 @@ class LlamaDecoder : public torch::CustomClassHolder {
     TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type() && k_cache.sizes() == v_cache.sizes(),
                 "k_cache and v_cache must have the same shape and dtype");
     const int64_t n_blocks = k_cache.size(1), BL = k_cache.size(3);
+    TORCH_CHECK(BL > 0 && (BL & (BL - 1)) == 0, "the block length must be a power of two, got ", BL);
     const int64_t* block_table = table_rows.data_ptr<int64_t>();
     for (int64_t b = 0; b < B; ++b) {
       TORCH_CHECK(positions[b] >= 0 && positions[b] < width * BL && positions[b] < rope_.size(1),
@@ -528,13 +529,15 @@ class LlamaDecoder : public torch::CustomClassHolder {
               const std::vector<int64_t>& positions, int64_t BL, const Projection& out_proj, int64_t window,
               int64_t B, float* y) const {
     const int64_t group = nh_ / nkv_, q_w = nh_ * hs_, row_w = q_w + 2 * nkv_ * hs_;
+    int64_t shift = 0;
+    while ((int64_t{1} << shift) < BL) ++shift;
     at::parallel_for(0, B * nkv_, 1, [&](int64_t begin, int64_t end) {
       std::vector<float> scores, acc(group * hs_), total(group);
       for (int64_t item = begin; item < end; ++item) {
         const int64_t b = item / nkv_, g = item % nkv_;
         const int64_t first = window > 0 ? std::max<int64_t>(0, positions[b] + 1 - window) : 0;
         const int64_t n = positions[b] + 1 - first;
-        const PagedRows<T> keys{k_base, table + b * width, BL, nkv_ * BL * hs_, g * BL * hs_, hs_, first};
+        const PagedRows<T> keys{k_base, table + b * width, shift, nkv_ * BL * hs_, g * BL * hs_, hs_, first};
         PagedRows<T> values = keys;
         values.base = v_base;
         scores.resize(group * n);
