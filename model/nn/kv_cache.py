@@ -1,7 +1,9 @@
 """The paged KV cache: one pool of fixed-size K/V blocks per model, a block table per sequence.
 
-Storage. K and V are each one buffer (layers, blocks, kv heads, BLOCK_LEN, head dim). A block
-holds BLOCK_LEN consecutive positions of one sequence, in every layer; block 0 is the null
+Storage. K and V are each one buffer (layers, kv heads, blocks, BLOCK_LEN, head dim). A block
+holds BLOCK_LEN consecutive positions of one sequence, in every layer and head; heads outermost,
+so a sequence's blocks, allocated in order, lie end to end for each head as a slot's history did
+(the decode step reads them in one stream); block 0 is the null
 block (never handed out, kept zero): the padding of a ragged batch is written there, and the
 table entries of positions a sequence does not (or no longer) hold point there.
 
@@ -178,7 +180,7 @@ class PagedKVCache(nn.Module):
         self.n_heads, self.head_dim, self.block_len = n_heads, head_dim, block_len  # K/V heads
         self.max_blocks = blocks_for(max_len, block_len)  # table width: blocks of one full sequence
         n_blocks = n_blocks if n_blocks is not None else 1 + n_slots * self.max_blocks
-        shape = (n_layers, n_blocks, n_heads, block_len, head_dim)
+        shape = (n_layers, n_heads, n_blocks, block_len, head_dim)
         # Allocated empty: the host touches a page when a block is first used (``pool.fresh``).
         self.register_buffer("k", torch.empty(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v", torch.empty(shape, dtype=dtype, device=device), persistent=False)
@@ -296,7 +298,7 @@ class PagedKVCache(nn.Module):
         src = to_device([s for s, _ in pairs], torch.long, self.device)
         dst = to_device([d for _, d in pairs], torch.long, self.device)
         for buf in (self.k, self.v):
-            buf.index_copy_(1, dst, buf.index_select(1, src))
+            buf.index_copy_(2, dst, buf.index_select(2, src))
 
     def zero_fresh(self) -> None:
         """Zero the blocks handed out for the first time: the Python path reads whole spans
@@ -305,7 +307,7 @@ class PagedKVCache(nn.Module):
             ids = to_device(self.pool.fresh, torch.long, self.device)
             self.pool.fresh = []
             for buf in (self.k, self.v):
-                buf.index_fill_(1, ids, 0)
+                buf.index_fill_(2, ids, 0)
 
     def batch(self, slots: Sequence[int]) -> SlotBatch:
         slots = [int(s) for s in slots]
@@ -330,7 +332,7 @@ class PagedKVCache(nn.Module):
     def write(self, layer: int, tables: Tensor, positions: Tensor, real: Tensor | None, k: Tensor, v: Tensor) -> None:
         """Store k, v (B, nh, T, hs) at positions (B, T) through the rows' ``tables``; where
         ``real`` (B, T) is False (padding) into the null block. Row copies into the pool
-        flattened to (blocks * nh * block_len, hs): an index_put_ with a slice between its index
+        flattened to (nh * blocks * block_len, hs): an index_put_ with a slice between its index
         tensors is ~50x slower on CPU."""
         bl, nh, hs = self.block_len, self.n_heads, self.head_dim
         blocks = tables.gather(1, (positions // bl).clamp(max=tables.size(1) - 1))  # (B, T)
@@ -338,7 +340,7 @@ class PagedKVCache(nn.Module):
         if real is not None:
             blocks = torch.where(real, blocks, NULL_BLOCK)
             offsets = torch.where(real, offsets, 0)
-        rows = (blocks[:, None, :] * nh + self.head_rows[None, :, None]) * bl + offsets[:, None, :]
+        rows = (self.head_rows[None, :, None] * self.n_blocks + blocks[:, None, :]) * bl + offsets[:, None, :]
         rows = rows.reshape(-1)  # (B * nh * T,) in the (B, nh, T) order of k and v
         self.k[layer].view(-1, hs).index_copy_(0, rows, k.reshape(-1, hs).to(self.k.dtype))
         self.v[layer].view(-1, hs).index_copy_(0, rows, v.reshape(-1, hs).to(self.v.dtype))
@@ -351,10 +353,10 @@ class PagedKVCache(nn.Module):
         ids = tables[:, :n]
         out = []
         for buf in (self.k, self.v):
-            run = buf[layer][ids]  # (B, n, nh, bl, hs)
-            b, _, nh, bl, hs = run.shape
+            run = buf[layer][:, ids]  # (nh, B, n, bl, hs)
+            nh, b, _, bl, hs = run.shape
             dst = torch.empty((b, nh, n * bl, hs), dtype=dtype or buf.dtype, device=buf.device)
-            dst.view(b, nh, n, bl, hs).copy_(run.transpose(1, 2))
+            dst.view(b, nh, n, bl, hs).copy_(run.transpose(0, 1))
             out.append(dst if n * bl == length else dst[:, :, :length])
         return out[0], out[1]
 
@@ -434,13 +436,14 @@ class CacheView:
 
     def update_in_place(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """For a kernel that reads the blocks where they lie (decode, one new token per row):
-        write k, v (B, nkv, 1, hs); return the layer's pool k, v (blocks, nkv, block_len, hs),
+        write k, v (B, nkv, 1, hs); return the layer's pool k, v as (blocks, nkv, block_len, hs) views,
         the rows' block tables (B, n) and how many positions each row sees (B,): up to and
         including the token just written."""
         if self.positions.size(1) != 1:
             raise ValueError("update_in_place is for one new token per row")
         self.cache.write(layer, self.tables, self.positions, self.real, k, v)
-        return self.cache.k[layer], self.cache.v[layer], self.tables, self.positions[:, 0] + 1
+        return (self.cache.k[layer].transpose(0, 1), self.cache.v[layer].transpose(0, 1), self.tables,
+                self.positions[:, 0] + 1)
 
     def cross(self, layer: int) -> tuple[Tensor, Tensor, Tensor | None]:
         return (*self.cache.read_cross(layer, self.batch, self.cross_len), self.cross_mask)

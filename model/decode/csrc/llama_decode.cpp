@@ -13,7 +13,7 @@
 //
 // Shapes: B rows (one new token each), d model width, nh query heads, nkv key/value heads,
 // hs head size, ff feed-forward width, BL positions per cache block. The cache is a pool of blocks
-// (layers, blocks, nkv, BL, hs); row b's position p lies in block tables[b, p / BL] at offset p % BL.
+// (layers, nkv, blocks, BL, hs); row b's position p lies in block tables[b, p / BL] at offset p % BL.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/native/quantized/PackedParams.h>
@@ -363,7 +363,7 @@ class LlamaDecoder : public torch::CustomClassHolder {
     check_cache(v_cache, "v_cache");
     TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type() && k_cache.sizes() == v_cache.sizes(),
                 "k_cache and v_cache must have the same shape and dtype");
-    const int64_t n_blocks = k_cache.size(1), BL = k_cache.size(3);
+    const int64_t n_blocks = k_cache.size(2), BL = k_cache.size(3);
     TORCH_CHECK(BL > 0 && (BL & (BL - 1)) == 0, "the block length must be a power of two, got ", BL);
     const int64_t* block_table = table_rows.data_ptr<int64_t>();
     for (int64_t b = 0; b < B; ++b) {
@@ -408,8 +408,8 @@ class LlamaDecoder : public torch::CustomClassHolder {
       }
       const int64_t layer_at = static_cast<int64_t>(l) * n_blocks * nkv_ * BL * hs_;
       auto cache_layer = [&](auto* k_base, auto* v_base) {  // float or bfloat16 bits
-        write_kv(qkv.data_ptr<float>(), k_base, v_base, block_table, width, positions, BL, B);
-        attend(qkv.data_ptr<float>(), k_base, v_base, block_table, width, positions, BL, L.o, L.window, B,
+        write_kv(qkv.data_ptr<float>(), k_base, v_base, block_table, width, positions, n_blocks, BL, B);
+        attend(qkv.data_ptr<float>(), k_base, v_base, block_table, width, positions, n_blocks, BL, L.o, L.window, B,
                y.data_ptr<float>());
       };
       if (k_cache.scalar_type() == at::kBFloat16)
@@ -470,8 +470,8 @@ class LlamaDecoder : public torch::CustomClassHolder {
     TORCH_CHECK(c.device().is_cpu() && (c.scalar_type() == at::kFloat || c.scalar_type() == at::kBFloat16) &&
                     c.is_contiguous(),
                 name, " must be a contiguous float32 or bfloat16 CPU tensor");
-    TORCH_CHECK(c.dim() == 5 && c.size(0) == num_layers() && c.size(2) == nkv_ && c.size(4) == hs_, name,
-                " must be (layers, blocks, n_kv, block_len, head_dim)");
+    TORCH_CHECK(c.dim() == 5 && c.size(0) == num_layers() && c.size(1) == nkv_ && c.size(4) == hs_, name,
+                " must be (layers, n_kv, blocks, block_len, head_dim)");
   }
 
   void norm_rows(const float* x, const float* w, const Projection& next, int64_t B, float* out) const {
@@ -505,13 +505,13 @@ class LlamaDecoder : public torch::CustomClassHolder {
   // Each row's new k and v (after RoPE, in its qkv row) into its block at its position.
   template <typename T>
   void write_kv(const float* qkv, T* k_base, T* v_base, const int64_t* table, int64_t width,
-                const std::vector<int64_t>& positions, int64_t BL, int64_t B) const {
+                const std::vector<int64_t>& positions, int64_t n_blocks, int64_t BL, int64_t B) const {
     const int64_t q_w = nh_ * hs_, kv_w = nkv_ * hs_;
     for (int64_t b = 0; b < B; ++b) {
       const float* row = qkv + b * (q_w + 2 * kv_w);
       const int64_t block = table[b * width + positions[b] / BL], offset = positions[b] % BL;
       for (int64_t g = 0; g < nkv_; ++g) {
-        const int64_t at_pos = ((block * nkv_ + g) * BL + offset) * hs_;
+        const int64_t at_pos = ((g * n_blocks + block) * BL + offset) * hs_;
         for (int64_t i = 0; i < hs_; ++i) {
           store(row[q_w + g * hs_ + i], k_base + at_pos + i);
           store(row[q_w + kv_w + g * hs_ + i], v_base + at_pos + i);
@@ -526,8 +526,8 @@ class LlamaDecoder : public torch::CustomClassHolder {
   // output projection's smoothing.
   template <typename T>
   void attend(const float* qkv, const T* k_base, const T* v_base, const int64_t* table, int64_t width,
-              const std::vector<int64_t>& positions, int64_t BL, const Projection& out_proj, int64_t window,
-              int64_t B, float* y) const {
+              const std::vector<int64_t>& positions, int64_t n_blocks, int64_t BL, const Projection& out_proj,
+              int64_t window, int64_t B, float* y) const {
     const int64_t group = nh_ / nkv_, q_w = nh_ * hs_, row_w = q_w + 2 * nkv_ * hs_;
     int64_t shift = 0;
     while ((int64_t{1} << shift) < BL) ++shift;
@@ -537,7 +537,7 @@ class LlamaDecoder : public torch::CustomClassHolder {
         const int64_t b = item / nkv_, g = item % nkv_;
         const int64_t first = window > 0 ? std::max<int64_t>(0, positions[b] + 1 - window) : 0;
         const int64_t n = positions[b] + 1 - first;
-        const PagedRows<T> keys{k_base, table + b * width, shift, nkv_ * BL * hs_, g * BL * hs_, hs_, first};
+        const PagedRows<T> keys{k_base, table + b * width, shift, BL * hs_, g * n_blocks * BL * hs_, hs_, first};
         PagedRows<T> values = keys;
         values.base = v_base;
         scores.resize(group * n);

@@ -86,7 +86,7 @@ def test_cache_holds_kv_heads_only_and_cached_decoding_equals_recomputation(fres
     cfg = llama_config()
     model = build_model(cfg).init_weights(fresh_seed).eval()
     cache = model.new_cache(2, 32)
-    assert cache.k.shape == (cfg.n_decoder_layers, 1 + 2 * 2, cfg.kv_heads, 16, cfg.head_dim)  # 2 rows x 32 positions
+    assert cache.k.shape == (cfg.n_decoder_layers, cfg.kv_heads, 1 + 2 * 2, 16, cfg.head_dim)  # 2 rows x 32 positions
     g = torch.Generator().manual_seed(fresh_seed)
     prompts = [torch.randint(3, cfg.vocab_size, (n,), generator=g).tolist() for n in (5, 11)]
     params = SamplingParams(max_new_tokens=20, temperature=0.0, ignore_eos=True)
