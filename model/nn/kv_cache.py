@@ -334,7 +334,7 @@ class PagedKVCache(nn.Module):
         ``real`` (B, T) is False (padding) into the null block. Row copies into the pool
         flattened to (nh * blocks * block_len, hs): an index_put_ with a slice between its index
         tensors is ~50x slower on CPU."""
-        bl, nh, hs = self.block_len, self.n_heads, self.head_dim
+        bl, hs = self.block_len, self.head_dim
         blocks = tables.gather(1, (positions // bl).clamp(max=tables.size(1) - 1))  # (B, T)
         offsets = positions % bl
         if real is not None:
