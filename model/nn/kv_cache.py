@@ -353,8 +353,10 @@ class PagedKVCache(nn.Module):
         ids = tables[:, :n]
         out = []
         for buf in (self.k, self.v):
-            run = buf[layer][:, ids]  # (nh, B, n, bl, hs)
-            nh, b, _, bl, hs = run.shape
+            b = ids.size(0)
+            pool = buf[layer]  # (nh, blocks, bl, hs)
+            nh, _, bl, hs = pool.shape
+            run = pool.index_select(1, ids.reshape(-1)).view(nh, b, n, bl, hs)  # a row copy per block
             dst = torch.empty((b, nh, n * bl, hs), dtype=dtype or buf.dtype, device=buf.device)
             dst.view(b, nh, n, bl, hs).copy_(run.transpose(0, 1))
             out.append(dst if n * bl == length else dst[:, :, :length])
