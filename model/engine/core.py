@@ -98,10 +98,6 @@ class EngineCore:
                 "capacity_tokens": self.scheduler.capacity_tokens(), "preemptions": self.scheduler.preemptions,
                 "evictions": pool.evictions}
 
-    def tokens_held(self) -> int:
-        """Positions the running sequences really hold (for the waste measure)."""
-        return sum(max(s.next_pos, s.prefilled) for s in self.scheduler.running + self.scheduler.prefilling)
-
     # --- requests in and out -----------------------------------------------------------
     @property
     def has_work(self) -> bool:

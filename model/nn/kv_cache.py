@@ -211,9 +211,6 @@ class PagedKVCache(nn.Module):
     def nbytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self.buffers())
 
-    def block_bytes(self) -> int:
-        return 2 * self.n_layers * self.n_heads * self.block_len * self.head_dim * self.k.element_size()
-
     # --- block tables ----------------------------------------------------------------------
     def held(self, slot: int) -> int:
         """Positions the row's blocks cover."""
