@@ -29,6 +29,7 @@ from model.decode import DecodeStep
 from model.decode.triton_attention import kernel_runs_on
 from model.engine.grammar import CompiledGrammar, GrammarError, GrammarSpec
 from model.engine.sampling import MAX_STOP_STRINGS, MAX_TOP_LOGPROBS
+from model.engine.speculative import SpeculativeConfig
 from model.tokenization.chat_template import ChatMessageError, ChatTemplate, ChatTemplateError
 from service.engine_base import BaseEngine, TokenUsage
 from service.engine_errors import EmptyInputError, InputTooLongError, InvalidRequestError, QueueFullError
@@ -88,7 +89,9 @@ class GenerativeEngine(BaseEngine):
         self.max_src_len = self.max_len if self.encdec else 0
         self.core = EngineCore(self.model, self.tokenizer, settings.max_batch, self.max_len, self.max_src_len,
                                settings.max_prefill_tokens, settings.prefix_cache and not self.encdec, step=step,
-                               kv_cache_bytes=settings.kv_cache_bytes)
+                               kv_cache_bytes=settings.kv_cache_bytes, speculative=SpeculativeConfig(
+                                   settings.speculative, settings.speculative_tokens,
+                                   max_batch=settings.speculative_max_batch))
         # One sequence may use the whole pool, no more: the context a request sees is the smaller.
         self.max_len = min(self.max_len, self.core.scheduler.capacity_tokens())
         self._inbox: list[EngineRequest] = []
@@ -365,6 +368,10 @@ class GenerativeEngine(BaseEngine):
             m.constrained_tokens.labels(name).inc(result.constrained_tokens)
         if result.preempted:
             m.preemptions.labels(name).inc(result.preempted)
+        if result.drafted_tokens:
+            m.draft_tokens.labels(name).inc(result.drafted_tokens)
+            m.accepted_tokens.labels(name).inc(result.accepted_tokens)
+            m.acceptance.labels(name).set(self.core.accepted_tokens / self.core.drafted_tokens)
         if result.batch_size:
             m.steps.labels(name).inc()
             m.batch_size.labels(name).set(result.batch_size)

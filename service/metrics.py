@@ -53,6 +53,13 @@ class Metrics:
                               registry=r)
         self.preemptions = Counter(name("preemptions"), "Sequences that gave their KV blocks back to let others "
                                    "go on (they resume later, same output).", ["model"], registry=r)
+        self.draft_tokens = Counter(name("spec_draft_tokens"), "Speculative decoding: draft tokens fed for "
+                                    "verification (prompt lookup).", ["model"], registry=r)
+        self.accepted_tokens = Counter(name("spec_accepted_tokens"), "Speculative decoding: draft tokens the model "
+                                       "agreed with and kept (a share of tserve_generated_tokens_total).", ["model"],
+                                       registry=r)
+        self.acceptance = Gauge(name("spec_acceptance_ratio"), "Speculative decoding: accepted / drafted tokens "
+                                "since the model loaded.", ["model"], registry=r)
         self.batch_size = Gauge(name("batch_size"), "Sequences in the latest engine step.", ["model"], registry=r)
         self.step_batch = Histogram(name("step_batch_size"), "Sequences per engine step (forward pass).",
                                     ["model"], buckets=BATCH_BUCKETS, registry=r)

@@ -76,6 +76,12 @@ class Settings(BaseSettings):
     max_prefill_tokens: int = Field(2048, ge=16, description="prompt tokens processed per engine step")
     prefix_cache: bool = Field(True, description="decoder models share the KV blocks of prompt prefixes they "
                                "have seen (read in place)")
+    speculative: Literal["ngram", "off"] = Field(
+        "ngram", description="speculative decoding for decoder models: ngram drafts the tokens that followed the "
+        "text's latest repeated span (prompt lookup) and verifies them in the same step; off")
+    speculative_tokens: int = Field(4, ge=1, le=16, description="draft tokens per sequence per step at most")
+    speculative_max_batch: int = Field(4, ge=1, description="draft only while at most this many sequences "
+                                       "decode (beyond, extra rows cost what they save)")
     max_encoder_batch: int = Field(64, ge=1, description="texts per fill-mask/embedding forward pass")
     request_timeout_s: float = Field(300.0, gt=0, description="a request still running after this fails with 504")
     warmup: bool = True

@@ -25,6 +25,7 @@ from model.engine.prefix_cache import PrefixCache
 from model.engine.requests import EngineEvent, EngineRequest
 from model.engine.runner import ModelRunner, StepOutput
 from model.engine.scheduler import Scheduler
+from model.engine.speculative import SpeculativeConfig
 from model.nn.kv_cache import BLOCK_LEN, PagedKVCache, blocks_for
 from model.nn.transformer import DecoderLM, EncoderDecoder
 from model.tokenization.tokenizer import Tokenizer
@@ -40,16 +41,20 @@ class StepResult:
     prefix_query_tokens: int = 0  # prompt tokens of the admitted requests looked up in it
     constrained_tokens: int = 0  # tokens chosen under a grammar this step
     preempted: int = 0  # sequences that gave their blocks back this step
+    drafted_tokens: int = 0  # speculative decoding: draft tokens fed this step
+    accepted_tokens: int = 0  # of those, kept
 
 
 class EngineCore:
     def __init__(self, model: DecoderLM | EncoderDecoder, tokenizer: Tokenizer | None, n_slots: int, max_len: int,
                  max_src_len: int = 0, max_prefill_tokens: int = 2048, prefix_cache: bool = False,
-                 step: DecodeStep | None = None, kv_cache_bytes: int = 0):
+                 step: DecodeStep | None = None, kv_cache_bytes: int = 0,
+                 speculative: SpeculativeConfig | None = None):
         """``n_slots``: the most sequences in flight (rows); ``max_len``: one sequence's context;
         ``kv_cache_bytes``: the block pool's size, at most every row at ``max_len`` (0: exactly
         that, nothing waits for memory). ``prefix_cache``: share cached prompt blocks (decoder-only). ``step``: the
-        decode step (``model.decode.prepare``); default the model's own Python step, float, SDPA."""
+        decode step (``model.decode.prepare``); default the model's own Python step, float, SDPA.
+        ``speculative``: draft tokens by prompt lookup (model.engine.speculative); default none."""
         self.model, self.tokenizer = model, tokenizer
         self.decode_step: DecodeStep = step or PythonStep(model)
         self.n_slots, self.max_len, self.max_src_len = n_slots, max_len, max_src_len
@@ -66,7 +71,8 @@ class EngineCore:
         every_layer_windowed = cfg.sliding_window is not None and all(
             layer.self_attn.window for layer in model.decoder_layers)
         self.scheduler = Scheduler(prompts, tokenizer, cfg.eos_token_id, cache, max_prefill_tokens, self.prefix,
-                                   cfg.sliding_window if every_layer_windowed else 0)
+                                   cfg.sliding_window if every_layer_windowed else 0, speculative)
+        self.drafted_tokens = self.accepted_tokens = 0  # speculative decoding, since start
         self._grammars: GrammarCompiler | None = None
 
     @property
@@ -162,7 +168,11 @@ class EngineCore:
                 self.cache.pool.forget(block)
             raise
         self.scheduler.advance(plan)
-        events = self._update(output)
+        events = self._update(output, plan.drafts)
+        drafted = sum(len(d) for d in plan.drafts.values())
+        accepted = sum(len(run) - 1 for run in output.runs.values())
+        self.drafted_tokens += drafted
+        self.accepted_tokens += accepted
         events += [EngineEvent(r.request_id, error="input_too_long", prompt_tokens=len(r.prompt_ids),
                                message=f"the request needs more KV cache than this model has: prompt and "
                                        f"max_tokens together may be at most {self.scheduler.capacity_tokens()} "
@@ -170,12 +180,20 @@ class EngineCore:
         query = sum(len(s.req.prompt_ids) for s in plan.admitted) if self.prefix is not None else 0
         constrained = sum(1 for seq in output.samples if getattr(seq.decoding, "matcher", None) is not None)
         return StepResult(events, [s.req for s in plan.admitted if not s.resumed], plan.batch_size,
-                          plan.prompt_tokens, plan.prefix_hit_tokens, query, constrained, len(plan.preempted))
+                          plan.prompt_tokens, plan.prefix_hit_tokens, query, constrained, len(plan.preempted),
+                          drafted, accepted)
 
-    def _update(self, output: StepOutput) -> list[EngineEvent]:
+    def _update(self, output: StepOutput, drafts: dict) -> list[EngineEvent]:
         events = []
         for seq, sample in output.samples.items():
             event = seq.decoding.apply(seq, sample)
+            if seq.drafter is not None:
+                seq.drafter.extend(event.token_ids)
+            events.append(event)
+            if event.finished:
+                self.scheduler.retire(seq)
+        for seq, run in output.runs.items():
+            event = self._apply_run(seq, run, len(drafts[seq]))
             events.append(event)
             if event.finished:
                 self.scheduler.retire(seq)
@@ -185,3 +203,24 @@ class EngineCore:
                 events.append(event)
                 self.scheduler.retire(seq)
         return events
+
+    def _apply_run(self, seq, run: list, drafted: int) -> EngineEvent:
+        """A drafting sequence's tokens of this step, applied one by one until one ends it,
+        as one event; the sequence moves on past the drafts it kept."""
+        event = None
+        for n, sample in enumerate(run, 1):
+            e = seq.decoding.apply(seq, sample)
+            if event is None:
+                event = e
+            else:
+                event.text += e.text
+                event.token_ids += e.token_ids
+                event.logprobs += e.logprobs
+                event.top_logprobs += e.top_logprobs
+                event.finish_reason, event.completion_tokens = e.finish_reason, e.completion_tokens
+            if e.finished:
+                break
+        seq.next_pos += n - 1  # advance() moved it past the fed token; the kept drafts follow it
+        seq.drafter.extend(seq.output_ids[-n:])
+        seq.drafter.settle(drafted, len(run) - 1)
+        return event

@@ -16,6 +16,7 @@ from model.engine.core import EngineCore
 from model.engine.generation import FINISH_LENGTH, GenerationResult
 from model.engine.requests import EngineEvent, EngineRequest
 from model.engine.sampling import SamplingParams
+from model.engine.speculative import SpeculativeConfig
 from model.nn.transformer import DecoderLM, EncoderDecoder
 from model.tokenization.tokenizer import Tokenizer
 
@@ -43,7 +44,7 @@ def _result(events: list[EngineEvent]) -> GenerationResult:
 
 def _core(model: DecoderLM | EncoderDecoder, tokenizer: Tokenizer | None, prompts: Sequence[Sequence[int]],
           params: list[SamplingParams], prefix_cache: bool = False, step: DecodeStep | None = None,
-          options: DecodeOptions | None = None) -> EngineCore:
+          options: DecodeOptions | None = None, speculative: SpeculativeConfig | None = None) -> EngineCore:
     """A core with a slot for every sequence and room for every prompt in one prefill."""
     if step is None and options is not None:
         step = prepare(model, options, tokenizer)
@@ -53,7 +54,7 @@ def _core(model: DecoderLM | EncoderDecoder, tokenizer: Tokenizer | None, prompt
     return EngineCore(model, tokenizer, n_slots=sum(p.beam_size for p in params), max_len=max_len,
                       max_src_len=max(len(p) for p in prompts) if encdec else 0,
                       max_prefill_tokens=max(1, sum(len(p) for p in prompts)), prefix_cache=prefix_cache,
-                      step=step)
+                      step=step, speculative=speculative)
 
 
 @torch.inference_mode()
@@ -65,17 +66,19 @@ def generate(
     prefix_cache: bool = False,
     step: DecodeStep | None = None,
     options: DecodeOptions | None = None,
+    speculative: SpeculativeConfig | None = None,
 ) -> list[GenerationResult]:
     """Greedy or sampled generation for a batch of prompts (sources, for the encoder-decoder).
 
     Finished sequences leave the batch; the rest keep stepping at their own positions. With
     ``prefix_cache`` (decoder-only), prompts sharing leading blocks compute them once.
-    ``step`` / ``options``: the decode step (see the module docstring).
+    ``step`` / ``options``: the decode step (see the module docstring). ``speculative``: draft
+    tokens by prompt lookup (decoder-only; model.engine.speculative).
     """
     rows = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
     if any(r.beam_size > 1 for r in rows):
         raise ValueError("generate() samples or decodes greedily; use model.beam_search for beam_size > 1")
-    core = _core(model, tokenizer, prompts, rows, prefix_cache, step, options)
+    core = _core(model, tokenizer, prompts, rows, prefix_cache, step, options, speculative)
     return [_result(e) for e in _run(core, prompts, rows)]
 
 

@@ -24,7 +24,8 @@ class SlotMove:
 
 @dataclass
 class DecodeRow:
-    """One new token at ``position`` of ``slot``, fed back from the previous step."""
+    """One new token at ``position`` of ``slot``, fed back from the previous step, or a draft
+    (speculative decoding: the rows after a sequence's fed token, at the positions after it)."""
 
     seq: Sequence
     slot: int
@@ -57,6 +58,7 @@ class StepPlan:
     named: list[int] = field(default_factory=list)  # blocks named for the prefix cache, written by this step
     preempted: list[Sequence] = field(default_factory=list)  # gave their blocks back; resume later
     rejected: list[EngineRequest] = field(default_factory=list)  # can never fit the pool
+    drafts: dict[Sequence, list[int]] = field(default_factory=dict)  # speculative: rows after the fed token
 
     @property
     def empty(self) -> bool:
@@ -64,7 +66,7 @@ class StepPlan:
 
     @property
     def batch_size(self) -> int:
-        """Rows in this step's forward passes."""
+        """Rows in this step's forward passes (drafts included)."""
         return len(self.decode) + len(self.chunks) + sum(len(s.slots) for s in self.sources)
 
     @property

@@ -23,6 +23,7 @@ from model.engine.grammar import allowed_tokens
 from model.engine.plan import StepPlan
 from model.engine.requests import BeamDecoding, Sample, Sequence
 from model.engine.sampling import Sampler
+from model.engine.speculative import verify
 from model.nn.host_transfer import to_device
 from model.nn.transformer import DecoderLM, EncoderDecoder
 
@@ -31,6 +32,7 @@ from model.nn.transformer import DecoderLM, EncoderDecoder
 class StepOutput:
     samples: dict[Sequence, Sample] = field(default_factory=dict)
     beam_logprobs: dict[Sequence, Tensor] = field(default_factory=dict)  # (beam_size, V)
+    runs: dict[Sequence, list[Sample]] = field(default_factory=dict)  # drafting sequences: kept drafts + one
 
 
 class ModelRunner:
@@ -50,7 +52,7 @@ class ModelRunner:
         self.cache.zero_fresh()  # blocks the plan allocated, zeroed before anything (a copy on write) fills them
         self.cache.copy_blocks(plan.copies)
         logits, owners = self._forward(plan)
-        return self._choose(logits, owners) if logits is not None else StepOutput()
+        return self._choose(logits, owners, plan.drafts) if logits is not None else StepOutput()
 
     def _apply_moves(self, plan: StepPlan) -> None:
         for move in plan.moves:
@@ -85,9 +87,12 @@ class ModelRunner:
             return None, []
         return (torch.cat(parts) if len(parts) > 1 else parts[0]), owners
 
-    def _choose(self, logits: Tensor, owners: list[Sequence]) -> StepOutput:
+    def _choose(self, logits: Tensor, owners: list[Sequence], drafts: dict[Sequence, list[int]]) -> StepOutput:
         out = StepOutput()
-        sampled = [i for i, seq in enumerate(owners) if not isinstance(seq.decoding, BeamDecoding)]
+        if drafts:
+            out.runs = self._verify(logits, owners, drafts)
+        sampled = [i for i, seq in enumerate(owners)
+                   if not isinstance(seq.decoding, BeamDecoding) and seq not in drafts]
         if sampled:
             seqs = [owners[i] for i in sampled]
             params = [s.req.params for s in seqs]
@@ -104,6 +109,34 @@ class ModelRunner:
             first = owners.index(seq)  # a beam search's rows are adjacent
             out.beam_logprobs[seq] = logits[first: first + len(seq.slots)].float().log_softmax(dim=-1)
         return out
+
+    def _verify(self, logits: Tensor, owners: list[Sequence], drafts: dict[Sequence, list[int]]
+                ) -> dict[Sequence, list[Sample]]:
+        """Speculative decoding: each drafting sequence's kept drafts and the token after them
+        (model.engine.speculative), with their logprobs where asked."""
+        seqs = list(drafts)
+        firsts = [owners.index(seq) for seq in seqs]  # a sequence's rows are adjacent, fed token first
+        index = to_device([f + j for f, seq in zip(firsts, seqs) for j in range(len(drafts[seq]) + 1)],
+                          torch.long, self.device)
+        rows = logits[index]
+        params = [seq.req.params for seq in seqs]
+        tokens = verify(rows, [drafts[seq] for seq in seqs], params, [seq.decoding.generator for seq in seqs])
+        runs, at = {}, 0
+        for seq, p, toks in zip(seqs, params, tokens):
+            slot = seq.slots[0]
+            ids = torch.as_tensor(toks, device=self.device)
+            self.seen[slot, ids] = True
+            self.counts[slot].index_add_(0, ids, torch.ones(len(toks), device=self.device))
+            lps, tops = [None] * len(toks), [None] * len(toks)
+            if p.logprobs is not None:
+                logp = rows[at: at + len(toks)].float().log_softmax(dim=-1)
+                lps = logp.gather(1, ids[:, None]).squeeze(1).tolist()
+                if p.logprobs:
+                    top_lp, top_ids = logp.topk(p.logprobs, dim=-1)
+                    tops = [dict(zip(i, v)) for i, v in zip(top_ids.tolist(), top_lp.tolist())]
+            runs[seq] = list(zip(toks, lps, tops))
+            at += len(drafts[seq]) + 1
+        return runs
 
     def _allowed(self, seqs: list[Sequence], vocab: int) -> Tensor | None:
         """(B, V) bool of the tokens each row may take, or None when no row follows a grammar.

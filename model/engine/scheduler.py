@@ -38,6 +38,7 @@ from model.engine.families import DecoderPrompts, SourcePrompts
 from model.engine.plan import DecodeRow, SlotMove, StepPlan
 from model.engine.prefix_cache import PrefixCache, block_hashes
 from model.engine.requests import BeamDecoding, EngineRequest, SampledDecoding, Sequence
+from model.engine.speculative import NgramDrafter, SpeculativeConfig, drafts_allowed
 from model.nn.kv_cache import PagedKVCache, blocks_for
 from model.tokenization.tokenizer import Tokenizer
 
@@ -45,14 +46,17 @@ from model.tokenization.tokenizer import Tokenizer
 class Scheduler:
     def __init__(self, prompts: DecoderPrompts | SourcePrompts, tokenizer: Tokenizer | None, eos_id: int | None,
                  cache: PagedKVCache, max_prefill_tokens: int, prefix: PrefixCache | None = None,
-                 release_window: int = 0):
+                 release_window: int = 0, speculative: SpeculativeConfig | None = None):
         """``release_window`` > 0: every layer attends inside that sliding window, so blocks
-        behind it are given back as a sequence moves on."""
+        behind it are given back as a sequence moves on. ``speculative``: draft tokens by prompt
+        lookup (decoder-only; model.engine.speculative)."""
         self.prompts, self.tokenizer, self.eos_id = prompts, tokenizer, eos_id
         self.cache = cache
         self.prefix = prefix if not prompts.encodes_source else None
         self.n_slots, self.max_prefill_tokens = cache.n_slots, max_prefill_tokens
         self.release_window = release_window
+        self.speculative = speculative if speculative is not None and speculative.enabled \
+            and not prompts.encodes_source else None
         self.free: list[int] = list(range(cache.n_slots))  # a heap: lowest rows first keeps batches contiguous
         self.waiting: deque[EngineRequest] = deque()
         self.preempted: deque[Sequence] = deque()  # resume first, oldest first
@@ -142,8 +146,33 @@ class Scheduler:
                 self._preempt(victim, plan)
                 if victim is seq:
                     break
-        plan.decode = [DecodeRow(seq, slot, seq.next_tokens[j], seq.next_pos)
-                       for seq in sorted(self.running, key=lambda s: s.slots[0]) for j, slot in enumerate(seq.slots)]
+        if self.speculative is not None and len(self.running) <= self.speculative.max_batch:
+            for seq in self.running:
+                if seq.drafter is not None:
+                    drafts = self._drafts(seq, plan)
+                    if drafts:
+                        plan.drafts[seq] = drafts
+        plan.decode = [DecodeRow(seq, slot, tok, seq.next_pos + i)
+                       for seq in sorted(self.running, key=lambda s: s.slots[0]) for j, slot in enumerate(seq.slots)
+                       for i, tok in enumerate([seq.next_tokens[j], *plan.drafts.get(seq, ())])]
+
+    def _drafts(self, seq: Sequence, plan: StepPlan) -> list[int]:
+        """Draft tokens for ``seq`` this step, with the blocks their positions need (as many as
+        the pool gives without preempting anyone: drafts are a bet, never worth a preemption)."""
+        left = min(seq.req.params.max_new_tokens - seq.generated, self.cache.max_len - seq.next_pos) - 1
+        drafts = seq.drafter.propose(min(self.speculative.tokens, left)) if left > 0 else []
+        slot, first = seq.slots[0], seq.next_pos + 1
+        for n in range(len(drafts)):
+            pos = first + n
+            if not self.cache.ensure(slot, pos + 1):
+                return drafts[:n]
+            if pos % self.cache.block_len == 0:  # a block of its own only if the fed token's block is not it
+                copy = self.cache.private(slot, pos)
+                if copy is False:
+                    return drafts[:n]
+                if copy is not None:
+                    plan.copies.append(copy)
+        return drafts
 
     def _blocks_for_step(self, seq: Sequence, plan: StepPlan) -> bool:
         """Make the block of ``seq.next_pos`` writable in each of its rows: allocated, and its
@@ -212,6 +241,7 @@ class Scheduler:
             seq.admitted_at = time.monotonic()
             if seq.decoding is None:
                 seq.decoding = self._decoding(req, device)
+                seq.drafter = self._drafter(seq)
             if self.prefix is not None:
                 self.cache.adopt(seq.slots[0], hit)
                 self.prefix.count(len(seq.input_ids), len(hit))
@@ -232,6 +262,11 @@ class Scheduler:
         if req.params.beam_size > 1:
             return BeamDecoding(req, self.tokenizer, self.eos_id)
         return SampledDecoding(req, self.tokenizer, self.eos_id, self.prompts.context(req.prompt_ids), device)
+
+    def _drafter(self, seq: Sequence) -> NgramDrafter | None:
+        if self.speculative is None or not drafts_allowed(seq.req.params, seq.req.grammar is not None):
+            return None
+        return NgramDrafter(seq.req.prompt_ids + seq.output_ids, self.speculative)
 
     def _never_fits(self, seq: Sequence) -> bool:
         """Its input and output together need more blocks than the whole pool has."""
@@ -295,7 +330,9 @@ class Scheduler:
 
     # --- applying a step's outcome -------------------------------------------------------
     def advance(self, plan: StepPlan) -> None:
-        """Positions after the forward passes: decode rows moved one on; prompt work done."""
+        """Positions after the forward passes: decode rows moved one on (a drafting sequence
+        moves on by its kept drafts too, once they are known: ``EngineCore._update``); prompt
+        work done."""
         for seq in dict.fromkeys(row.seq for row in plan.decode):
             seq.next_pos += 1
         for chunk in plan.chunks:

@@ -103,8 +103,46 @@ class DecodeInt8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if getattr(_STEP, "decoding", False):
-            return self.quantized(x if self.inv_scale is None else x * self.inv_scale)
+            return self.int8(x if self.inv_scale is None else x * self.inv_scale)
         return self.dense(x)
+
+    def int8(self, x: Tensor) -> Tensor:
+        """The int8 projection of ``x`` (..., in), each row's activations quantized on their own
+        range (``rowwise_int8_linear``), so a row's result never depends on the rows beside it."""
+        if getattr(self, "_row_sum", None) is None:
+            w = self.quantized.weight()
+            self._row_sum = w.dequantize().float().sum(1)
+            self._bias = self.quantized.bias()
+        flat = x.reshape(-1, x.size(-1)).float()
+        out = rowwise_int8_linear(flat, self.quantized._packed_params._packed_params, self._row_sum, self._bias)
+        return out.reshape(*x.shape[:-1], out.size(-1))
+
+
+INT8_LEVELS = 127.0  # 7-bit activations, as fbgemm's dynamic linear uses on x86 (reduce_range)
+
+
+def rowwise_int8_linear(x: Tensor, packed, row_sum: Tensor, bias: Tensor | None) -> Tensor:
+    """``W x + b`` for x (B, in) with int8 weights (``packed``, fbgemm) and each row of ``x``
+    quantized to 7 bits over its own range [min(x_i, 0), max(x_i, 0)], as fbgemm's dynamic
+    linear quantizes a whole batch over one range. One range per batch made a row's result
+    depend on the other rows (greedy outputs changed with the batch, and with speculative
+    decoding's draft rows); one per row keeps every row as it would be alone.
+
+    fbgemm takes one activation scale per call, so each row is mapped onto the shared grid
+    first: u_i = x_i / s_i + z_i lies in [0, 127] and quantizes (scale 1, zero point 0) to the
+    row's own levels; the product is then corrected back, W x_i = s_i (W u_i - z_i W 1), with
+    ``row_sum`` = W 1 (the int8 weights, dequantized, summed over inputs). The same kernel, one
+    pass over the weights; the native decode step does the same in C++."""
+    lo = x.amin(-1, keepdim=True).clamp(max=0.0)
+    hi = x.amax(-1, keepdim=True).clamp(min=0.0)
+    scale = (hi - lo) / INT8_LEVELS
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    zero = (-lo / scale).round()
+    y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(x / scale + zero, 1.0, 0, packed)
+    if bias is not None:
+        y = y - bias
+    y = scale * (y - zero * row_sum)
+    return y + bias if bias is not None else y
 
 
 @torch.no_grad()

@@ -1,5 +1,5 @@
 // One decode step of a Llama-architecture decoder in C++ (see model/decode/native.py for why and how
-// it is built). The projections are fbgemm's dynamic int8 linears (or float ones, at::linear):
+// it is built). The projections are fbgemm int8 linears, activations quantized row by row (or float ones, at::linear):
 // the same kernels the eager int8 path calls. Everything between them (RMSNorm, smoothing
 // scales, RoPE, the K/V write into the paged cache, grouped-query attention over each row's own
 // history, read block by block where it lies, SiLU gating, residuals) is plain loops over
@@ -44,10 +44,49 @@ struct Projection {
   c10::intrusive_ptr<LinearPackedParamsBase> packed;
   Tensor weight, bias;  // the float path
   std::vector<float> inv_scale;  // SmoothQuant's 1 / s per input channel; empty: none
+  std::vector<float> row_sum, int8_bias;  // int8: W 1 (dequantized weights summed over inputs), b (or empty)
 
   Tensor operator()(const Tensor& x) const {
-    if (packed) return packed->apply_dynamic(x, /*reduce_range=*/true);  // as nnqd.Linear on x86
+    if (packed) return int8_rows(x.contiguous());
     return at::linear(x, weight, bias.defined() ? c10::optional<Tensor>(bias) : c10::nullopt);
+  }
+
+  // Each row's activations quantized to 7 bits over the row's own range, as
+  // model.quant.int8.rowwise_int8_linear does (its docstring has the algebra): a row's result
+  // never depends on the rows beside it. fbgemm takes one activation scale per call, so each
+  // row goes onto the shared grid u = x / s + z in [0, 127] and is corrected back afterwards.
+  Tensor int8_rows(const Tensor& x) const {
+    const int64_t B = x.size(0), n = x.size(1);
+    Tensor u = at::empty_like(x);
+    std::vector<float> scale(B), zero(B);
+    const float* xp = x.data_ptr<float>();
+    float* up = u.data_ptr<float>();
+    for (int64_t b = 0; b < B; ++b) {
+      const float* row = xp + b * n;
+      float lo = 0.0f, hi = 0.0f;
+      for (int64_t k = 0; k < n; ++k) {
+        lo = std::min(lo, row[k]);
+        hi = std::max(hi, row[k]);
+      }
+      float s = (hi - lo) / 127.0f;
+      if (!(s > 0.0f)) s = 1.0f;
+      const float z = std::nearbyint(-lo / s);
+      scale[b] = s;
+      zero[b] = z;
+      for (int64_t k = 0; k < n; ++k) up[b * n + k] = row[k] / s + z;
+    }
+    Tensor y = packed->apply_with_input_q_dq_qweight_dq_output_fp32(u, 1.0, 0);
+    const int64_t m = y.size(1);
+    float* yp = y.data_ptr<float>();
+    const bool has_bias = !int8_bias.empty();
+    for (int64_t b = 0; b < B; ++b) {
+      float* out = yp + b * m;
+      for (int64_t j = 0; j < m; ++j) {
+        const float bj = has_bias ? int8_bias[j] : 0.0f;
+        out[j] = scale[b] * ((out[j] - bj) - zero[b] * row_sum[j]) + bj;
+      }
+    }
+    return y;
   }
   float scale(int64_t j) const { return inv_scale.empty() ? 1.0f : inv_scale[j]; }
 };
@@ -336,6 +375,10 @@ class LlamaDecoder : public torch::CustomClassHolder {
     // A script object holds its C++ instance in its first slot (a capsule).
     auto holder = packed.toObjectRef().getSlot(0).toCapsule();
     p.packed = c10::static_intrusive_pointer_cast<LinearPackedParamsBase>(holder);
+    auto unpacked = p.packed->unpack();
+    Tensor row_sum = std::get<0>(unpacked).dequantize().to(at::kFloat).sum(1);
+    p.row_sum = to_vector(row_sum, row_sum.numel(), "row_sum");
+    if (std::get<1>(unpacked)) p.int8_bias = to_vector(*std::get<1>(unpacked), row_sum.numel(), "bias");
     finish(std::move(p), inv_scale);
   }
 

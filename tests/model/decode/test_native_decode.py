@@ -311,3 +311,29 @@ def test_decoding_from_the_first_position_without_a_prefill(fresh_seed):
 
     torch.testing.assert_close(teacher_forced(NativeStep(model, kv_dtype=torch.float32)),
                                teacher_forced(PythonStep(model)), atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_of_one_sequence_at_consecutive_positions_equal_steps_one_by_one(dtype, fresh_seed):
+    """Speculative decoding feeds a sequence's token and its drafts as rows of one step, at
+    consecutive positions of one block table (across a block boundary here), next to another
+    sequence's row: each row attends over the rows before it, so the logits and the K/V equal
+    those of one step per token."""
+    model = _model(fresh_seed)
+    step = NativeStep(model, kv_dtype=dtype)
+    cache, first, slots, starts = _ragged(model, fresh_seed, (13, 30), (1, 0), dtype)
+    g = torch.Generator().manual_seed(fresh_seed)
+    run = [int(first[0])] + torch.randint(3, model.cfg.vocab_size, (5,), generator=g).tolist()
+    before = cache.k.clone(), cache.v.clone()
+    with torch.inference_mode():
+        one_by_one = [step(cache, torch.tensor([tok]), [1], [13 + i]) for i, tok in enumerate(run)]
+        other = step(cache, first[1:], [0], [30])
+        expected_kv = cache.k.clone(), cache.v.clone()
+        cache.k.copy_(before[0])
+        cache.v.copy_(before[1])
+        together = step(cache, torch.tensor(run + [int(first[1])]), [1] * 6 + [0], [13 + i for i in range(6)] + [30])
+    tol = dict(atol=2e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=2e-3, rtol=1e-3)
+    torch.testing.assert_close(together, torch.cat(one_by_one + [other]), **tol)
+    kv_tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=0.02, rtol=0.01)
+    torch.testing.assert_close(cache.k.float(), expected_kv[0].float(), **kv_tol)
+    torch.testing.assert_close(cache.v.float(), expected_kv[1].float(), **kv_tol)

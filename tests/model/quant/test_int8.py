@@ -94,8 +94,14 @@ def test_decode_only_int8_keeps_prompts_exact_and_decodes_in_int8(fresh_seed):
     with torch.no_grad():  # a multi-token pass takes the float layers: smoothing is exact in float
         torch.testing.assert_close(model(prompt).float()[:, :-1], full_before[:, :-1], rtol=1e-4, atol=1e-4)
     calls = {"int8": 0}
+    def counting(int8):
+        def run(x):
+            calls["int8"] += 1
+            return int8(x)
+        return run
+
     for m in wrapped:
-        m.quantized.register_forward_hook(lambda *_: calls.__setitem__("int8", calls["int8"] + 1))
+        m.int8 = counting(m.int8)
     out = generate(model, [prompt[0].tolist()], params)[0].token_ids
     assert len(out) == 6 and calls["int8"] > 0  # decode steps went through int8
     calls["int8"] = 0
@@ -111,3 +117,24 @@ def test_which_models_the_service_quantizes():
     assert wants_int8("auto", llama, "cpu") and not wants_int8("auto", llama, "cuda")
     assert not wants_int8("auto", gpt, "cpu")  # our small GPT-style models stay float by default
     assert wants_int8("int8", gpt, "cpu") and not wants_int8("none", llama, "cpu")
+
+
+def test_int8_rows_do_not_depend_on_the_rows_beside_them(fresh_seed):
+    """Each row's activations are quantized over the row's own range: a row gives the same
+    output alone or in any batch (one range per batch did not), and alone it is fbgemm's
+    dynamic int8 linear on that row to float rounding."""
+    g = torch.Generator().manual_seed(fresh_seed)
+    plain = torch.nn.Linear(96, 40)
+    with torch.no_grad():
+        plain.weight.copy_(torch.randn(40, 96, generator=g))
+        plain.bias.copy_(torch.randn(40, generator=g))
+    plain.qconfig = per_channel_dynamic_qconfig
+    quantized = nnqd.Linear.from_float(plain)
+    layer = DecodeInt8Linear(plain, quantized)
+    rows = torch.randn(6, 96, generator=g) * torch.tensor([0.1, 1.0, 8.0, 1.0, 30.0, 0.5])[:, None]
+    together = layer.int8(rows)
+    alone = torch.cat([layer.int8(rows[i:i + 1]) for i in range(6)])
+    assert torch.equal(together, alone)
+    for i in range(6):
+        torch.testing.assert_close(alone[i:i + 1], quantized(rows[i:i + 1]), atol=1e-4 * rows[i].abs().max(), rtol=1e-4)
+    assert not torch.equal(quantized(rows)[:1], quantized(rows[:1]))  # what one range per batch did
