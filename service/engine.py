@@ -124,7 +124,7 @@ class GenerativeEngine(BaseEngine):
     def info(self) -> dict[str, Any]:
         constrained = not self.encdec and self.cfg.eos_token_id is not None
         return {**super().info(), "chat": self.chat is not None, "prefix_cache": self.prefix_cache(),
-                "kv_cache": self.kv_cache(),
+                "kv_cache": self.kv_cache(), "speculative": self.speculative(),
                 "structured_outputs": constrained, "tools": constrained and self.chat is not None,
                 "tool_prompt": ("template" if self.template_takes_tools else "generic") if self.chat else None}
 
@@ -182,6 +182,15 @@ class GenerativeEngine(BaseEngine):
         for _, params, _ in items:
             params.grammar = spec
         return self.submit_all(items, group_field, limit_field, grammar=grammar)
+
+    def speculative(self) -> dict[str, Any] | None:
+        """Speculative decoding's settings and counts (None: off, or an encoder-decoder model)."""
+        spec = self.core.scheduler.speculative
+        if spec is None:
+            return None
+        drafted, accepted = self.core.drafted_tokens, self.core.accepted_tokens
+        return {"method": spec.method, "tokens": spec.tokens, "max_batch": spec.max_batch,
+                "ngram": [spec.ngram_min, spec.ngram_max], "drafted_tokens": drafted, "accepted_tokens": accepted}
 
     def prefix_cache(self) -> dict[str, int] | None:
         """The prefix cache's state (None: off, or an encoder-decoder model)."""

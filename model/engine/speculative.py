@@ -139,7 +139,17 @@ def verify(logits: Tensor, drafts: list[list[int]], params: list[SamplingParams]
     dev = logits.device
     counts = [len(d) + 1 for d in drafts]
     starts = [sum(counts[:i]) for i in range(len(counts))]
-    greedy_row = to_device([p.greedy for p, c in zip(params, counts) for _ in range(c)], torch.bool, dev)
+    argmax = logits.argmax(dim=-1)
+    greedy_host = [p.greedy for p, c in zip(params, counts) for _ in range(c)]
+    if all(greedy_host):  # greedy needs no distribution: argmax decides every row
+        out = []
+        argmax_host = argmax.tolist()
+        for start, d in zip(starts, drafts):
+            kept = 0
+            while kept < len(d) and argmax_host[start + kept] == d[kept]:
+                kept += 1
+            out.append(list(d[:kept]) + [argmax_host[start + kept]])
+        return out
     temps = to_device([1.0 if p.greedy else p.temperature for p, c in zip(params, counts) for _ in range(c)],
                       torch.float32, dev)
     scaled = logits / temps[:, None]
@@ -148,12 +158,11 @@ def verify(logits: Tensor, drafts: list[list[int]], params: list[SamplingParams]
         top_p = to_device([p.top_p for p, c in zip(params, counts) for _ in range(c)], torch.float32, dev)
         scaled = filter_top_k_top_p(scaled, top_k, top_p)
     probs = scaled.softmax(dim=-1)  # (R, V): each row's sampling distribution
-    argmax = logits.argmax(dim=-1)
     flat_drafts = [t for d in drafts for t in d]
     draft_rows = [s + j for s, d in zip(starts, drafts) for j in range(len(d))]
     p_draft = (probs[to_device(draft_rows, torch.long, dev), to_device(flat_drafts, torch.long, dev)].tolist()
                if draft_rows else [])
-    argmax_host, greedy_host = argmax.tolist(), greedy_row.tolist()
+    argmax_host = argmax.tolist()
     uniforms = _uniforms(counts, params, generators, dev)
     out, finals = [], []  # finals: (row, token refused there or -1) for the token each sequence draws
     k = 0

@@ -90,6 +90,32 @@ async def test_prefix_cache_and_kv_pool_come_from_the_settings(weights_dir):
             await engine.stop(1.0)
 
 
+async def test_speculative_decoding_comes_from_the_settings(weights_dir):
+    """Prompt lookup on a prompt that repeats itself: the same greedy tokens as without it,
+    drafts counted in /metrics and in the model's card; off, and for translation, none."""
+    on, metrics = await started(GenerativeEngine, weights_dir, "generate-tiny", speculative="ngram",
+                                speculative_tokens=3)
+    off, off_metrics = await started(GenerativeEngine, weights_dir, "generate-tiny", speculative="off")
+    mt, _ = await started(GenerativeEngine, weights_dir, "translate-tiny")
+    try:
+        assert on.info()["speculative"]["tokens"] == 3
+        assert off.info()["speculative"] is None and mt.info()["speculative"] is None
+        params = SamplingParams(max_new_tokens=40, temperature=0, ignore_eos=True)
+        prompt = [17, 42, 99, 23, 8, 61, 5] * 6
+        outs = [[t async for e in engine.submit(prompt, params) for t in e.token_ids] for engine in (on, off)]
+        assert outs[0] == outs[1] and len(outs[0]) == 40
+        drafted = sample(metrics, "tserve_spec_draft_tokens_total", model="generate-tiny")
+        accepted = sample(metrics, "tserve_spec_accepted_tokens_total", model="generate-tiny")
+        assert drafted > 0 and on.info()["speculative"]["drafted_tokens"] == drafted
+        assert sample(metrics, "tserve_spec_acceptance_ratio", model="generate-tiny") == pytest.approx(
+            accepted / drafted)
+        assert sample(metrics, "tserve_generated_tokens_total", model="generate-tiny") == 40
+        assert sample(off_metrics, "tserve_spec_draft_tokens_total", model="generate-tiny") == 0
+    finally:
+        for engine in (on, off, mt):
+            await engine.stop(1.0)
+
+
 async def test_concurrent_encoder_jobs_share_one_forward_pass(weights_dir):
     engine, metrics = await started(EncoderEngine, weights_dir, "fill-mask-tiny")
     try:
