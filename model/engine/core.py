@@ -207,8 +207,9 @@ class EngineCore:
     def _apply_run(self, seq, run: list, drafted: int) -> EngineEvent:
         """A drafting sequence's tokens of this step, applied one by one until one ends it,
         as one event; the sequence moves on past the drafts it kept."""
-        event = None
-        for n, sample in enumerate(run, 1):
+        event, n = None, 0
+        for sample in run:
+            n += 1
             e = seq.decoding.apply(seq, sample)
             if event is None:
                 event = e

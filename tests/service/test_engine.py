@@ -102,7 +102,9 @@ async def test_speculative_decoding_comes_from_the_settings(weights_dir):
         assert off.info()["speculative"] is None and mt.info()["speculative"] is None
         params = SamplingParams(max_new_tokens=40, temperature=0, ignore_eos=True)
         prompt = [17, 42, 99, 23, 8, 61, 5] * 6
-        outs = [[t async for e in engine.submit(prompt, params) for t in e.token_ids] for engine in (on, off)]
+        outs = []
+        for engine in (on, off):
+            outs.append([t async for e in engine.submit(prompt, params) for t in e.token_ids])
         assert outs[0] == outs[1] and len(outs[0]) == 40
         drafted = sample(metrics, "tserve_spec_draft_tokens_total", model="generate-tiny")
         accepted = sample(metrics, "tserve_spec_accepted_tokens_total", model="generate-tiny")
