@@ -93,6 +93,7 @@ def test_sse_streams_token_by_token_through_haproxy(cluster):
     balancer, replicas, _ = cluster
     body = {"prompt": "ROMEO:", "max_tokens": 120, "temperature": 0, "ignore_eos": True, "stream": True}
     arrivals: list[float] = []
+    tokens = 0
     running_at_first_token = None
     start = time.monotonic()
     with httpx.stream("POST", balancer.url + "/v1/generate", json=body, timeout=60) as resp:
@@ -103,11 +104,13 @@ def test_sse_streams_token_by_token_through_haproxy(cluster):
                 continue
             if line == "data: [DONE]":
                 break
-            if json.loads(line[len("data: "):]).get("token_ids"):
+            token_ids = json.loads(line[len("data: "):]).get("token_ids")
+            if token_ids:  # one token per event, or several when a step kept speculative drafts
                 arrivals.append(time.monotonic())
+                tokens += len(token_ids)
                 if running_at_first_token is None:  # is the replica still generating?
                     running_at_first_token = sum(r.metric("tserve_running_requests") for r in replicas)
-    assert len(arrivals) == 120
+    assert tokens == 120 and len(arrivals) >= 20
     # A buffered response would arrive in one piece after generation ended (running = 0 then).
     assert running_at_first_token >= 1
     assert arrivals[-1] - arrivals[0] > 0.3 * (arrivals[-1] - start), "tokens arrived in a burst, not streamed"
