@@ -28,6 +28,7 @@ def llama():
 def test_the_drafter_proposes_what_followed_the_latest_occurrence_of_the_longest_suffix():
     cfg = SpeculativeConfig(ngram_min=1, ngram_max=3)
     d = NgramDrafter([5, 6, 7, 8, 9, 1, 2, 6, 7, 3, 4, 6, 7], cfg)
+    d.kept = d.tried = 1.0  # every draft kept so far: it drafts as many as it may
     # suffix (6, 7): its latest earlier occurrence is followed by 3, 4; (3,4,6,7)... is not indexed
     assert d.propose(2) == [3, 4]
     assert d.propose(10) == [3, 4, 6, 7]  # up to the end of what is known
@@ -45,10 +46,28 @@ def test_a_drafter_whose_drafts_are_refused_waits_longer_each_time_and_resets_wh
         waits.append(d.wait)
     assert waits == [1, 3, 7, 15, 31, MAX_WAIT]
     assert [d.propose(2) for _ in range(MAX_WAIT)] == [[]] * MAX_WAIT  # waiting: no drafts
-    assert d.propose(2) == [1, 2]
+    assert d.propose(2) == [1]  # drafting again, one token at a time after so many refusals
     d.settle(drafted=2, accepted=1)
     d.settle(drafted=2, accepted=0)
     assert d.wait == 1  # the wait starts again from one step
+
+
+def test_a_sequence_drafts_more_tokens_the_more_of_them_are_kept():
+    d = NgramDrafter([1, 2, 3, 4, 5, 6, 7, 8, 1, 2], SpeculativeConfig(tokens=4))
+    for _ in range(6):
+        d.settle(drafted=4, accepted=4)
+    assert d.length() == 4 and d.propose(8) == [3, 4, 5, 6]
+    for _ in range(10):  # one draft kept in three runs: one at a time pays best
+        d.settle(drafted=4, accepted=0)
+        d.settle(drafted=4, accepted=0)
+        d.settle(drafted=4, accepted=1)
+    d.wait = 0
+    assert d.length() == 1 and d.propose(8) == [3]
+    lengths = []
+    for _ in range(4):
+        d.settle(drafted=2, accepted=2)
+        lengths.append(d.length())
+    assert lengths == sorted(lengths) and lengths[-1] > 1
 
 
 def _chi_square_ok(counts: torch.Tensor, probs: torch.Tensor) -> bool:
