@@ -273,6 +273,8 @@ def cmd_features(args) -> None:
     order = [(p, i) for p in range(args.passes) for i in range(len(rows))
              if p == 0 or not rows[i]["doc"].startswith("python3.11-doc:")]
     n_shards = math.ceil(len(order) / shard_size)
+    if args.max_shards:  # the order is shuffled, so the first shards are a random sample
+        n_shards = min(n_shards, args.max_shards)
     random.Random(1234).shuffle(order)
     t0, done = time.time(), 0
     for s in range(n_shards):
@@ -528,9 +530,21 @@ def evaluate(ckpt, heldout: list[dict], batch: int = 64) -> dict:
                          "top5": round(in5 / max(n_in, 1), 4)}}
 
 
+def frequency_baseline(train: list[dict], heldout: list[dict]) -> dict:
+    """Always the five most frequent (lower-cased) words of the training sentences."""
+    from collections import Counter
+
+    counts = Counter(w.lower() for r in train for w in WORD.findall(r["text"]))
+    top = [w for w, _ in counts.most_common(5)]
+    n = len(heldout)
+    return {"words": top, "top1": round(sum(r["answer"] == top[0] for r in heldout) / n, 4),
+            "top5": round(sum(r["answer"] in top for r in heldout) / n, 4)}
+
+
 EXAMPLES = ("The capital of France is [MASK].", "I drink a cup of [MASK] every morning.",
             "The cat sat on the [MASK].", "She opened the [MASK] and walked into the room.",
-            "Paris is the capital of [MASK].")
+            "Paris is the capital of [MASK].", "Where are [MASK] going?", "This [MASK] a book.",
+            "It [MASK] raining today.")
 
 
 def cmd_eval(args) -> None:
@@ -538,7 +552,8 @@ def cmd_eval(args) -> None:
 
     torch.set_num_threads(1)
     heldout = read_jsonl_gz(Path(args.out) / "heldout.jsonl.gz")
-    results = {}
+    results = {"baseline": frequency_baseline(read_jsonl_gz(Path(args.out) / "train.jsonl.gz"), heldout)}
+    print("baseline", json.dumps(results["baseline"]), flush=True)
     for path in args.model:
         ckpt = load_model(path)
         res = evaluate(ckpt, heldout)
@@ -570,6 +585,7 @@ def main(argv: list[str] | None = None) -> None:
     feats.add_argument("--mask-prob", type=float, default=0.15)
     feats.add_argument("--batch", type=int, default=64)
     feats.add_argument("--shard-sentences", type=int, default=4000)
+    feats.add_argument("--max-shards", type=int, default=0, help="stop after this many shards (0: all)")
     train.add_argument("--epochs", type=int, default=4)
     train.add_argument("--batch", type=int, default=512)
     train.add_argument("--lr", type=float, default=2e-3)
