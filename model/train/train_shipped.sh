@@ -15,6 +15,7 @@ for spec in translate-en-de:45 generate-en:57; do
 done
 {
   "$PY" -m model.train.fill_mask_head data
-  "$PY" -m model.train.fill_mask_head features --unfreeze-top 1 --passes 2
-  "$PY" -m model.train.fill_mask_head train --unfreeze-top 1 --epochs 1 --lr 2e-3 --layer-lr 3e-4 --warmup 50
+  "$PY" -m model.train.fill_mask_head features --unfreeze-top 1 --passes 2 --max-shards 14
+  "$PY" -m model.train.fill_mask_head train --unfreeze-top 1 --epochs 1 --lr 2e-3 --layer-lr 3e-4 --warmup 50 \
+    --log-every 20 --eval-every 200 --restart
 } > runs/fill-mask-en.log 2>&1
