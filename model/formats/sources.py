@@ -21,8 +21,8 @@ from model.formats.checkpoint import Checkpoint, CheckpointError, is_checkpoint,
 from model.formats.gguf_import import GGUFModel, is_gguf_file, load_gguf
 from model.formats.hf.importer import HFModel, is_hf_model_dir, load_hf
 from model.formats.import_cache import load_converted
-from model.formats.manifest import is_manifest_dir, locate, read_manifest
-from model.formats.sentence_transformers import is_sentence_transformer_dir, load_sentence_transformer
+from model.formats.manifest import is_manifest_dir, locate, locate_mlm_head, read_manifest
+from model.formats.sentence_transformers import attach_mlm_head, is_sentence_transformer_dir, load_sentence_transformer
 
 
 def is_model_dir(path: str | Path) -> bool:
@@ -51,7 +51,9 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
         manifest = read_manifest(path)
         file = locate(manifest)  # format is checked by read_manifest
         if manifest.format == "sentence-transformers":
-            return dataclasses.replace(load_sentence_transformer(file.parent, device, dtype), path=path)
+            ckpt = dataclasses.replace(load_sentence_transformer(file.parent, device, dtype), path=path)
+            head = locate_mlm_head(manifest)
+            return attach_mlm_head(ckpt, head) if head is not None else ckpt
         # The import is converted once and read back from the cache on later starts (import_cache).
         return load_converted(manifest, lambda: as_checkpoint(load_gguf(file), path), device, dtype)
     if is_sentence_transformer_dir(path):  # before is_hf_model_dir: its config.json is a HF BertModel's

