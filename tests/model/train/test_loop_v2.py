@@ -156,7 +156,8 @@ def test_init_from_starts_with_a_checkpoints_weights_and_tokenizer(tmp_path):
     cfg.init_from = first.out_dir
     cfg.schedule.lr = 0.0  # no update: the exported weights are the starting ones
     train(cfg, **QUIET)
-    assert (tmp_path / "b" / "work" / "tokenizer.json").read_bytes() == (tmp_path / "a" / "out" / "tokenizer.json").read_bytes()
+    copied = (tmp_path / "b" / "work" / "tokenizer.json").read_bytes()
+    assert copied == (tmp_path / "a" / "out" / "tokenizer.json").read_bytes()
     after = load(cfg.out_dir).model.state_dict()
     for key, value in start.model.state_dict().items():
         assert torch.allclose(after[key], value), key

@@ -17,14 +17,17 @@ from model.train.data.parallel_prose import (
 EN = """<html><head><title>Owners</title><style>p {}</style></head><body>
 <h2 class="title">9.3.1. Owners and Permissions</h2>
 <div class="para">Each file or directory has specific permissions for three categories of users:</div>
-<div class="itemizedlist"><ul><li><div class="para">its owner (symbolized by <code>u</code>, as in user);</div></li></ul></div>
+<div class="itemizedlist"><ul><li>
+<div class="para">its owner (symbolized by <code>u</code>, as in user);</div></li></ul></div>
 <pre>chmod u+x file</pre>
 <p>Three basic types of rights can be combined.</p>
 </body></html>"""
 DE = """<html><head><title>Eigentümer</title></head><body>
 <h2 class="title">9.3.1. Eigentümer und Berechtigungen</h2>
 <div class="para">Jede Datei und jeder Ordner hat spezifische Berechtigungen für drei Kategorien von Benutzern:</div>
-<div class="itemizedlist"><ul><li><div class="para">seinen Eigentümer (symbolisiert durch <code>u</code> wie in „user“);</div></li></ul></div>
+<div class="itemizedlist"><ul><li>
+<div class="para">seinen Eigentümer (symbolisiert durch <code>u</code> wie in „user“);</div>
+</li></ul></div>
 <pre>chmod u+x datei</pre>
 <p>Three basic types of rights can be combined.</p>
 </body></html>"""
