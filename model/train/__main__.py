@@ -28,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stop-at-step", type=int,
                         help="stop and export after this many steps, keeping the schedule planned for max_steps "
                              "(replays a time-limited run exactly)")
+    parser.add_argument("--init-from", help="start from this servable checkpoint (weights and tokenizer); "
+                                            "overrides the config's init_from")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
@@ -37,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
             cfg.out_dir = args.out
         if args.work_dir:
             cfg.work_dir = args.work_dir
+        if args.init_from:
+            cfg.init_from = args.init_from
         if args.max_steps:
             cfg.schedule.max_steps = args.max_steps
         if args.fresh and Path(cfg.work_dir).exists():

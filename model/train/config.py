@@ -38,6 +38,9 @@ class DataConfig:
     max_len: int = 128  # tokens per sequence (translation: per side; LM: block length)
     max_train_records: int | None = None  # use only the first N training records (quick trials, tests)
     max_eval_records: int | None = 1000  # cap on held-out records used for metrics
+    # corpus directory -> how many times its training records are used (a small corpus mixed
+    # into a large one); corpora not named are used once
+    repeat: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -85,6 +88,9 @@ class TrainConfig:
     out_dir: str = ""  # the servable checkpoint directory (weights/<name>)
     work_dir: str = ""  # resumable state, logs, tokenizer during training (runs/<name>)
     source_file: str = ""  # where the config was read from (for the model card)
+    # a servable checkpoint directory to start from (its weights and its tokenizer) instead of
+    # a random initialisation; ignored when a saved training state is resumed
+    init_from: str = ""
 
     @property
     def family(self) -> str:
@@ -135,7 +141,7 @@ class TrainConfig:
                 if key == "schedule" and "betas" in value:
                     value = {**value, "betas": tuple(value["betas"])}
                 kwargs[key] = sections[key](**value)
-            elif key in ("name", "task", "model", "out_dir", "work_dir"):
+            elif key in ("name", "task", "model", "out_dir", "work_dir", "init_from"):
                 kwargs[key] = value
             else:
                 raise TrainConfigError(f"{where}: unknown field '{key}'")

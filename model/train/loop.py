@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -97,6 +98,18 @@ def average_snapshots(cfg: TrainConfig, model: nn.Module, log: Callable[[str], N
     steps = [int(p.stem.split("-")[1]) for p in paths]
     log(f"[{cfg.name}] exporting the average of {len(paths)} snapshots (steps {steps})")
     return steps
+
+
+def init_weights(path: str, model: nn.Module) -> dict[str, torch.Tensor]:
+    """The weights of the servable checkpoint at ``path``, checked against ``model``'s shapes."""
+    from model.formats.checkpoint import load as load_checkpoint
+
+    start = load_checkpoint(path).model.state_dict()
+    want = model.state_dict()
+    wrong = sorted(k for k in want if k not in start or start[k].shape != want[k].shape)
+    if wrong or set(start) - set(want):
+        raise ValueError(f"init_from {path}: its architecture differs from the config's (e.g. {wrong[:3]})")
+    return {k: v.to(want[k].dtype) for k, v in start.items()}
 
 
 def prepare_tokenizer(cfg: TrainConfig, objective_cls: type[Objective], train: Sequence[dict],
@@ -210,6 +223,11 @@ def _setup(cfg: TrainConfig, resume: bool, device: str | None, log: Callable[[st
     started = time.monotonic()
     train_records, valid_records = load_records(cfg, "train"), load_records(cfg, "valid")
     objective_cls = OBJECTIVES[cfg.task]
+    init_tok = Path(cfg.init_from) / TOKENIZER_FILE if cfg.init_from else None
+    if init_tok is not None and dist.is_main and not (Path(cfg.work_dir) / TOKENIZER_FILE).is_file():
+        if not init_tok.is_file():
+            raise FileNotFoundError(f"init_from {cfg.init_from}: no {TOKENIZER_FILE} there")
+        shutil.copyfile(init_tok, Path(cfg.work_dir) / TOKENIZER_FILE)  # the same tokenizer as the start
     tok = prepare_tokenizer(cfg, objective_cls, train_records, dist)
     objective = objective_cls(cfg, tok, train_records, valid_records)
     model = build_model(cfg.model_config(tok.vocab_size, objective.special)).init_weights(s.seed).to(dist.device)
@@ -222,6 +240,9 @@ def _setup(cfg: TrainConfig, resume: bool, device: str | None, log: Callable[[st
         optimizer.load_state_dict(state["optimizer"])
         start, history = state["step"], state["history"]
         say(f"[{cfg.name}] resuming at step {start} after {history.get('train_seconds', 0) / 60:.1f} min")
+    elif cfg.init_from:
+        model.load_state_dict(init_weights(cfg.init_from, model))
+        say(f"[{cfg.name}] initialised from {cfg.init_from}")
     if dist.is_main:  # snapshots past the start belong to a run not being continued (or are re-made)
         for path in snapshot_paths(cfg):
             if int(path.stem.split("-")[1]) > start:

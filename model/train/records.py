@@ -30,7 +30,8 @@ def load_records(cfg: TrainConfig, split: str, raw: bool = False) -> list[dict]:
     for corpus in cfg.data.corpora:
         recs = load_split(corpus, split)
         cap = cfg.data.max_train_records if split == "train" else None
-        records += recs[:cap] if cap else recs
+        recs = recs[:cap] if cap else recs
+        records += recs * (cfg.data.repeat.get(corpus, 1) if split == "train" else 1)
     if cfg.task == "translation" and cfg.model.get("mask_placeholders") and not raw:
         records = mask_pairs(records)
     return records

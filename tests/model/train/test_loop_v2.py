@@ -144,3 +144,20 @@ def test_resumed_at_the_stop_step_exports_without_another_step(tmp_path):
         assert torch.equal(exported[key], value), key
     after = torch.load(state_file, weights_only=True)
     assert after["step"] == 4 and after["history"] == saved["history"]
+
+
+def test_init_from_starts_with_a_checkpoints_weights_and_tokenizer(tmp_path):
+    first = tiny_config("translation", tmp_path / "a", steps=2, eval_every=2)
+    first.eval.beam_sentences = 0
+    train(first, **QUIET)
+    start = load(first.out_dir)
+    cfg = tiny_config("translation", tmp_path / "b", steps=1, eval_every=1)
+    cfg.eval.beam_sentences = 0
+    cfg.init_from = first.out_dir
+    cfg.schedule.lr = 0.0  # no update: the exported weights are the starting ones
+    train(cfg, **QUIET)
+    copied = (tmp_path / "b" / "work" / "tokenizer.json").read_bytes()
+    assert copied == (tmp_path / "a" / "out" / "tokenizer.json").read_bytes()
+    after = load(cfg.out_dir).model.state_dict()
+    for key, value in start.model.state_dict().items():
+        assert torch.allclose(after[key], value), key
