@@ -337,3 +337,20 @@ def test_rows_of_one_sequence_at_consecutive_positions_equal_steps_one_by_one(dt
     kv_tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=0.02, rtol=0.01)
     torch.testing.assert_close(cache.k.float(), expected_kv[0].float(), **kv_tol)
     torch.testing.assert_close(cache.v.float(), expected_kv[1].float(), **kv_tol)
+
+
+def test_an_int8_row_gives_the_same_logits_alone_or_in_any_batch(fresh_seed):
+    """Activations are quantized row by row: a row's logits are bit-identical whatever shares
+    its step (one scale per batch made them depend on the other rows)."""
+    model = _int8(_model(fresh_seed), fresh_seed)
+    step = NativeStep(model)
+    cache, first, slots, starts = _ragged(model, fresh_seed, (21, 5, 40, 1), (4, 0, 2, 5), torch.bfloat16)
+    before = cache.k.clone(), cache.v.clone()
+    outs = []
+    with torch.inference_mode():
+        for n in (1, 2, 4):
+            cache.k.copy_(before[0])
+            cache.v.copy_(before[1])
+            outs.append(step(cache, first[:n], slots[:n], starts[:n]))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][0], outs[2][0])
+    assert torch.equal(outs[1][:2], outs[2][:2])
