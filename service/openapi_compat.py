@@ -214,8 +214,8 @@ def _pairs_of(pairs: list, source: str, target: str, upper: bool = False, auto: 
     out = []
     for s, t in pairs:
         targets = [v for v, base in TARGET_VARIANTS.items() if base == t] if upper else []
-        if upper:  # DeepL reads codes in any case
-            out.append({"properties": {source: _any_case([s]), target: _any_case(targets or [t])}})
+        if upper:  # DeepL reads codes in any case, and an empty source_lang as none given (detected)
+            out.append({"properties": {source: _any_case(["", s]), target: _any_case(targets or [t])}})
         else:
             out.append({"properties": {source: {"enum": [code(s)] + (["auto"] if auto else [])},
                                        target: {"enum": targets or [code(t)]}}})
@@ -241,7 +241,7 @@ def _detect(texts: dict) -> dict:
 def _deepl(texts: dict, pairs: list) -> dict:
     body = {"type": "object", "required": ["text", "target_lang"], "properties": {
         "text": texts, "target_lang": {"type": "string"}, "source_lang": {"type": "string"},
-        "formality": {"enum": [None, *(f for f in FORMALITY if f not in ("more", "less"))],
+        "formality": {"enum": [None, "", *(f for f in FORMALITY if f not in ("more", "less"))],
                       "description": "more / less: not supported for these models (400)"},
         "glossary_id": {"enum": [None, ""], "description": "no glossaries (400)"},
         "tag_handling": {"enum": [None, "", "html"], "description": "xml: not supported (400)"},

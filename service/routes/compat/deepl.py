@@ -101,8 +101,10 @@ async def translate(request: Request, registry: RegistryDep, settings: SettingsD
         raise _bad("Value for 'target_lang' not supported.", "target_lang")
     if source is not None and source not in {s for s, _ in pairs}:
         raise _bad("Value for 'source_lang' not supported.", "source_lang")
-    formality = p.get("formality") or "default"
-    if formality not in FORMALITY:
+    formality = p.get("formality")
+    if formality is None or formality == "":  # absent, or an empty form field
+        formality = "default"
+    if not isinstance(formality, str) or formality not in FORMALITY:
         raise _bad("Value for 'formality' not supported.", "formality")
     if formality in ("more", "less"):
         raise _bad("'formality' is not supported for given 'target_lang'.", "formality")
