@@ -31,7 +31,7 @@ or frequency penalties (whose per-token state the rows of one step cannot see), 
   native step: 2 rows 1.06x, 3 rows 1.16x, 5 rows 1.37x the time of 1), and a run of drafts
   pays only as far as each is kept; with a sequence's recent share of kept drafts ``a``, k
   drafts give (1 - a^(k+1)) / (1 - a) tokens for 1 + ROW_COST k of the time, so the sequence
-  drafts the k that maximises that ratio (1 below a ~ 0.33, 2 to ~0.45, 3 to ~0.55, then all);
+  drafts the k that maximises that ratio (1 below a ~ 0.35, 2 to ~0.55, 3 to ~0.65, then 4);
 - whether: a sequence whose drafts were all refused waits 1, 3, 7, ... up to 31 steps before
   it drafts again, and any accepted draft resets the wait.
 """
