@@ -21,12 +21,11 @@ Correctness:
   distribution is ``p`` is accepted with probability ``p(d)``; at the first rejection the token
   is drawn from ``p`` with ``d`` removed and renormalised; after a fully accepted run the token
   is drawn from the next position's ``p``. Each emitted token then has exactly the distribution
-  decoding without drafts gives it. A seeded request is reproducible with drafting as it is
-  without, but the two do not draw the same tokens (the draws are used differently).
+  decoding without drafts gives it. Seeded requests do not draft (``drafts_allowed``).
 
-What drafts: sampled decoder-only sequences without a grammar and without repetition, presence
-or frequency penalties (whose per-token state the rows of one step cannot see), while at most
-``max_batch`` sequences decode. Drafting adapts to what it earns:
+What drafts: greedy and unseeded sampled decoder-only sequences without a grammar and without
+repetition, presence or frequency penalties (whose per-token state the rows of one step cannot
+see), while at most ``max_batch`` sequences decode. Drafting adapts to what it earns:
 - how many: each draft row costs a step about ``ROW_COST`` more (SmolLM2 at batch 1 on the
   native step: 2 rows 1.06x, 3 rows 1.16x, 5 rows 1.37x the time of 1), and a run of drafts
   pays only as far as each is kept; with a sequence's recent share of kept drafts ``a``, k
@@ -83,8 +82,12 @@ class SpeculativeConfig:
 
 
 def drafts_allowed(params: SamplingParams, constrained: bool) -> bool:
-    """Whether a request's sequence may draft (see the module docstring)."""
-    return not (constrained or params.beam_size > 1 or params.repetition_penalty != 1.0
+    """Whether a request's sequence may draft (see the module docstring). A seeded sampled
+    request does not: whether a step drafts depends on how many sequences decode beside it,
+    and drafting uses the random stream differently, so its tokens would depend on the batch,
+    where a seed promises the same tokens alone or in any batch."""
+    seeded = params.seed is not None and not params.greedy
+    return not (constrained or seeded or params.beam_size > 1 or params.repetition_penalty != 1.0
                 or params.presence_penalty or params.frequency_penalty)
 
 
