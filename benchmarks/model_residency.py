@@ -34,7 +34,8 @@ REQUESTS = {  # family -> (path, body)
 }
 
 
-def _metric(text: str, name: str) -> float:
+def metric_total(text: str, name: str) -> float:
+    """The sum of every sample of ``name`` in a Prometheus text exposition."""
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
 
 
@@ -94,8 +95,8 @@ async def _child(args: dict) -> dict:
                 peak = max(peak, held)
         scrape = (await c.get("/metrics")).text
         out.update(statuses=statuses, peak_models_bytes=peak, rss=rss_bytes(), seconds=time.perf_counter() - started,
-                   loads=_metric(scrape, "tserve_model_load_seconds_count"),
-                   evictions=_metric(scrape, "tserve_model_evictions_total"),
+                   loads=metric_total(scrape, "tserve_model_load_seconds_count"),
+                   evictions=metric_total(scrape, "tserve_model_evictions_total"),
                    sizes={m["id"]: (await c.get(f"/v1/models/{m['id']}")).json().get("memory") for m in listed})
         return out
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import statistics
 import sys
 import tempfile
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks.model_residency import metric_total
 from benchmarks.served_vs_llama_server import REPO, Server
 from benchmarks.service_load import free_port
 
@@ -79,11 +79,6 @@ def start(model: str, method: str, threads: int, log: Path) -> Server:
     return server
 
 
-def counter(metrics: str, name: str) -> float:
-    m = re.search(rf"^{name}{{[^}}]*}} ([0-9.e+]+)$", metrics, re.M)
-    return float(m.group(1)) if m else 0.0
-
-
 def ask(server: Server, model: str, prompt: str, tokens: int) -> tuple[float, str]:
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens,
             "temperature": 0}
@@ -119,10 +114,10 @@ def main(argv: list[str] | None = None) -> None:
                     speed[method][name].append(tps)
                     answers[method].setdefault(name, text)
                     if method == "ngram":
-                        drafted = counter(after, "tserve_spec_draft_tokens_total") - \
-                            counter(before, "tserve_spec_draft_tokens_total")
-                        accepted = counter(after, "tserve_spec_accepted_tokens_total") - \
-                            counter(before, "tserve_spec_accepted_tokens_total")
+                        drafted = metric_total(after, "tserve_spec_draft_tokens_total") - \
+                            metric_total(before, "tserve_spec_draft_tokens_total")
+                        accepted = metric_total(after, "tserve_spec_accepted_tokens_total") - \
+                            metric_total(before, "tserve_spec_accepted_tokens_total")
                         kept[name].append(accepted / drafted if drafted else 0.0)
             finally:
                 server.stop()

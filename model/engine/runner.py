@@ -121,14 +121,13 @@ class ModelRunner:
         rows = logits[index]
         params = [seq.req.params for seq in seqs]
         tokens = verify(rows, [drafts[seq] for seq in seqs], params, [seq.decoding.generator for seq in seqs])
+        # A drafting sequence has no repetition, presence or frequency penalty (drafts_allowed),
+        # so its rows of ``seen`` / ``counts`` are never read: nothing to record here.
         runs, at = {}, 0
         for seq, p, toks in zip(seqs, params, tokens):
-            slot = seq.slots[0]
-            ids = torch.as_tensor(toks, device=self.device)
-            self.seen[slot, ids] = True
-            self.counts[slot].index_add_(0, ids, torch.ones(len(toks), device=self.device))
             lps, tops = [None] * len(toks), [None] * len(toks)
             if p.logprobs is not None:
+                ids = torch.as_tensor(toks, device=self.device)
                 logp = rows[at: at + len(toks)].float().log_softmax(dim=-1)
                 lps = logp.gather(1, ids[:, None]).squeeze(1).tolist()
                 if p.logprobs:

@@ -149,29 +149,24 @@ class Scheduler:
         if self.speculative is not None and len(self.running) <= self.speculative.max_batch:
             for seq in self.running:
                 if seq.drafter is not None:
-                    drafts = self._drafts(seq, plan)
+                    drafts = self._drafts(seq)
                     if drafts:
                         plan.drafts[seq] = drafts
         plan.decode = [DecodeRow(seq, slot, tok, seq.next_pos + i)
                        for seq in sorted(self.running, key=lambda s: s.slots[0]) for j, slot in enumerate(seq.slots)
                        for i, tok in enumerate([seq.next_tokens[j], *plan.drafts.get(seq, ())])]
 
-    def _drafts(self, seq: Sequence, plan: StepPlan) -> list[int]:
+    def _drafts(self, seq: Sequence) -> list[int]:
         """Draft tokens for ``seq`` this step, with the blocks their positions need (as many as
-        the pool gives without preempting anyone: drafts are a bet, never worth a preemption)."""
+        the pool gives without preempting anyone: drafts are a bet, never worth a preemption).
+        No copy on write: the fed token's block was made the row's own (``_blocks_for_step``),
+        and every block after it was allocated to this row alone (shared blocks are prompt
+        blocks, behind it; beams never draft)."""
         left = min(seq.req.params.max_new_tokens - seq.generated, self.cache.max_len - seq.next_pos) - 1
         drafts = seq.drafter.propose(min(self.speculative.tokens, left)) if left > 0 else []
-        slot, first = seq.slots[0], seq.next_pos + 1
         for n in range(len(drafts)):
-            pos = first + n
-            if not self.cache.ensure(slot, pos + 1):
+            if not self.cache.ensure(seq.slots[0], seq.next_pos + n + 2):
                 return drafts[:n]
-            if pos % self.cache.block_len == 0:  # a block of its own only if the fed token's block is not it
-                copy = self.cache.private(slot, pos)
-                if copy is False:
-                    return drafts[:n]
-                if copy is not None:
-                    plan.copies.append(copy)
         return drafts
 
     def _blocks_for_step(self, seq: Sequence, plan: StepPlan) -> bool:
