@@ -40,7 +40,7 @@ class Settings(BaseSettings):
     torch_threads: int = Field(0, ge=0, description="intra-op threads; 0 = torch's default")
     quantize: Literal["auto", "none", "int8"] = Field(
         "auto", description="int8: decode steps through per-channel int8 projections and head (CPU; prompts "
-                            "stay float); auto: int8 for decoders with a gated feed-forward (Llama-style) on the "
+                            "too under the native step, see prefill); auto: int8 for decoders with a gated feed-forward (Llama-style) on the "
                             "CPU, none for the others")
     native_decode: Literal["auto", "on", "off"] = Field(
         "auto", description="native C++ decode step (Llama architecture, CPU, built with the machine's C++ compiler "
@@ -49,6 +49,11 @@ class Settings(BaseSettings):
     native_library: str = Field(
         "", description="a prebuilt native decode library to load instead of compiling one (the container's, "
                         "built by python -m model.decode.native); empty = build with the machine's compiler")
+    prefill: Literal["auto", "model"] = Field(
+        "auto", description="how prompts are written: auto = through the native decode step where a model runs it "
+                            "(int8, row by row; chunks at a mean position up to 512, longer ones through the "
+                            "model's float forward), else the model's forward; model = always the model's float "
+                            "forward")
     decode_attention: Literal["auto", "sdpa", "triton"] = Field(
         "auto", description="decode-step attention: auto = the Triton kernel on CUDA when triton is installed, "
                             "else SDPA; triton = the kernel or a start-up error")
@@ -129,7 +134,7 @@ class Settings(BaseSettings):
         """The decode step the settings choose (``model.decode.prepare`` reads it), as one value."""
         return DecodeOptions(quantize=self.quantize, native=self.native_decode,
                              native_library=self.native_library or None, kv_dtype=self.kv_dtype,
-                             attention=self.decode_attention)
+                             attention=self.decode_attention, prefill=self.prefill)
 
     def model_names(self) -> list[str]:
         return [m.strip() for m in self.models.split(",") if m.strip()]

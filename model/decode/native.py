@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import logging
 import threading
 import time
@@ -162,13 +163,16 @@ class NativeStep:
 
     name = "native"
 
-    def __init__(self, model: nn.Module, library: str | Path | None = None, kv_dtype: torch.dtype = torch.bfloat16):
+    def __init__(self, model: nn.Module, library: str | Path | None = None, kv_dtype: torch.dtype = torch.bfloat16,
+                 prefills: bool = True):
+        """``prefills``: the engine writes prompts through ``prefill`` too (else the model's own
+        float forward does)."""
         why = unsupported_reason(model)
         if why is not None:
             raise ValueError(f"no native decode step for this model: {why}")
         if kv_dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"the native decode step needs a float32 or bfloat16 KV cache, not {kv_dtype}")
-        self.kv_dtype = kv_dtype
+        self.kv_dtype, self.prefills = kv_dtype, prefills
         self.build_seconds = build(library)
         cfg = model.cfg
         first = model.decoder_layers[0]
@@ -194,6 +198,29 @@ class NativeStep:
 
     def __call__(self, cache: PagedKVCache, tokens: Tensor, slots: Sequence[int], positions: Sequence[int]) -> Tensor:
         """tokens (B,) at ``positions`` of rows ``slots`` -> logits (B, V) float32."""
+        positions, tables = self._tables(cache, slots, positions)
+        with decode_threads(len(positions)):
+            return self.plan.step(tokens.view(-1), cache.k, cache.v, tables, positions)
+
+    def prefill(self, cache: PagedKVCache, prompts: Sequence[Sequence[int]], slots: Sequence[int],
+                starts: Sequence[int] | None = None) -> Tensor:
+        """``DecoderLM.prefill`` through the C++ step (the same contract): each prompt (or chunk
+        continuing at its start) goes in as rows of its slot at consecutive positions, and the
+        logits (B, V) after each prompt's last token come back. The rows are quantized one by one
+        (per-row int8), so a prompt's cache and logits do not depend on the prompts beside it."""
+        starts = list(starts or [0] * len(prompts))
+        ids = [t for p in prompts for t in p]
+        rows = [s for p, s in zip(prompts, slots) for _ in p]
+        positions = [st + i for p, st in zip(prompts, starts) for i in range(len(p))]
+        last = list(itertools.accumulate(len(p) for p in prompts))
+        positions, tables = self._tables(cache, rows, positions)
+        tokens = torch.tensor(ids, dtype=torch.long)
+        with decode_threads(len(ids)):
+            return self.plan.prefill(tokens, cache.k, cache.v, tables, positions, [n - 1 for n in last])
+
+    def _tables(self, cache: PagedKVCache, slots: Sequence[int], positions: Sequence[int]
+                ) -> tuple[list[int], Tensor]:
+        """The checked positions and each row's block table (B, blocks), on the host."""
         positions = [int(p) for p in positions]
         if max(positions) >= cache.max_len:
             raise ValueError(f"sequence length {max(positions) + 1} exceeds the KV cache's max_len {cache.max_len}")
@@ -208,9 +235,7 @@ class NativeStep:
                 raise RuntimeError(f"the KV cache's pool of {cache.n_blocks} blocks is exhausted")
         cache.zero_fresh()  # blocks just allocated, before the step writes them
         width = -(-(max(positions) + 1) // cache.block_len)
-        tables = cache.tables[rows, :width]  # (B, blocks) on the host, where the step reads it
-        with decode_threads(len(slots)):
-            return self.plan.step(tokens.view(-1), cache.k, cache.v, tables, positions)
+        return positions, cache.tables[rows, :width]  # (B, blocks) on the host, where the step reads it
 
 
 def _add_projection(plan, layer: nn.Module) -> None:

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 QUANTIZE_MODES = ("auto", "int8", "none")
 NATIVE_MODES = ("auto", "on", "off")
+PREFILL_MODES = ("auto", "model")
 KV_DTYPES = ("auto", *DTYPES)
 
 
@@ -58,10 +59,13 @@ class DecodeOptions:
     native_library: str | None = None  # a prebuilt library (python -m model.decode.native --out DIR)
     kv_dtype: str = "auto"  # decoder-only caches; auto: bfloat16 under the native step, else the model's dtype
     attention: str = "auto"  # decode attention: auto (Triton kernel on CUDA where it runs), sdpa, triton
+    # prompts: auto = through the decode step where it takes them (the native step: int8, row by
+    # row), else the model's own forward; model = always the model's own forward (float)
+    prefill: str = "auto"
 
     def __post_init__(self) -> None:
         for name, allowed in (("quantize", QUANTIZE_MODES), ("native", NATIVE_MODES), ("kv_dtype", KV_DTYPES),
-                              ("attention", DECODE_ATTENTION_MODES)):
+                              ("attention", DECODE_ATTENTION_MODES), ("prefill", PREFILL_MODES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"decode option {name}={getattr(self, name)!r}; expected one of {list(allowed)}")
 
@@ -118,7 +122,7 @@ def prepare(model: TransformerModel, options: DecodeOptions | None = None, token
     kv_dtype = kv_cache_dtype(options.kv_dtype, model, native)
     if native:
         try:
-            return NativeStep(model, options.native_library, kv_dtype)
+            return NativeStep(model, options.native_library, kv_dtype, prefills=options.prefill == "auto")
         except Exception as exc:  # noqa: BLE001 - under auto, any failure means "not here"
             if options.native == "on":
                 raise

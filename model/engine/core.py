@@ -58,7 +58,7 @@ class EngineCore:
         self.model, self.tokenizer = model, tokenizer
         self.decode_step: DecodeStep = step or PythonStep(model)
         self.n_slots, self.max_len, self.max_src_len = n_slots, max_len, max_src_len
-        prompts = prompts_for(model)
+        prompts = prompts_for(model, self.decode_step)
         n_blocks = None  # every row at max_len: nothing ever waits for memory
         if kv_cache_bytes:  # no more than that, though: a budget beyond it would only be reserved, never used
             n_blocks = min(self.pool_blocks(model, kv_cache_bytes, self.decode_step.kv_dtype),

@@ -394,7 +394,26 @@ class LlamaDecoder : public torch::CustomClassHolder {
   // tokens (B,) long at `positions` -> next-token logits (B, V) float32. Writes each row's K/V
   // at its position in k_cache / v_cache (layers, blocks, nkv, BL, hs) through its block table
   // (tables (B, n) long) and attends over its positions 0..position, block by block in place.
+  // Every row's K/V is written before any row attends, so rows of one sequence at consecutive
+  // positions (speculative drafts, a prompt) attend causally to each other.
   Tensor step(Tensor tokens, Tensor k_cache, Tensor v_cache, Tensor tables, std::vector<int64_t> positions) {
+    return run(tokens, k_cache, v_cache, tables, positions, nullptr);
+  }
+
+  // A prompt (or several) as rows: like `step`, but the logits (R, V) of the rows `logit_rows`
+  // only (each prompt's last token), so a long prompt does not pay the vocabulary projection on
+  // every token.
+  Tensor prefill(Tensor tokens, Tensor k_cache, Tensor v_cache, Tensor tables, std::vector<int64_t> positions,
+                 std::vector<int64_t> logit_rows) {
+    TORCH_CHECK(!logit_rows.empty(), "logit_rows must name at least one row");
+    for (int64_t r : logit_rows)
+      TORCH_CHECK(r >= 0 && r < static_cast<int64_t>(positions.size()), "logit row ", r, " out of range");
+    return run(tokens, k_cache, v_cache, tables, positions, &logit_rows);
+  }
+
+ private:
+  Tensor run(const Tensor& tokens, const Tensor& k_cache, const Tensor& v_cache, const Tensor& tables,
+             const std::vector<int64_t>& positions, const std::vector<int64_t>* logit_rows) {
     TORCH_CHECK(has_head_ && !layers_.empty(), "the decoder is not fully built (no layers or no output head)");
     TORCH_CHECK(tables.dim() == 2 && tables.scalar_type() == at::kLong && tables.device().is_cpu(),
                 "tables must be a (B, n) long CPU tensor");
@@ -475,11 +494,18 @@ class LlamaDecoder : public torch::CustomClassHolder {
         }
       add_output(xs, L.down(g), L.post_ffn_norm, B);
     }
+    if (logit_rows != nullptr) {  // the rows whose logits are wanted, gathered first
+      const int64_t R = static_cast<int64_t>(logit_rows->size());
+      Tensor picked = at::empty({R, d_}, opts);
+      for (int64_t r = 0; r < R; ++r) std::copy_n(xs + (*logit_rows)[r] * d_, d_, picked.data_ptr<float>() + r * d_);
+      Tensor hr = at::empty({R, d_}, opts);
+      norm_rows(picked.data_ptr<float>(), final_norm_.data(), head_, R, hr.data_ptr<float>());
+      return head_(hr).to(at::kFloat);
+    }
     norm_rows(xs, final_norm_.data(), head_, B, h.data_ptr<float>());
     return head_(h).to(at::kFloat);
   }
 
- private:
   static Tensor float_contiguous(const Tensor& t, const char* name) {
     TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat, name, " must be a float32 CPU tensor");
     return t.detach().contiguous();
@@ -619,5 +645,6 @@ TORCH_LIBRARY(tserve_native, m) {
       .def("add_int8", &LlamaDecoder::add_int8)
       .def("add_float", &LlamaDecoder::add_float)
       .def("num_layers", &LlamaDecoder::num_layers)
-      .def("step", &LlamaDecoder::step);
+      .def("step", &LlamaDecoder::step)
+      .def("prefill", &LlamaDecoder::prefill);
 }

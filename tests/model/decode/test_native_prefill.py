@@ -1,0 +1,90 @@
+"""Prompts through the native step (``NativeStep.prefill``): a prompt's rows at consecutive
+positions of its slot, in one call, against the same prompt fed one token per step, and against
+the model's own float prefill through the engine core (chunked prompts, prefix hits, chunks
+split between the two paths by ``NATIVE_PREFILL_MEAN_POSITION``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from model import EngineCore, EngineRequest, SamplingParams
+from model.decode.native import NativeStep
+from model.engine import families
+from tests.model.decode.test_native_decode import _int8, _model
+from tests.model.decode_steps import random_prompts
+
+
+def _token_by_token(step, cache, prompt: list[int], slot: int, start: int = 0) -> torch.Tensor:
+    with torch.inference_mode():
+        return torch.cat([step(cache, torch.tensor([t]), [slot], [start + i]) for i, t in enumerate(prompt)])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_int8_prefill_equals_the_prompt_fed_one_token_per_step(dtype, fresh_seed):
+    """Activations are quantized row by row and every row attends over its own positions, so a
+    prompt written in one call gives bit for bit the logits and the K/V of one step per token;
+    here two prompts share the call, one of them a chunk continuing at position 9, across block
+    boundaries."""
+    model = _int8(_model(fresh_seed, d_model=256, n_heads=4, n_kv_heads=2), fresh_seed)
+    step = NativeStep(model, kv_dtype=dtype)
+    a, b = random_prompts(model, fresh_seed, (40, 23))
+    reference = model.new_cache(4, 64, dtype=dtype)
+    last_a = _token_by_token(step, reference, a, 2)[-1]
+    _token_by_token(step, reference, b[:9], 0)
+    last_b = _token_by_token(step, reference, b[9:], 0, start=9)[-1]
+    cache = model.new_cache(4, 64, dtype=dtype)
+    with torch.inference_mode():
+        _token_by_token(step, cache, b[:9], 0)
+        logits = step.prefill(cache, [a, b[9:]], [2, 0], starts=[0, 9])
+    assert logits.shape == (2, model.cfg.vocab_size)
+    assert torch.equal(logits[0], last_a) and torch.equal(logits[1], last_b)
+    for s in (0, 2):  # each cache's own blocks of the slot (allocated in another order)
+        mine, theirs = (c.tables[s][c.tables[s] > 0] for c in (cache, reference))
+        assert torch.equal(cache.k[:, :, mine], reference.k[:, :, theirs])
+        assert torch.equal(cache.v[:, :, mine], reference.v[:, :, theirs])
+
+
+def test_a_float32_prefill_equals_the_model_prefill(fresh_seed):
+    model = _model(fresh_seed)
+    step = NativeStep(model, kv_dtype=torch.float32)
+    prompts = random_prompts(model, fresh_seed, (31, 1, 17))
+    ours, theirs = model.new_cache(3, 64, dtype=torch.float32), model.new_cache(3, 64, dtype=torch.float32)
+    with torch.inference_mode():
+        got = step.prefill(ours, prompts, [1, 0, 2])
+        want = model.prefill(theirs, prompts, [1, 0, 2])
+    torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-4)
+    for s in range(3):
+        mine, held = (c.tables[s][c.tables[s] > 0] for c in (ours, theirs))
+        torch.testing.assert_close(ours.k[:, :, mine], theirs.k[:, :, held], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ours.v[:, :, mine], theirs.v[:, :, held], atol=1e-5, rtol=1e-5)
+
+
+def _core_generations(model, step, prompts, max_prefill_tokens: int, prefix_cache: bool) -> list[list[int]]:
+    core = EngineCore(model, None, n_slots=4, max_len=96, max_prefill_tokens=max_prefill_tokens,
+                      prefix_cache=prefix_cache, step=step)
+    params = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
+    out: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
+    for i, p in enumerate(prompts):
+        core.add(EngineRequest(str(i), list(p), params))
+    while core.has_work:
+        for event in core.step().events:
+            out[event.request_id] += event.token_ids
+    return [out[str(i)] for i in range(len(prompts))]
+
+
+@pytest.mark.parametrize("limit", [0, 20, 10_000])
+def test_the_engine_gives_the_same_tokens_whichever_path_writes_the_prompts(limit, monkeypatch, fresh_seed):
+    """Greedy tokens through the engine core with the native prefill (float32 weights and cache,
+    so both paths agree to float rounding): prompts chunked over several steps, two sharing a
+    prefix (a prefix-cache hit continues at a later position), and ``limit`` sending every chunk
+    to the model's forward (0), some each way (20), or all to the native step."""
+    monkeypatch.setattr(families, "NATIVE_PREFILL_MEAN_POSITION", limit)
+    model = _model(fresh_seed)
+    shared, a, b, c = random_prompts(model, fresh_seed, (32, 9, 41, 3))
+    prompts = [shared + a, b, shared + c, c]
+    reference = _core_generations(model, NativeStep(model, kv_dtype=torch.float32, prefills=False), prompts,
+                                  16, False)
+    native = NativeStep(model, kv_dtype=torch.float32)
+    assert _core_generations(model, native, prompts, 16, True) == reference
+    assert _core_generations(model, native, prompts, 256, False) == reference
