@@ -5,9 +5,12 @@ cache) against the float32 reference step of the same weights.
     python -m benchmarks.int8_quality [--models smollm2-135m-instruct gemma3-270m] [--tokens 512]
 
 The text is the docstrings of a few standard-library modules (``chat_model.heldout_text``:
-fixed for a Python version, unlike the int8 calibration text). Also: greedy agreement, the
-share of 64 generated tokens equal to the float32 step's, over four prompts, up to the first
-difference.
+fixed for a Python version, unlike the int8 calibration text); a prompt written through the
+native step's ``prefill`` gives bit for bit the rows of one step per token
+(tests/model/decode/test_native_prefill.py), so this perplexity is the int8 prefill's too. Also:
+greedy agreement, the share of 64 generated tokens equal to the float32 step's, over four
+prompts, up to the first difference: prompts through the native step (the default,
+``TSERVE_PREFILL=auto``) and through the model's float forward (``model``).
 """
 
 from __future__ import annotations
@@ -32,26 +35,28 @@ def main(argv: list[str] | None = None) -> None:
     from model import SamplingParams, generate, load_model
     from model.decode import DecodeOptions, prepare
 
-    print("| model | float32 perplexity | served step | served perplexity | ratio | greedy agreement |")
-    print("|---|---|---|---|---|---|")
+    print("| model | float32 perplexity | served step | served perplexity | ratio | greedy agreement, int8 prefill |"
+          " greedy agreement, float prefill |")
+    print("|---|---|---|---|---|---|---|")
     for name in args.models:
         reference = load_model(REPO / "weights" / name)
         served_ckpt = load_model(REPO / "weights" / name)
         ref_step = prepare(reference.model.eval(), DecodeOptions.reference(), reference.tokenizer)
         served = prepare(served_ckpt.model.eval(), DecodeOptions(), served_ckpt.tokenizer)
+        float_prefill = prepare(served_ckpt.model, DecodeOptions(prefill="model"), served_ckpt.tokenizer)
         ids = reference.tokenizer.encode(heldout_text())[: args.tokens]
         p_ref = decode_perplexity(reference.model, ids, ref_step)
         p_served = decode_perplexity(served_ckpt.model, ids, served)
         params = SamplingParams(max_new_tokens=64, temperature=0.0, ignore_eos=True)
         prompts = [reference.tokenizer.encode(p) for p in PROMPTS]
         a = [r.token_ids for r in generate(reference.model, prompts, params, step=ref_step)]
-        b = [r.token_ids for r in generate(served_ckpt.model, prompts, params, step=served)]
-        agree = []
-        for x, y in zip(a, b):
-            n = next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), len(x))
-            agree.append(n / len(x))
+        agreement = []
+        for step in (served, float_prefill):
+            b = [r.token_ids for r in generate(served_ckpt.model, prompts, params, step=step)]
+            agree = [next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), len(x)) / len(x) for x, y in zip(a, b)]
+            agreement.append(f"{sum(agree) / len(agree):.0%}")
         print(f"| {name} | {p_ref:.2f} | {served.name} | {p_served:.2f} | {p_served / p_ref:.3f} | "
-              f"{sum(agree) / len(agree):.0%} |", flush=True)
+              f"{' | '.join(agreement)} |", flush=True)
 
 
 if __name__ == "__main__":
