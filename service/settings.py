@@ -40,8 +40,8 @@ class Settings(BaseSettings):
     torch_threads: int = Field(0, ge=0, description="intra-op threads; 0 = torch's default")
     quantize: Literal["auto", "none", "int8"] = Field(
         "auto", description="int8: decode steps through per-channel int8 projections and head (CPU; prompts "
-                            "too under the native step, see prefill); auto: int8 for decoders with a gated feed-forward (Llama-style) on the "
-                            "CPU, none for the others")
+                            "too under the native step, see prefill); auto: int8 for decoders with a gated "
+                            "feed-forward (Llama-style) on the CPU, none for the others")
     native_decode: Literal["auto", "on", "off"] = Field(
         "auto", description="native C++ decode step (Llama architecture, CPU, built with the machine's C++ compiler "
                             "before /ready): auto = where decode steps run int8 and it builds, on = every model it "
@@ -51,7 +51,7 @@ class Settings(BaseSettings):
                         "built by python -m model.decode.native); empty = build with the machine's compiler")
     prefill: Literal["auto", "model"] = Field(
         "auto", description="how prompts are written: auto = through the native decode step where a model runs it "
-                            "(int8, row by row; chunks at a mean position up to 512, longer ones through the "
+                            "(int8, row by row; chunks at a mean position up to 1,536, longer ones through the "
                             "model's float forward), else the model's forward; model = always the model's float "
                             "forward")
     decode_attention: Literal["auto", "sdpa", "triton"] = Field(

@@ -26,11 +26,12 @@ def passive_wait() -> bool:
 
 
 @contextmanager
-def decode_threads(rows: int):
+def decode_threads(rows: int, small: int = SMALL_DECODE):
     """One intra-op thread for a decode step of ``rows`` rows where that was measured faster
-    (see the module docstring); the calling thread's setting is restored afterwards."""
+    (see the module docstring; ``small``: up to how many rows); the calling thread's setting is
+    restored afterwards."""
     threads = torch.get_num_threads()
-    if threads == 1 or rows > SMALL_DECODE or not passive_wait():
+    if threads == 1 or rows > small or not passive_wait():
         yield
         return
     torch.set_num_threads(1)

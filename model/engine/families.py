@@ -18,12 +18,15 @@ from model.engine.requests import Sequence
 from model.nn.kv_cache import PagedKVCache
 from model.nn.transformer import DecoderLM, EncoderDecoder
 
-# Where the native step's prefill stops paying (SmolLM2-135M, 2 cores, 2026-11-25): its int8
-# projections cost ~0.9 ms a row against ~1.7 ms in float, but its attention walks each row's
-# positions one by one (~1.5 us per row and position, all layers), where the float forward
-# runs SDPA. 64 tokens: 3.0x faster; 300: 1.9x; 1,000: 1.1x; 2,000: 0.76x. A chunk goes native
-# while the mean position of its rows is at most this (the break-even is near 550).
-NATIVE_PREFILL_MEAN_POSITION = 512
+# Where the native step's prefill stops paying. Its int8 projections cost about half the float
+# forward's per row, but its attention walks each row's positions one by one where the float
+# forward runs SDPA, so the gain shrinks with the position. Measured (2 cores, the native step
+# with its partner thread, 2026-11-25, `python -m benchmarks.prefill`), native / float prompt
+# tokens/s: SmolLM2-135M 2.8x at 64 tokens, 2.0x at 256, 1.46x at 1,000, 1.18x at 2,000, 1.13x
+# at 3,000; Gemma 3 270M 1.8x, 1.27x, 1.15x, 1.18x. A chunk goes native while the mean
+# position of its rows is at most this (a 3,000-token prompt written from position 0); longer
+# ones were not measured and go through the float forward.
+NATIVE_PREFILL_MEAN_POSITION = 1536
 
 
 class DecoderPrompts:

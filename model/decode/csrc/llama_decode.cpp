@@ -16,14 +16,22 @@
 // (layers, nkv, blocks, BL, hs); row b's position p lies in block tables[b, p / BL] at offset p % BL.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/native/quantized/PackedParams.h>
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 // The vectorised attention is compiled for AVX-512 whatever the build flags (function target
@@ -39,9 +47,92 @@ namespace {
 
 using at::Tensor;
 
+// A second thread for steps of a few rows. Under a passive OpenMP wait policy such a step runs
+// on one intra-op thread (model/decode/threads.py: waking sleeping OpenMP threads for each of a
+// step's hundreds of small regions cost more than it gained), which leaves half the memory
+// bandwidth of a 2-core host unused at batch 1. This thread takes half of each int8 projection
+// (the second half of its output features, packed on their own), spins briefly between the
+// projections of a step, and sleeps on a condition variable between steps, so the event loop
+// has the core while the engine does its Python work.
+class Partner {
+ public:
+  Partner() : thread_([this] { loop(); }) {}
+  ~Partner() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_one();
+    thread_.join();
+  }
+
+  // mine() here while theirs() runs on the partner thread; returns when both are done.
+  void run(const std::function<void()>& mine, const std::function<void()>& theirs) {
+    task_ = &theirs;
+    // seq_cst on posted_ and sleeping_: the partner sets sleeping_ then reads posted_, this reads
+    // them the other way round, so one of the two always sees the other's write (no lost wake-up).
+    const uint64_t ticket = posted_.fetch_add(1) + 1;
+    if (sleeping_.load()) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      wake_.notify_one();
+    }
+    mine();
+    // Spin, then yield: a partner woken onto this core runs only when this thread lets it.
+    for (int spins = 0; done_.load(std::memory_order_acquire) != ticket; ++spins) {
+      if (spins < 4096)
+        cpu_relax();
+      else
+        std::this_thread::yield();
+    }
+  }
+
+ private:
+  static void cpu_relax() {
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+  }
+
+  // Its kernels run inline: a task only comes during a step of one intra-op thread, so the
+  // thread count this thread takes on its first parallel call (torch reads it once per thread)
+  // is 1.
+  void loop() {
+    uint64_t seen = 0;
+    while (true) {
+      // Spin a little for the next projection of the same step, then sleep until the next step.
+      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(200);
+      while (posted_.load(std::memory_order_acquire) == seen && std::chrono::steady_clock::now() < until)
+        cpu_relax();
+      if (posted_.load(std::memory_order_acquire) == seen) {
+        std::unique_lock<std::mutex> lock(mutex_);
+        sleeping_.store(true);
+        wake_.wait(lock, [&] { return stop_ || posted_.load() != seen; });
+        sleeping_.store(false);
+        if (stop_) return;
+      }
+      seen = posted_.load(std::memory_order_acquire);
+      (*task_)();
+      done_.store(seen, std::memory_order_release);
+    }
+  }
+
+  const std::function<void()>* task_ = nullptr;
+  std::atomic<uint64_t> posted_{0}, done_{0};
+  std::atomic<bool> sleeping_{false};
+  bool stop_ = false;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::thread thread_;
+};
+
 // One projection y = W (x * inv_scale) + b: fbgemm int8 when `packed` is set, else float.
 struct Projection {
   c10::intrusive_ptr<LinearPackedParamsBase> packed;
+  // The same weights as two packs of output features [0, split) and [split, N), for a step
+  // shared with the partner thread (set when the decoder has one).
+  c10::intrusive_ptr<LinearPackedParamsBase> first, second;
+  int64_t split = 0;
+  Partner* partner = nullptr;
   Tensor weight, bias;  // the float path
   std::vector<float> inv_scale;  // SmoothQuant's 1 / s per input channel; empty: none
   std::vector<float> row_sum, int8_bias;  // int8: W 1 (dequantized weights summed over inputs), b (or empty)
@@ -75,7 +166,15 @@ struct Projection {
       zero[b] = z;
       for (int64_t k = 0; k < n; ++k) up[b * n + k] = row[k] / s + z;
     }
-    Tensor y = packed->apply_with_input_q_dq_qweight_dq_output_fp32(u, 1.0, 0);
+    Tensor y;
+    if (partner != nullptr && at::get_num_threads() == 1) {  // a step of a few rows: half each
+      Tensor y1, y2;
+      partner->run([&] { y1 = first->apply_with_input_q_dq_qweight_dq_output_fp32(u, 1.0, 0); },
+                   [&] { y2 = second->apply_with_input_q_dq_qweight_dq_output_fp32(u, 1.0, 0); });
+      y = at::cat({y1, y2}, 1);
+    } else {
+      y = packed->apply_with_input_q_dq_qweight_dq_output_fp32(u, 1.0, 0);
+    }
     const int64_t m = y.size(1);
     float* yp = y.data_ptr<float>();
     const bool has_bias = !int8_bias.empty();
@@ -379,7 +478,16 @@ class LlamaDecoder : public torch::CustomClassHolder {
     Tensor row_sum = std::get<0>(unpacked).dequantize().to(at::kFloat).sum(1);
     p.row_sum = to_vector(row_sum, row_sum.numel(), "row_sum");
     if (std::get<1>(unpacked)) p.int8_bias = to_vector(*std::get<1>(unpacked), row_sum.numel(), "bias");
+    if (partner_) split_for_partner(p, std::get<0>(unpacked), std::get<1>(unpacked));
     finish(std::move(p), inv_scale);
+  }
+
+  // Steps of a few rows share each int8 projection with a second thread (see Partner). Call
+  // before the projections are added.
+  void use_partner(bool on) {
+    TORCH_CHECK(layers_.empty() && !has_head_, "use_partner comes before the layers");
+    if (on && !partner_) partner_ = std::make_unique<Partner>();
+    if (!on) partner_.reset();
   }
 
   void add_float(Tensor weight, c10::optional<Tensor> bias, c10::optional<Tensor> inv_scale) {
@@ -535,6 +643,30 @@ class LlamaDecoder : public torch::CustomClassHolder {
     has_head_ = true;
   }
 
+  // The projection's weights as two packs, output features [0, N/2) and [N/2, N) (rounded to
+  // 64 features), quantized exactly as the whole: the int8 values and per-channel scales sliced.
+  void split_for_partner(Projection& p, const Tensor& qweight, const c10::optional<Tensor>& bias) {
+    const int64_t n = qweight.size(0);
+    const int64_t half = (n / 2 + 63) / 64 * 64;
+    if (n < 128 || half >= n || qweight.qscheme() != at::kPerChannelAffine) return;
+    static auto prepack = c10::Dispatcher::singleton()
+                              .findSchemaOrThrow("quantized::linear_prepack", "")
+                              .typed<c10::intrusive_ptr<LinearPackedParamsBase>(Tensor, c10::optional<Tensor>)>();
+    Tensor ints = qweight.int_repr(), scales = qweight.q_per_channel_scales(),
+           zeros = qweight.q_per_channel_zero_points();
+    auto part = [&](int64_t a, int64_t b) {
+      Tensor w = at::_make_per_channel_quantized_tensor(ints.slice(0, a, b).contiguous(),
+                                                        scales.slice(0, a, b).contiguous(),
+                                                        zeros.slice(0, a, b).contiguous(), 0);
+      c10::optional<Tensor> pb = bias ? c10::optional<Tensor>(bias->slice(0, a, b).contiguous()) : c10::nullopt;
+      return prepack.call(w, pb);
+    };
+    p.first = part(0, half);
+    p.second = part(half, n);
+    p.split = half;
+    p.partner = partner_.get();
+  }
+
   void check_cache(const Tensor& c, const char* name) const {
     TORCH_CHECK(c.device().is_cpu() && (c.scalar_type() == at::kFloat || c.scalar_type() == at::kBFloat16) &&
                     c.is_contiguous(),
@@ -600,9 +732,9 @@ class LlamaDecoder : public torch::CustomClassHolder {
     const int64_t group = nh_ / nkv_, q_w = nh_ * hs_, row_w = q_w + 2 * nkv_ * hs_;
     int64_t shift = 0;
     while ((int64_t{1} << shift) < BL) ++shift;
-    at::parallel_for(0, B * nkv_, 1, [&](int64_t begin, int64_t end) {
+    auto items = [&](int64_t begin, int64_t end, int64_t stride) {
       std::vector<float> scores, acc(group * hs_), total(group);
-      for (int64_t item = begin; item < end; ++item) {
+      for (int64_t item = begin; item < end; item += stride) {
         const int64_t b = item / nkv_, g = item % nkv_;
         const int64_t first = window > 0 ? std::max<int64_t>(0, positions[b] + 1 - window) : 0;
         const int64_t n = positions[b] + 1 - first;
@@ -618,7 +750,14 @@ class LlamaDecoder : public torch::CustomClassHolder {
           for (int64_t i = 0; i < hs_; ++i) out[i] = acc[h * hs_ + i] * out_proj.scale(head * hs_ + i);
         }
       }
-    });
+    };
+    const int64_t n_items = B * nkv_;
+    if (partner_ && n_items > 1 && at::get_num_threads() == 1) {
+      // every other item each: a prompt's rows grow in cost with their position
+      partner_->run([&] { items(0, n_items, 2); }, [&] { items(1, n_items, 2); });
+    } else {
+      at::parallel_for(0, n_items, 1, [&](int64_t begin, int64_t end) { items(begin, end, 1); });
+    }
   }
 
   int64_t nh_, nkv_, hs_, d_ = 0;
@@ -630,6 +769,7 @@ class LlamaDecoder : public torch::CustomClassHolder {
   std::vector<Layer> layers_;
   Projection head_;
   bool has_head_ = false;
+  std::unique_ptr<Partner> partner_;  // declared after the projections that point to it: destroyed first
   int next_ = 0;
 };
 
@@ -645,6 +785,7 @@ TORCH_LIBRARY(tserve_native, m) {
       .def("add_int8", &LlamaDecoder::add_int8)
       .def("add_float", &LlamaDecoder::add_float)
       .def("num_layers", &LlamaDecoder::num_layers)
+      .def("use_partner", &LlamaDecoder::use_partner)
       .def("step", &LlamaDecoder::step)
       .def("prefill", &LlamaDecoder::prefill);
 }

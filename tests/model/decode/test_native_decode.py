@@ -354,3 +354,32 @@ def test_an_int8_row_gives_the_same_logits_alone_or_in_any_batch(fresh_seed):
             outs.append(step(cache, first[:n], slots[:n], starts[:n]))
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][0], outs[2][0])
     assert torch.equal(outs[1][:2], outs[2][:2])
+
+
+def test_the_partner_thread_gives_the_same_bits(fresh_seed):
+    """A step of one intra-op thread shares each int8 projection (two packs of its output
+    features, the same int8 weights and scales) and its attention items with a second thread:
+    decode rows, drafts-like rows of one sequence and a prompt give the logits and K/V of the
+    step without it, bit for bit."""
+    model = _int8(_model(fresh_seed, d_model=256, n_heads=4, n_kv_heads=2), fresh_seed)
+    alone, shared = NativeStep(model, partner=False), NativeStep(model, partner=True)
+    assert shared.partner and not alone.partner
+    cache, first, slots, starts = _ragged(model, fresh_seed, (21, 5, 40, 1), (4, 0, 2, 5), torch.bfloat16)
+    before = cache.k.clone(), cache.v.clone()
+    prompt = random_prompts(model, fresh_seed + 1, (37,))[0]
+    threads = torch.get_num_threads()
+    outs = []
+    try:
+        torch.set_num_threads(1)  # the partner works in steps of one intra-op thread only
+        for step in (alone, shared):
+            cache.k.copy_(before[0])
+            cache.v.copy_(before[1])
+            with torch.inference_mode():
+                rows = [step(cache, first[:n], slots[:n], starts[:n]) for n in (1, 4)]
+                rows.append(step.prefill(cache, [prompt], [6]))
+            outs.append((rows, cache.k.clone(), cache.v.clone()))
+    finally:
+        torch.set_num_threads(threads)
+    (a, ak, av), (b, bk, bv) = outs
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert torch.equal(ak, bk) and torch.equal(av, bv)
