@@ -136,6 +136,9 @@ class GenerativeEngine(BaseEngine):
         triton = kernel is not None and (kernel.mode == "triton" or device.type == "cuda" and kernel_runs_on(device))
         return "triton" if step.name == "python" and triton else step.name
 
+    def step_bytes(self) -> int:
+        return getattr(self.core.decode_step, "extra_bytes", 0)
+
     def kv_cache_bytes(self) -> int:
         runner = self.core.runner
         return runner.cache.nbytes  # the block pool (the prefix cache's blocks among them) and cross-attention memory

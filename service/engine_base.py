@@ -158,11 +158,15 @@ class BaseEngine:
     def memory(self) -> dict[str, int]:
         """Bytes this model holds: its weights (with the copies serving adds) and its KV caches."""
         if self._weights_bytes is None:
-            self._weights_bytes = weights_bytes(self.model)
+            self._weights_bytes = weights_bytes(self.model) + self.step_bytes()
         kv = self.kv_cache_bytes()
         return {"weights_bytes": self._weights_bytes, "kv_cache_bytes": kv, "total_bytes": self._weights_bytes + kv}
 
     def kv_cache_bytes(self) -> int:
+        return 0
+
+    def step_bytes(self) -> int:
+        """Copies of the weights the decode step holds itself (the native step's partner halves)."""
         return 0
 
     @property

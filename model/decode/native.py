@@ -198,6 +198,7 @@ class NativeStep:
             # What the lineages after Llama add, as data (support.py lists what is implemented).
             plan.set_features(float(model.embed.scale), ACTIVATIONS[cfg.activation],
                               getattr(model.embed, "rope_local", None))
+            self.extra_bytes = 0  # what the step holds beyond the model's tensors: the partner's halves
             for layer in model.decoder_layers:
                 attn, ffn = layer.self_attn, layer.ffn
                 plan.add_layer(layer.self_attn_norm.weight, layer.ffn_norm.weight)
@@ -206,8 +207,8 @@ class NativeStep:
                 plan.set_layer_features(*norms, int(cfg.sliding_window or 0) if attn.window else 0,
                                         bool(attn.local_rope))
                 for proj in (attn.qkv_proj, attn.out_proj, ffn.gate, ffn.up, ffn.down):
-                    _add_projection(plan, proj)
-            _add_projection(plan, model.lm_head.proj)
+                    self.extra_bytes += _add_projection(plan, proj, self.partner)
+            self.extra_bytes += _add_projection(plan, model.lm_head.proj, self.partner)
         self.plan = plan
 
     def __call__(self, cache: PagedKVCache, tokens: Tensor, slots: Sequence[int], positions: Sequence[int]) -> Tensor:
@@ -252,14 +253,18 @@ class NativeStep:
         return positions, cache.tables[rows, :width]  # (B, blocks) on the host, where the step reads it
 
 
-def _add_projection(plan, layer: nn.Module) -> None:
+def _add_projection(plan, layer: nn.Module, partner: bool) -> int:
+    """Hands ``layer`` to the C++ step; returns the bytes of the copies it makes (with a partner,
+    an int8 projection is packed again as two halves: its int8 weights, scales and zero points)."""
     if isinstance(layer, DecodeInt8Linear):
         packed = layer.quantized._packed_params._packed_params
         plan.add_int8(packed, layer.inv_scale)
-    elif isinstance(layer, nn.Linear):
+        out_features, in_features = layer.quantized.weight().shape
+        return out_features * (in_features + 16) if partner and out_features >= 128 else 0
+    if isinstance(layer, nn.Linear):
         plan.add_float(layer.weight.detach(), None if layer.bias is None else layer.bias.detach(), None)
-    else:
-        raise TypeError(f"no native kernel for {type(layer).__name__}")
+        return 0
+    raise TypeError(f"no native kernel for {type(layer).__name__}")
 
 
 def main(argv: list[str] | None = None) -> None:
