@@ -364,8 +364,10 @@ def test_the_partner_thread_gives_the_same_bits(fresh_seed):
     model = _int8(_model(fresh_seed, d_model=256, n_heads=4, n_kv_heads=2), fresh_seed)
     alone, shared = NativeStep(model, partner=False), NativeStep(model, partner=True)
     assert shared.partner and not alone.partner
-    int8_bytes = sum(m.quantized.weight().numel() for m in model.modules() if isinstance(m, DecodeInt8Linear))
-    assert alone.extra_bytes == 0 and int8_bytes <= shared.extra_bytes <= 1.1 * int8_bytes  # the halves, counted
+    # The halves are counted: int8 weights plus a scale and a zero point per output feature, for
+    # the projections wide enough to split (128 features or more: not this model's 96-wide FFN).
+    shapes = [m.quantized.weight().shape for m in model.modules() if isinstance(m, DecodeInt8Linear)]
+    assert alone.extra_bytes == 0 and shared.extra_bytes == sum(o * (i + 16) for o, i in shapes if o >= 128) > 0
     cache, first, slots, starts = _ragged(model, fresh_seed, (21, 5, 40, 1), (4, 0, 2, 5), torch.bfloat16)
     before = cache.k.clone(), cache.v.clone()
     prompt = random_prompts(model, fresh_seed + 1, (37,))[0]
