@@ -630,7 +630,7 @@ def cmd_finetune(args) -> None:
             mask_vec.copy_(st["mask_vec"])
         opt.load_state_dict(st["opt"])
         step, history, seen_sentences = st["step"], st["history"], st["seen"]
-        total = st.get("total", total) if not (args.steps or args.extend) else total
+        total = total if args.extend else st["total"]  # the schedule is the saved run's unless --extend
         print(f"resumed at step {step}/{total}", flush=True)
     else:  # start the output bias at the log unigram frequency of the training wordpieces
         counts = torch.bincount(torch.tensor([t for r in rows for t in r["ids"][1:-1]]), minlength=cfg.vocab_size)
@@ -692,7 +692,7 @@ def cmd_finetune(args) -> None:
     head.train()
     t0, running, count, t_log, sents_log = time.time(), 0.0, 0, time.time(), 0
     epoch_cache: dict[int, list[list[int]]] = {}
-    while step < total:
+    while step < total and step < (args.stop_after or total):
         epoch, k = divmod(step, per_epoch)
         if epoch not in epoch_cache:
             epoch_cache = {epoch: epoch_batches(rows, epoch, args.seed, args.batch, args.python_fraction)}
@@ -731,6 +731,9 @@ def cmd_finetune(args) -> None:
                 t_log = time.time()
             print(msg, flush=True)
     save_state()
+    if step < total:
+        print(f"stopped at step {step}/{total}; the same command without --stop-after resumes", flush=True)
+        return
     export_finetuned(model, head, mask_vec, Path(args.dest), args.dtype)
     plot_loss_curve({"train": history["train"], "valid": history["valid"]}, Path(args.dest) / "loss_curve.png",
                     "fill-mask-en: MiniLM-L6 fine-tuned as a masked LM")
@@ -879,7 +882,9 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("finetune", help="train the whole encoder with the head, masking on the fly (resumes)")
     p.add_argument("--epochs", type=float, default=2.0)
     p.add_argument("--steps", type=int, default=0, help="total steps (overrides --epochs)")
-    p.add_argument("--extend", action="store_true", help="on resume, use the new --epochs/--steps total")
+    p.add_argument("--extend", action="store_true",
+                   help="on resume, use this command's --epochs/--steps total, not the saved run's")
+    p.add_argument("--stop-after", type=int, default=0, help="stop (state saved) at this step, before the total")
     p.add_argument("--batch", type=int, default=64, help="sentences per step")
     p.add_argument("--lr", type=float, default=1e-3, help="head and [MASK] embedding")
     p.add_argument("--encoder-lr", type=float, default=1e-4)
