@@ -630,6 +630,8 @@ def cmd_finetune(args) -> None:
             mask_vec.copy_(st["mask_vec"])
         opt.load_state_dict(st["opt"])
         step, history, seen_sentences = st["step"], st["history"], st["seen"]
+        if "rng" in st:  # dropout's random stream (the package's BERT layers drop 0.1 in training)
+            torch.set_rng_state(st["rng"])
         total = total if args.extend else st["total"]  # the schedule is the saved run's unless --extend
         print(f"resumed at step {step}/{total}", flush=True)
     else:  # start the output bias at the log unigram frequency of the training wordpieces
@@ -641,7 +643,7 @@ def cmd_finetune(args) -> None:
     def save_state() -> None:
         torch.save({"model": model.state_dict(), "head": head.state_dict(), "mask_vec": mask_vec.detach(),
                     "opt": opt.state_dict(), "step": step, "total": total, "history": history,
-                    "seen": seen_sentences, "args": {k: v for k, v in vars(args).items() if k != "fn"}},
+                    "seen": seen_sentences, "rng": torch.get_rng_state(), "args": {k: v for k, v in vars(args).items() if k != "fn"}},
                    state_path.with_suffix(".tmp"))
         state_path.with_suffix(".tmp").rename(state_path)
 
