@@ -117,12 +117,11 @@ def test_route_answers(tmp_path):
     weights.mkdir()
     shutil.copytree(FILL_MASK, weights / "fill-mask-en")
     ckpt = load_model(FILL_MASK)
-    texts = ["Where are [MASK] going?", "This [MASK] a book.", "The capital of France is [MASK]."]
+    texts = ["Where are [MASK] going?", "This [MASK] a book.", "I drink a cup of [MASK] every morning."]
     expected = fmh.fill_top_k(ckpt, texts)
-    # What the shipped head gets right: function words from their context (see its model card).
-    assert expected[0][0] == "you" and expected[1][0] == "is"
-    # ... and what it does not: no content word for the France sentence (a better head changes this line).
-    assert "paris" not in expected[2]
+    # What the shipped model gets right (see its model card): function words from their context,
+    # and since the whole encoder was fine-tuned, everyday content words too.
+    assert expected[0][0] == "you" and expected[1][0] == "is" and expected[2][0] == "coffee"
 
     async def run():
         app = create_app(settings_for(weights))
