@@ -245,7 +245,10 @@ class NativeStep:
         if min(rows) < 0 or max(rows) >= cache.n_slots:
             raise IndexError(f"slots {[s for s in rows if not 0 <= s < cache.n_slots]} out of range "
                              f"[0, {cache.n_slots})")
+        furthest: dict[int, int] = {}  # a prompt's rows share a slot: one check per slot
         for slot, p in zip(rows, positions):
+            furthest[slot] = max(p, furthest.get(slot, p))
+        for slot, p in furthest.items():
             if cache.held(slot) <= p and not cache.ensure(slot, p + 1):  # a bare cache; the engine allocated
                 raise RuntimeError(f"the KV cache's pool of {cache.n_blocks} blocks is exhausted")
         cache.zero_fresh()  # blocks just allocated, before the step writes them

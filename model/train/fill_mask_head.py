@@ -304,12 +304,7 @@ def cmd_features(args) -> None:
         with torch.inference_mode():
             for b in range(0, len(items), args.batch):
                 chunk = items[b:b + args.batch]
-                T = max(len(m) for m, _, _ in chunk)
-                ids = torch.zeros(len(chunk), T, dtype=torch.long)
-                real = torch.zeros(len(chunk), T, dtype=torch.bool)
-                for j, (m, _, _) in enumerate(chunk):
-                    ids[j, :len(m)] = torch.tensor(m)
-                    real[j, :len(m)] = True
+                ids, real = pad_batch([m for m, _, _ in chunk])
                 x, ctx = encoder_parts(model, ids, real, top)
                 h = run_top(model, x, ctx, top)
                 rows_j = torch.tensor([j for j, (_, pos, _) in enumerate(chunk) for _ in pos])
@@ -591,7 +586,6 @@ def finetune_rows(tk, texts: list[dict]) -> list[dict]:
 
 def cmd_finetune(args) -> None:
     from model import load_model
-    from model.train.export import plot_loss_curve
 
     torch.manual_seed(args.seed)
     ckpt = load_model(ENCODER)
@@ -748,19 +742,20 @@ def cmd_finetune(args) -> None:
     if step < total:
         print(f"stopped at step {step}/{total}; the same command without --stop-after resumes", flush=True)
         return
-    export_finetuned(model, head, mask_vec, Path(args.dest), args.dtype)
-    plot_loss_curve({"train": history["train"], "valid": history["valid"]}, Path(args.dest) / "loss_curve.png",
-                    "fill-mask-en: MiniLM-L6 fine-tuned as a masked LM")
-    (Path(args.dest) / "train_history.json").write_text(json.dumps(
-        {"args": {k: v for k, v in vars(args).items() if k != "fn"}, "steps": step, "sentences": seen_sentences,
-         "history": history}) + "\n")
+    export_finetuned(model, head, mask_vec, Path(args.dest), args.dtype, history,
+                     {"args": {k: v for k, v in vars(args).items() if k != "fn"}, "steps": step,
+                      "sentences": seen_sentences})
     print(f"wrote {Path(args.dest) / HEAD_FILE}", flush=True)
 
 
-def export_finetuned(model, head, mask_vec: torch.Tensor, dest: Path, dtype: str = "float16") -> None:
+def export_finetuned(model, head, mask_vec: torch.Tensor, dest: Path, dtype: str = "float16",
+                     history: dict | None = None, record: dict | None = None) -> None:
     """The head file of a fine-tuned encoder: the head, every encoder layer, the embeddings but the
-    word matrix, and the [MASK] input row (``MASK_EMBEDDING``), stored in ``dtype``."""
+    word matrix, and the [MASK] input row (``MASK_EMBEDDING``), stored in ``dtype``. With
+    ``history``, also the loss curve and ``train_history.json`` (``record`` plus the history)."""
     from safetensors.torch import save_file
+
+    from model.train.export import plot_loss_curve
 
     cast = getattr(torch, dtype)
     layers = {f"encoder_layers.{k}": v for k, v in model.encoder_layers.state_dict().items()}
@@ -770,12 +765,15 @@ def export_finetuned(model, head, mask_vec: torch.Tensor, dest: Path, dtype: str
     dest.mkdir(parents=True, exist_ok=True)
     save_file(tensors, dest / HEAD_FILE, metadata={"format": "pt"})
     write_manifest(dest)
+    if history is not None:
+        plot_loss_curve({"train": history["train"], "valid": history["valid"]}, dest / "loss_curve.png",
+                        "fill-mask-en: MiniLM-L6 fine-tuned as a masked LM")
+        (dest / "train_history.json").write_text(json.dumps({**(record or {}), "history": history}) + "\n")
 
 
 def cmd_export(args) -> None:
     """Write the head file from the saved ``finetune`` state (e.g. a run stopped before its end)."""
     from model import load_model
-    from model.train.export import plot_loss_curve
 
     ckpt = load_model(ENCODER)
     model = ckpt.model
@@ -783,13 +781,8 @@ def cmd_export(args) -> None:
     st = torch.load(Path(args.out) / "finetune.pt")
     model.load_state_dict(st["model"])
     head.load_state_dict(st["head"], strict=False)
-    export_finetuned(model, head, st["mask_vec"], Path(args.dest), args.dtype)
-    history = st["history"]
-    plot_loss_curve({"train": history["train"], "valid": history["valid"]}, Path(args.dest) / "loss_curve.png",
-                    "fill-mask-en: MiniLM-L6 fine-tuned as a masked LM")
-    (Path(args.dest) / "train_history.json").write_text(json.dumps(
-        {"args": st["args"], "steps": st["step"], "total": st["total"], "sentences": st["seen"],
-         "history": history}) + "\n")
+    export_finetuned(model, head, st["mask_vec"], Path(args.dest), args.dtype, st["history"],
+                     {"args": st["args"], "steps": st["step"], "total": st["total"], "sentences": st["seen"]})
     print(f"wrote {Path(args.dest) / HEAD_FILE} from step {st['step']}/{st['total']}", flush=True)
 
 
@@ -860,6 +853,15 @@ def cmd_eval(args) -> None:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
 
 
+def _run_options(p: argparse.ArgumentParser) -> None:
+    """What ``train`` and ``finetune`` share: logging, validation, seed, resume and destination."""
+    p.add_argument("--log-every", type=int, default=20)
+    p.add_argument("--eval-every", type=int, default=200)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--restart", action="store_true", help="ignore a saved training state")
+    p.add_argument("--dest", default="weights/fill-mask-en", help="where mlm_head.safetensors goes")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m model.train.fill_mask_head", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -888,11 +890,7 @@ def main(argv: list[str] | None = None) -> None:
     train.add_argument("--layer-lr", type=float, default=1e-4)
     train.add_argument("--warmup", type=int, default=100)
     train.add_argument("--valid-pieces", type=int, default=5000)
-    train.add_argument("--log-every", type=int, default=20)
-    train.add_argument("--eval-every", type=int, default=200)
-    train.add_argument("--seed", type=int, default=1234)
-    train.add_argument("--restart", action="store_true", help="ignore a saved training state")
-    train.add_argument("--dest", default="weights/fill-mask-en", help="where mlm_head.safetensors goes")
+    _run_options(train)
     p = sub.add_parser("finetune", help="train the whole encoder with the head, masking on the fly (resumes)")
     p.add_argument("--epochs", type=float, default=2.0)
     p.add_argument("--steps", type=int, default=0, help="total steps (overrides --epochs)")
@@ -910,12 +908,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="share of the Python-docs sentences in each epoch (all the others are in every epoch)")
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast (weights and optimizer stay float32)")
     p.add_argument("--valid-sentences", type=int, default=1000)
-    p.add_argument("--log-every", type=int, default=20)
-    p.add_argument("--eval-every", type=int, default=200)
     p.add_argument("--save-every", type=int, default=100)
-    p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--restart", action="store_true", help="ignore a saved training state")
-    p.add_argument("--dest", default="weights/fill-mask-en", help="where mlm_head.safetensors goes")
+    _run_options(p)
     p.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"),
                    help="the head file's tensors")
     p.set_defaults(fn=cmd_finetune)
