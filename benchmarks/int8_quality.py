@@ -4,6 +4,9 @@ cache) against the float32 reference step of the same weights.
 
     python -m benchmarks.int8_quality [--models smollm2-135m-instruct gemma3-270m] [--tokens 512]
 
+Where the default step runs a model file's own 4-bit weights (``TSERVE_DECODE_WEIGHTS=auto``,
+SmolLM2's Q4_1), a second row gives the same step all int8 (``int8``).
+
 The text is the docstrings of a few standard-library modules (``chat_model.heldout_text``:
 fixed for a Python version, unlike the int8 calibration text); a prompt written through the
 native step's ``prefill`` gives bit for bit the rows of one step per token
@@ -40,23 +43,31 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|---|---|---|---|---|")
     for name in args.models:
         reference = load_model(REPO / "weights" / name)
-        served_ckpt = load_model(REPO / "weights" / name)
         ref_step = prepare(reference.model.eval(), DecodeOptions.reference(), reference.tokenizer)
-        served = prepare(served_ckpt.model.eval(), DecodeOptions(), served_ckpt.tokenizer)
-        float_prefill = prepare(served_ckpt.model, DecodeOptions(prefill="model"), served_ckpt.tokenizer)
         ids = reference.tokenizer.encode(heldout_text())[: args.tokens]
         p_ref = decode_perplexity(reference.model, ids, ref_step)
-        p_served = decode_perplexity(served_ckpt.model, ids, served)
         params = SamplingParams(max_new_tokens=64, temperature=0.0, ignore_eos=True)
         prompts = [reference.tokenizer.encode(p) for p in PROMPTS]
         a = [r.token_ids for r in generate(reference.model, prompts, params, step=ref_step)]
-        agreement = []
-        for step in (served, float_prefill):
-            b = [r.token_ids for r in generate(served_ckpt.model, prompts, params, step=step)]
-            agree = [next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), len(x)) / len(x) for x, y in zip(a, b)]
-            agreement.append(f"{sum(agree) / len(agree):.0%}")
-        print(f"| {name} | {p_ref:.2f} | {served.name} | {p_served:.2f} | {p_served / p_ref:.3f} | "
-              f"{' | '.join(agreement)} |", flush=True)
+        # the default step, and where it runs a file's 4-bit weights, the same step all int8
+        for weights in ("auto", "int8"):
+            served_ckpt = load_model(REPO / "weights" / name)
+            served = prepare(served_ckpt.model.eval(), DecodeOptions(weights=weights), served_ckpt.tokenizer)
+            four = getattr(served, "weights4", 0)
+            float_prefill = prepare(served_ckpt.model, DecodeOptions(prefill="model", weights=weights),
+                                    served_ckpt.tokenizer)
+            p_served = decode_perplexity(served_ckpt.model, ids, served)
+            agreement = []
+            for step in (served, float_prefill):
+                b = [r.token_ids for r in generate(served_ckpt.model, prompts, params, step=step)]
+                agree = [next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), len(x)) / len(x)
+                         for x, y in zip(a, b)]
+                agreement.append(f"{sum(agree) / len(agree):.0%}")
+            label = f"{served.name}, {f'4-bit ({four} projections) + int8' if four else 'int8'}"
+            print(f"| {name} | {p_ref:.2f} | {label} | {p_served:.2f} | {p_served / p_ref:.3f} | "
+                  f"{' | '.join(agreement)} |", flush=True)
+            if not four:  # int8 already: no second row
+                break
 
 
 if __name__ == "__main__":

@@ -54,6 +54,10 @@ class Settings(BaseSettings):
                             "(int8, row by row; chunks at a mean position up to 1,536, longer ones through the "
                             "model's float forward), else the model's forward; model = always the model's float "
                             "forward")
+    decode_weights: Literal["auto", "int8"] = Field(
+        "auto", description="weights of the native decode step: auto = a model's own 4-bit weights where its file "
+                            "stores them as 4-bit runs (GGUF Q4_0 / Q4_1: 0.625 bytes a weight, read as they are), "
+                            "int8 for the rest; int8 = int8 everywhere")
     decode_attention: Literal["auto", "sdpa", "triton"] = Field(
         "auto", description="decode-step attention: auto = the Triton kernel on CUDA when triton is installed, "
                             "else SDPA; triton = the kernel or a start-up error")
@@ -134,7 +138,8 @@ class Settings(BaseSettings):
         """The decode step the settings choose (``model.decode.prepare`` reads it), as one value."""
         return DecodeOptions(quantize=self.quantize, native=self.native_decode,
                              native_library=self.native_library or None, kv_dtype=self.kv_dtype,
-                             attention=self.decode_attention, prefill=self.prefill)
+                             attention=self.decode_attention, prefill=self.prefill,
+                             weights=self.decode_weights)
 
     def model_names(self) -> list[str]:
         return [m.strip() for m in self.models.split(",") if m.strip()]

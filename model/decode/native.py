@@ -43,6 +43,7 @@ from model.decode.support import unsupported_reason as config_unsupported_reason
 from model.decode.threads import SMALL_DECODE, decode_threads, passive_wait
 from model.nn.kv_cache import PagedKVCache
 from model.nn.transformer import DecoderLM
+from model.quant import q4
 from model.quant.int8 import DecodeInt8Linear
 
 log = logging.getLogger(__name__)
@@ -171,10 +172,13 @@ class NativeStep:
     name = "native"
 
     def __init__(self, model: nn.Module, library: str | Path | None = None, kv_dtype: torch.dtype = torch.bfloat16,
-                 prefills: bool = True, partner: bool | None = None):
+                 prefills: bool = True, partner: bool | None = None, weights4: bool = True):
         """``prefills``: the engine writes prompts through ``prefill`` too (else the model's own
         float forward does). ``partner``: steps of a few rows split each int8 projection with a
-        second thread; default: under a passive OpenMP wait policy with more than one thread."""
+        second thread; default: under a passive OpenMP wait policy with more than one thread.
+        ``weights4``: an int8 projection whose float weights are 4-bit runs already (a GGUF Q4_0 /
+        Q4_1 file; ``model.quant.q4``) runs those 4-bit weights instead, decode steps and prompts
+        alike."""
         why = unsupported_reason(model)
         if why is not None:
             raise ValueError(f"no native decode step for this model: {why}")
@@ -198,7 +202,8 @@ class NativeStep:
             # What the lineages after Llama add, as data (support.py lists what is implemented).
             plan.set_features(float(model.embed.scale), ACTIVATIONS[cfg.activation],
                               getattr(model.embed, "rope_local", None))
-            self.extra_bytes = 0  # what the step holds beyond the model's tensors: the partner's halves
+            self.extra_bytes = 0  # what the step holds beyond the model's tensors: the partner's halves, 4-bit runs
+            self.weights4 = 0  # projections whose decode steps read 4-bit weights
             for layer in model.decoder_layers:
                 attn, ffn = layer.self_attn, layer.ffn
                 plan.add_layer(layer.self_attn_norm.weight, layer.ffn_norm.weight)
@@ -207,9 +212,22 @@ class NativeStep:
                 plan.set_layer_features(*norms, int(cfg.sliding_window or 0) if attn.window else 0,
                                         bool(attn.local_rope))
                 for proj in (attn.qkv_proj, attn.out_proj, ffn.gate, ffn.up, ffn.down):
-                    self.extra_bytes += _add_projection(plan, proj, self.partner)
-            self.extra_bytes += _add_projection(plan, model.lm_head.proj, self.partner)
+                    self.extra_bytes += self._add(plan, proj, weights4)
+            self.extra_bytes += self._add(plan, model.lm_head.proj, weights4)
         self.plan = plan
+
+    def _add(self, plan, layer: nn.Module, weights4: bool) -> int:
+        """Hands ``layer`` to the C++ step: its 4-bit runs where it is an int8 projection whose
+        float weights are 4-bit runs already, else as it is (``_add_projection``). Returns the
+        bytes of what the step holds beyond the model's tensors."""
+        runs = q4.exact(layer.dense.weight) if weights4 and isinstance(layer, DecodeInt8Linear) else None
+        if runs is None:
+            return _add_projection(plan, layer, self.partner)
+        packed = q4.pack_q4(*runs)
+        n, k = layer.dense.weight.shape
+        plan.add_q4(packed, n, k, None if layer.dense.bias is None else layer.dense.bias.detach().float())
+        self.weights4 += 1
+        return packed.numel()
 
     def __call__(self, cache: PagedKVCache, tokens: Tensor, slots: Sequence[int], positions: Sequence[int]) -> Tensor:
         """tokens (B,) at ``positions`` of rows ``slots`` -> logits (B, V) float32."""

@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 QUANTIZE_MODES = ("auto", "int8", "none")
 NATIVE_MODES = ("auto", "on", "off")
 PREFILL_MODES = ("auto", "model")
+WEIGHT_MODES = ("auto", "int8")
 KV_DTYPES = ("auto", *DTYPES)
 
 
@@ -62,10 +63,14 @@ class DecodeOptions:
     # prompts: auto = through the decode step where it takes them (the native step: int8, row by
     # row), else the model's own forward; model = always the model's own forward (float)
     prefill: str = "auto"
+    # native-step weights: auto = a model's own 4-bit weights where they are 4-bit runs (GGUF Q4_0 /
+    # Q4_1; model.quant.q4), int8 elsewhere; int8 = int8 everywhere
+    weights: str = "auto"
 
     def __post_init__(self) -> None:
         for name, allowed in (("quantize", QUANTIZE_MODES), ("native", NATIVE_MODES), ("kv_dtype", KV_DTYPES),
-                              ("attention", DECODE_ATTENTION_MODES), ("prefill", PREFILL_MODES)):
+                              ("attention", DECODE_ATTENTION_MODES), ("prefill", PREFILL_MODES),
+                              ("weights", WEIGHT_MODES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"decode option {name}={getattr(self, name)!r}; expected one of {list(allowed)}")
 
@@ -122,7 +127,8 @@ def prepare(model: TransformerModel, options: DecodeOptions | None = None, token
     kv_dtype = kv_cache_dtype(options.kv_dtype, model, native)
     if native:
         try:
-            return NativeStep(model, options.native_library, kv_dtype, prefills=options.prefill == "auto")
+            return NativeStep(model, options.native_library, kv_dtype, prefills=options.prefill == "auto",
+                              weights4=options.weights == "auto")
         except Exception as exc:  # noqa: BLE001 - under auto, any failure means "not here"
             if options.native == "on":
                 raise

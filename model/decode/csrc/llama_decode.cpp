@@ -22,6 +22,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -125,7 +126,187 @@ class Partner {
   std::thread thread_;
 };
 
-// One projection y = W (x * inv_scale) + b: fbgemm int8 when `packed` is set, else float.
+// 4-bit weights as GGUF's Q4_0 / Q4_1 store them: each run of 32 inputs of an output row has its
+// own scale d and offset m (float16), w = d q + m with q in [0, 15]. Activations go in as 8-bit
+// integers with one scale per run of 32 of the row (a = s_a r, r in [-127, 127]), so a run's
+// product is one integer dot product:
+//   sum_k w_k a_k = s_a (d sum_k q_k r_k + m sum_k r_k).
+// Half the bytes of int8 per weight (0.625 with the two scales), which is what a step of a few
+// rows waits for. Each (row, output) sums its runs in the same order whatever the rows beside
+// it, so a row's result never depends on the batch.
+//
+// Layout, built by model/quant/q4.py (pack_q4): outputs in tiles of 16, each tile's runs one after
+// the other, a run in Q4_RUN_BYTES = 320 bytes: four 64-byte chunks of nibbles, then the 16 d, then
+// the 16 m (float16 bits). Byte 4j + t of chunk c holds, for output j of the tile, input
+// 8c + t of the run in its low nibble and input 8c + 4 + t in its high nibble: so a chunk's low
+// nibbles and its high nibbles are each one VNNI operand (16 outputs x 4 consecutive inputs).
+constexpr int64_t Q4_TILE = 16, Q4_RUN = 32, Q4_RUN_BYTES = 320;
+
+// One row of activations, quantized run by run: r (K int8), and per run its scale s_a and
+// s_a * sum(r) (for the offsets).
+struct Q8Rows {
+  std::vector<int8_t> r;
+  std::vector<float> scale, scaled_sum;
+  void quantize(const float* x, int64_t B, int64_t K) {
+    const int64_t runs = K / Q4_RUN;
+    r.resize(B * K);
+    scale.resize(B * runs);
+    scaled_sum.resize(B * runs);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t u = 0; u < runs; ++u) {
+        const float* xs = x + b * K + u * Q4_RUN;
+        float top = 0.0f;
+        for (int64_t k = 0; k < Q4_RUN; ++k) top = std::max(top, std::fabs(xs[k]));
+        const float s = top / 127.0f, inv = top > 0.0f ? 127.0f / top : 0.0f;
+        int32_t sum = 0;
+        int8_t* rs = r.data() + b * K + u * Q4_RUN;
+        for (int64_t k = 0; k < Q4_RUN; ++k) {
+          const int32_t v = static_cast<int32_t>(std::nearbyint(xs[k] * inv));
+          rs[k] = static_cast<int8_t>(std::max(-127, std::min(127, v)));
+          sum += rs[k];
+        }
+        scale[b * runs + u] = s;
+        scaled_sum[b * runs + u] = s * static_cast<float>(sum);
+      }
+  }
+};
+
+inline float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else if (exp == 0) {
+    if (man == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise
+      exp = 113;
+      while ((man & 0x400u) == 0) {
+        man <<= 1;
+        --exp;
+      }
+      bits = sign | (exp << 23) | ((man & 0x3ffu) << 13);
+    }
+  } else {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// Output tiles [t0, t1) of y (B, N) for B rows: the portable loop, in the vector loop's order
+// (an exact integer dot per run, then y += float(dot) * (d * s_a), then y += m * (s_a sum r)),
+// so both give the same bits.
+void q4_tiles_scalar(const uint8_t* w, const Q8Rows& a, int64_t B, int64_t K, int64_t N, int64_t t0, int64_t t1,
+                     float* y) {
+  const int64_t runs = K / Q4_RUN;
+  for (int64_t t = t0; t < t1; ++t)
+    for (int64_t b = 0; b < B; ++b) {
+      float acc[Q4_TILE] = {0};
+      for (int64_t u = 0; u < runs; ++u) {
+        const uint8_t* run = w + (t * runs + u) * Q4_RUN_BYTES;
+        const uint16_t* dm = reinterpret_cast<const uint16_t*>(run + 256);
+        const int8_t* r = a.r.data() + b * K + u * Q4_RUN;
+        const float s = a.scale[b * runs + u], ss = a.scaled_sum[b * runs + u];
+        for (int64_t j = 0; j < Q4_TILE; ++j) {
+          int32_t dot = 0;
+          for (int c = 0; c < 4; ++c)
+            for (int t4 = 0; t4 < 4; ++t4) {
+              const uint8_t byte = run[c * 64 + 4 * j + t4];
+              dot += static_cast<int32_t>(byte & 0x0f) * r[8 * c + t4] + static_cast<int32_t>(byte >> 4) * r[8 * c + 4 + t4];
+            }
+          acc[j] = std::fma(static_cast<float>(dot), half_to_float(dm[j]) * s, acc[j]);
+          acc[j] = std::fma(half_to_float(dm[16 + j]), ss, acc[j]);
+        }
+      }
+      std::copy_n(acc, Q4_TILE, y + b * N + t * Q4_TILE);
+    }
+}
+
+#if defined(TSERVE_AVX512)
+#define TSERVE_TARGET_VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
+// The same with VNNI: per tile and run, the four chunks are widened into eight operands once and
+// used for up to eight rows at a time.
+TSERVE_TARGET_VNNI inline void q4_unpack(const uint8_t* run, __m512i* q, __m512& d, __m512& m) {
+  const __m512i low = _mm512_set1_epi8(0x0f);
+  for (int c = 0; c < 4; ++c) {
+    const __m512i bytes = _mm512_loadu_si512(run + 64 * c);
+    q[2 * c] = _mm512_and_si512(bytes, low);
+    q[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low);
+  }
+  d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(run + 256)));
+  m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(run + 288)));
+}
+
+// acc += float(q . r) * (d s) + m (s sum r) for one tile and one row's run.
+TSERVE_TARGET_VNNI inline __m512 q4_run_row(const __m512i* q, __m512 d, __m512 m, const __m512i* r, __m512 s,
+                                            __m512 ss, __m512 acc) {
+  __m512i dot = _mm512_setzero_si512();
+  for (int g = 0; g < 8; ++g) dot = _mm512_dpbusd_epi32(dot, q[g], r[g]);
+  acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, s), acc);
+  return _mm512_fmadd_ps(m, ss, acc);
+}
+
+// The same with VNNI. A tile's run is widened into eight operands once and used for up to
+// MB rows; tiles go two at a time, sharing each row's broadcast activations.
+TSERVE_TARGET_VNNI void q4_tiles_vnni(const uint8_t* w, const Q8Rows& a, int64_t B, int64_t K, int64_t N, int64_t t0,
+                                      int64_t t1, float* y) {
+  constexpr int64_t MB = 4;
+  const int64_t runs = K / Q4_RUN;
+  int64_t t = t0;
+  for (; t + 2 <= t1; t += 2)
+    for (int64_t b0 = 0; b0 < B; b0 += MB) {
+      const int64_t rows = std::min(MB, B - b0);
+      __m512 acc0[MB], acc1[MB];
+      for (int64_t i = 0; i < MB; ++i) acc0[i] = acc1[i] = _mm512_setzero_ps();
+      for (int64_t u = 0; u < runs; ++u) {
+        __m512i q0[8], q1[8];
+        __m512 d0, m0, d1, m1;
+        q4_unpack(w + (t * runs + u) * Q4_RUN_BYTES, q0, d0, m0);
+        q4_unpack(w + ((t + 1) * runs + u) * Q4_RUN_BYTES, q1, d1, m1);
+        for (int64_t i = 0; i < rows; ++i) {
+          const int64_t b = b0 + i;
+          const int32_t* groups = reinterpret_cast<const int32_t*>(a.r.data() + b * K + u * Q4_RUN);
+          __m512i r[8];
+          for (int g = 0; g < 8; ++g) r[g] = _mm512_set1_epi32(groups[g]);
+          const __m512 s = _mm512_set1_ps(a.scale[b * runs + u]), ss = _mm512_set1_ps(a.scaled_sum[b * runs + u]);
+          acc0[i] = q4_run_row(q0, d0, m0, r, s, ss, acc0[i]);
+          acc1[i] = q4_run_row(q1, d1, m1, r, s, ss, acc1[i]);
+        }
+      }
+      for (int64_t i = 0; i < rows; ++i) {
+        _mm512_storeu_ps(y + (b0 + i) * N + t * Q4_TILE, acc0[i]);
+        _mm512_storeu_ps(y + (b0 + i) * N + (t + 1) * Q4_TILE, acc1[i]);
+      }
+    }
+  for (; t < t1; ++t)  // an odd tile at the end
+    for (int64_t b = 0; b < B; ++b) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t u = 0; u < runs; ++u) {
+        __m512i q[8];
+        __m512 d, m;
+        q4_unpack(w + (t * runs + u) * Q4_RUN_BYTES, q, d, m);
+        const int32_t* groups = reinterpret_cast<const int32_t*>(a.r.data() + b * K + u * Q4_RUN);
+        __m512i r[8];
+        for (int g = 0; g < 8; ++g) r[g] = _mm512_set1_epi32(groups[g]);
+        acc = q4_run_row(q, d, m, r, _mm512_set1_ps(a.scale[b * runs + u]), _mm512_set1_ps(a.scaled_sum[b * runs + u]), acc);
+      }
+      _mm512_storeu_ps(y + b * N + t * Q4_TILE, acc);
+    }
+}
+#endif
+
+void q4_tiles(const uint8_t* w, const Q8Rows& a, int64_t B, int64_t K, int64_t N, int64_t t0, int64_t t1, float* y) {
+#if defined(TSERVE_AVX512)
+  static const bool vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
+  if (vnni) return q4_tiles_vnni(w, a, B, K, N, t0, t1, y);
+#endif
+  q4_tiles_scalar(w, a, B, K, N, t0, t1, y);
+}
+
+// One projection y = W (x * inv_scale) + b: 4-bit runs when `q4` is set (q4_tiles), fbgemm int8 when
+// `packed` is set, else float.
 struct Projection {
   c10::intrusive_ptr<LinearPackedParamsBase> packed;
   // The same weights as two packs of output features [0, split) and [split, N), for a step
@@ -134,10 +315,14 @@ struct Projection {
   int64_t split = 0;
   Partner* partner = nullptr;
   Tensor weight, bias;  // the float path
+  Tensor q4;  // the 4-bit path: uint8, (N / 16) * (K / 32) runs of Q4_RUN_BYTES
+  int64_t q4_n = 0, q4_k = 0;
+  std::vector<float> q4_bias;  // empty: none
   std::vector<float> inv_scale;  // SmoothQuant's 1 / s per input channel; empty: none
   std::vector<float> row_sum, int8_bias;  // int8: W 1 (dequantized weights summed over inputs), b (or empty)
 
   Tensor operator()(const Tensor& x) const {
+    if (q4.defined()) return q4_rows(x.contiguous());
     if (packed) return int8_rows(x.contiguous());
     return at::linear(x, weight, bias.defined() ? c10::optional<Tensor>(bias) : c10::nullopt);
   }
@@ -167,7 +352,7 @@ struct Projection {
       for (int64_t k = 0; k < n; ++k) up[b * n + k] = row[k] / s + z;
     }
     Tensor y;
-    if (partner != nullptr && at::get_num_threads() == 1) {  // a step of a few rows: half each
+    if (first && partner != nullptr && at::get_num_threads() == 1) {  // a step of a few rows: half each
       Tensor y1, y2;
       partner->run([&] { y1 = first->apply_with_input_q_dq_qweight_dq_output_fp32(u, 1.0, 0); },
                    [&] { y2 = second->apply_with_input_q_dq_qweight_dq_output_fp32(u, 1.0, 0); });
@@ -188,6 +373,31 @@ struct Projection {
     return y;
   }
   float scale(int64_t j) const { return inv_scale.empty() ? 1.0f : inv_scale[j]; }
+
+  // x (B, K) -> (B, N) through the 4-bit runs, the output tiles shared between the threads (with
+  // a partner: the first half here, the second there).
+  Tensor q4_rows(const Tensor& x, bool portable = false) const {
+    TORCH_CHECK(x.size(1) == q4_k, "a 4-bit projection of ", q4_k, " inputs got ", x.size(1));
+    const int64_t B = x.size(0), tiles = q4_n / Q4_TILE;
+    Q8Rows a;
+    a.quantize(x.data_ptr<float>(), B, q4_k);
+    Tensor y = at::empty({B, q4_n}, x.options());
+    const uint8_t* w = q4.data_ptr<uint8_t>();
+    float* yp = y.data_ptr<float>();
+    if (portable) {
+      q4_tiles_scalar(w, a, B, q4_k, q4_n, 0, tiles, yp);
+    } else if (partner != nullptr && at::get_num_threads() == 1) {
+      const int64_t half = tiles / 2;
+      partner->run([&] { q4_tiles(w, a, B, q4_k, q4_n, 0, half, yp); },
+                   [&] { q4_tiles(w, a, B, q4_k, q4_n, half, tiles, yp); });
+    } else {
+      at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) { q4_tiles(w, a, B, q4_k, q4_n, t0, t1, yp); });
+    }
+    if (!q4_bias.empty())
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t j = 0; j < q4_n; ++j) yp[b * q4_n + j] += q4_bias[j];
+    return y;
+  }
 };
 
 struct Layer {
@@ -482,6 +692,29 @@ class LlamaDecoder : public torch::CustomClassHolder {
     finish(std::move(p), inv_scale);
   }
 
+  // A projection with 4-bit weights (decode steps and prompts alike): `runs` (uint8) as
+  // model/quant/q4.py packs them for n outputs (a multiple of 16) of k inputs (a multiple of 32),
+  // an optional bias (n,). Its input is not smoothed. With a partner, its tiles are split between
+  // the two threads as they lie (no second copy).
+  void add_q4(Tensor runs, int64_t n, int64_t k, c10::optional<Tensor> bias) {
+    finish(make_q4(runs, n, k, bias), c10::nullopt);
+  }
+
+  Projection make_q4(const Tensor& runs, int64_t n, int64_t k, const c10::optional<Tensor>& bias) {
+    TORCH_CHECK(n > 0 && k > 0 && n % Q4_TILE == 0 && k % Q4_RUN == 0, "a 4-bit projection needs outputs in "
+                "multiples of 16 and inputs in multiples of 32, got ", n, " x ", k);
+    TORCH_CHECK(runs.device().is_cpu() && runs.scalar_type() == at::kByte && runs.is_contiguous() &&
+                    runs.numel() == (n / Q4_TILE) * (k / Q4_RUN) * Q4_RUN_BYTES,
+                "runs must be a contiguous uint8 CPU tensor of (n / 16) * (k / 32) * 320 bytes");
+    Projection p;
+    p.q4 = runs;
+    p.q4_n = n;
+    p.q4_k = k;
+    if (bias) p.q4_bias = to_vector(*bias, n, "bias");
+    p.partner = partner_.get();
+    return p;
+  }
+
   // Steps of a few rows share each int8 projection with a second thread (see Partner). Call
   // before the projections are added.
   void use_partner(bool on) {
@@ -632,9 +865,8 @@ class LlamaDecoder : public torch::CustomClassHolder {
     }
     TORCH_CHECK(!layers_.empty(), "add_layer comes before its projections");
     Layer& L = layers_.back();
-    Projection* slots[] = {&L.qkv, &L.o, &L.gate, &L.up, &L.down};
     if (next_ < 5) {
-      *slots[next_++] = std::move(p);
+      *slots(L)[next_++] = std::move(p);
       if (next_ == 5) L.up_has_own_input = L.up.inv_scale != L.gate.inv_scale;
       return;
     }
@@ -642,6 +874,8 @@ class LlamaDecoder : public torch::CustomClassHolder {
     head_ = std::move(p);
     has_head_ = true;
   }
+
+  static std::array<Projection*, 5> slots(Layer& L) { return {&L.qkv, &L.o, &L.gate, &L.up, &L.down}; }
 
   // The projection's weights as two packs, output features [0, N/2) and [N/2, N) (rounded to
   // 64 features), quantized exactly as the whole: the int8 values and per-channel scales sliced.
@@ -773,9 +1007,29 @@ class LlamaDecoder : public torch::CustomClassHolder {
   int next_ = 0;
 };
 
+// The 4-bit kernel on its own, for tests and measurements: x (B, k) float32 -> (B, n);
+// `portable`: the plain loops, whatever the CPU has.
+Tensor q4_linear(Tensor x, Tensor runs, int64_t n, int64_t k, c10::optional<Tensor> bias, bool portable) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(), "x must be (B, k) float32");
+  Projection p;
+  p.q4 = runs.contiguous();
+  p.q4_n = n;
+  p.q4_k = k;
+  TORCH_CHECK(n > 0 && k > 0 && n % Q4_TILE == 0 && k % Q4_RUN == 0 &&
+                  p.q4.numel() == (n / Q4_TILE) * (k / Q4_RUN) * Q4_RUN_BYTES && p.q4.scalar_type() == at::kByte,
+              "runs do not match n x k");
+  if (bias) {
+    Tensor c = bias->to(at::kFloat).contiguous();
+    TORCH_CHECK(c.numel() == n, "bias must have n values");
+    p.q4_bias.assign(c.data_ptr<float>(), c.data_ptr<float>() + n);
+  }
+  return p.q4_rows(x.contiguous(), portable);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(tserve_native, m) {
+  m.def("q4_linear", &q4_linear);
   m.class_<LlamaDecoder>("LlamaDecoder")
       .def(torch::init<int64_t, int64_t, int64_t, double, double>())
       .def("set_model", &LlamaDecoder::set_model)
@@ -784,6 +1038,7 @@ TORCH_LIBRARY(tserve_native, m) {
       .def("add_layer", &LlamaDecoder::add_layer)
       .def("add_int8", &LlamaDecoder::add_int8)
       .def("add_float", &LlamaDecoder::add_float)
+      .def("add_q4", &LlamaDecoder::add_q4)
       .def("num_layers", &LlamaDecoder::num_layers)
       .def("use_partner", &LlamaDecoder::use_partner)
       .def("step", &LlamaDecoder::step)

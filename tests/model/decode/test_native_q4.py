@@ -1,0 +1,120 @@
+"""The native step on a model whose weights are 4-bit runs (a GGUF Q4_0 / Q4_1 file, here a tiny
+Llama made so): its projections run the 4-bit kernel (``NativeStep(weights4=True)``, the
+default), and the step keeps the properties the int8 one has: a row's logits do not depend on
+the batch, a prompt written in one call equals the prompt fed one token per step, the partner
+thread changes no bit; and its logits stay close to the float model's."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from model.decode import DecodeOptions, prepare
+from model.decode.native import NativeStep
+from model.decode.step import PythonStep
+from model.quant import q4
+from tests.model.decode.test_native_decode import _int8, _model, _ragged
+from tests.model.decode.test_native_prefill import _token_by_token
+from tests.model.decode_steps import greedy_steps, random_prompts
+
+
+def _q4_float(seed: int):
+    """A tiny Llama (head size 64, widths multiples of 32) whose decoder projections hold 4-bit
+    runs, dequantized: what importing a Q4_1 file gives."""
+    model = _model(seed, d_model=256, n_heads=4, n_kv_heads=2, d_ff=512)
+    with torch.no_grad():
+        for layer in model.decoder_layers:
+            for module in layer.modules():
+                if isinstance(module, nn.Linear):
+                    module.weight.copy_(q4.dequantize(*q4.q4_runs(module.weight)))
+    return model
+
+
+def _projections(model) -> int:
+    return 5 * len(model.decoder_layers)
+
+
+def test_the_projections_of_a_q4_model_run_4_bit(fresh_seed):
+    model = _int8(_q4_float(fresh_seed), fresh_seed)
+    step = NativeStep(model)
+    assert step.weights4 == _projections(model)  # the head (the embeddings, not 4-bit runs) stays int8
+    assert NativeStep(model, weights4=False).weights4 == 0
+    assert NativeStep(_int8(_model(fresh_seed, d_model=256, n_heads=4, n_kv_heads=2, d_ff=512), fresh_seed)).weights4 == 0
+    # the service's option
+    assert prepare(_int8(_q4_float(fresh_seed), fresh_seed), DecodeOptions(weights="int8")).weights4 == 0
+
+
+def test_4_bit_steps_stay_close_to_the_float_model(fresh_seed):
+    """Greedy steps of the 4-bit native step against the float model's own steps on the same
+    (4-bit) weights: activations rounded to 8 bits per run of 32 are all that differ."""
+    reference = _q4_float(fresh_seed)
+    model = _int8(_q4_float(fresh_seed), fresh_seed)
+    cache, first, slots, starts = _ragged(model, fresh_seed, dtype=torch.float32)
+    before = cache.k.clone(), cache.v.clone()
+    want = greedy_steps(PythonStep(reference), cache, first, slots, starts, 12)
+    cache.k.copy_(before[0])
+    cache.v.copy_(before[1])
+    # teacher-forced on the reference's tokens: each step's logits compared, not a diverged path
+    step = NativeStep(model, kv_dtype=torch.float32)
+    tokens = first
+    with torch.inference_mode():
+        for i, logits in enumerate(want):
+            got = step(cache, tokens, slots, [s + i for s in starts])
+            assert (got - logits).norm() / logits.norm() < 0.02, i
+            assert float((got.argmax(-1) == logits.argmax(-1)).float().mean()) >= 0.75
+            tokens = logits.argmax(-1)
+
+
+def test_a_4_bit_row_gives_the_same_logits_alone_or_in_any_batch(fresh_seed):
+    model = _int8(_q4_float(fresh_seed), fresh_seed)
+    step = NativeStep(model)
+    cache, first, slots, starts = _ragged(model, fresh_seed, (21, 5, 40, 1), (4, 0, 2, 5), torch.bfloat16)
+    before = cache.k.clone(), cache.v.clone()
+    outs = []
+    with torch.inference_mode():
+        for n in (1, 2, 4):
+            cache.k.copy_(before[0])
+            cache.v.copy_(before[1])
+            outs.append(step(cache, first[:n], slots[:n], starts[:n]))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][0], outs[2][0])
+    assert torch.equal(outs[1][:2], outs[2][:2])
+
+
+def test_a_4_bit_prefill_equals_the_prompt_fed_one_token_per_step(fresh_seed):
+    model = _int8(_q4_float(fresh_seed), fresh_seed)
+    step = NativeStep(model, kv_dtype=torch.float32)
+    a, b = random_prompts(model, fresh_seed, (40, 23))
+    reference = model.new_cache(4, 64, dtype=torch.float32)
+    last_a = _token_by_token(step, reference, a, 2)[-1]
+    last_b = _token_by_token(step, reference, b, 0)[-1]
+    cache = model.new_cache(4, 64, dtype=torch.float32)
+    with torch.inference_mode():
+        logits = step.prefill(cache, [a, b], [2, 0])
+    assert torch.equal(logits[0], last_a) and torch.equal(logits[1], last_b)
+    for s in (0, 2):
+        mine, theirs = (c.tables[s][c.tables[s] > 0] for c in (cache, reference))
+        assert torch.equal(cache.k[:, :, mine], reference.k[:, :, theirs])
+
+
+def test_the_partner_thread_gives_the_same_4_bit_bits(fresh_seed):
+    model = _int8(_q4_float(fresh_seed), fresh_seed)
+    alone, shared = NativeStep(model, partner=False), NativeStep(model, partner=True)
+    cache, first, slots, starts = _ragged(model, fresh_seed, (21, 5, 40, 1), (4, 0, 2, 5), torch.bfloat16)
+    before = cache.k.clone(), cache.v.clone()
+    prompt = random_prompts(model, fresh_seed + 1, (37,))[0]
+    threads = torch.get_num_threads()
+    outs = []
+    try:
+        torch.set_num_threads(1)  # the partner works in steps of one intra-op thread only
+        for step in (alone, shared):
+            cache.k.copy_(before[0])
+            cache.v.copy_(before[1])
+            with torch.inference_mode():
+                rows = [step(cache, first[:n], slots[:n], starts[:n]) for n in (1, 4)]
+                rows.append(step.prefill(cache, [prompt], [6]))
+            outs.append((rows, cache.k.clone()))
+    finally:
+        torch.set_num_threads(threads)
+    (a, ak), (b, bk) = outs
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert torch.equal(ak, bk)
