@@ -177,8 +177,8 @@ class NativeStep:
         float forward does). ``partner``: steps of a few rows split each int8 projection with a
         second thread; default: under a passive OpenMP wait policy with more than one thread.
         ``weights4``: an int8 projection whose float weights are 4-bit runs already (a GGUF Q4_0 /
-        Q4_1 file; ``model.quant.q4``) runs those 4-bit weights instead, decode steps and prompts
-        alike."""
+        Q4_1 file; ``model.quant.q4``) gets them too: decode steps read the 4-bit weights, prompts
+        the int8 ones."""
         why = unsupported_reason(model)
         if why is not None:
             raise ValueError(f"no native decode step for this model: {why}")
@@ -217,17 +217,18 @@ class NativeStep:
         self.plan = plan
 
     def _add(self, plan, layer: nn.Module, weights4: bool) -> int:
-        """Hands ``layer`` to the C++ step: its 4-bit runs where it is an int8 projection whose
-        float weights are 4-bit runs already, else as it is (``_add_projection``). Returns the
-        bytes of what the step holds beyond the model's tensors."""
+        """Hands ``layer`` to the C++ step (``_add_projection``), with its 4-bit runs too where it is
+        an int8 projection whose float weights are 4-bit runs already. Returns the bytes of what
+        the step holds beyond the model's tensors."""
+        extra = _add_projection(plan, layer, self.partner)
         runs = q4.exact(layer.dense.weight) if weights4 and isinstance(layer, DecodeInt8Linear) else None
         if runs is None:
-            return _add_projection(plan, layer, self.partner)
+            return extra
         packed = q4.pack_q4(*runs)
         n, k = layer.dense.weight.shape
-        plan.add_q4(packed, n, k, None if layer.dense.bias is None else layer.dense.bias.detach().float())
+        plan.attach_q4(packed, n, k, None if layer.dense.bias is None else layer.dense.bias.detach().float())
         self.weights4 += 1
-        return packed.numel()
+        return extra + packed.numel()
 
     def __call__(self, cache: PagedKVCache, tokens: Tensor, slots: Sequence[int], positions: Sequence[int]) -> Tensor:
         """tokens (B,) at ``positions`` of rows ``slots`` -> logits (B, V) float32."""

@@ -318,11 +318,18 @@ struct Projection {
   Tensor q4;  // the 4-bit path: uint8, (N / 16) * (K / 32) runs of Q4_RUN_BYTES
   int64_t q4_n = 0, q4_k = 0;
   std::vector<float> q4_bias;  // empty: none
+  std::vector<float> unsmooth;  // 1 / inv_scale: the 4-bit weights take the int8 ones' smoothed input back
+  Partner* q4_partner = nullptr;  // shares the 4-bit tiles (the int8 halves have their own `partner`)
   std::vector<float> inv_scale;  // SmoothQuant's 1 / s per input channel; empty: none
   std::vector<float> row_sum, int8_bias;  // int8: W 1 (dequantized weights summed over inputs), b (or empty)
 
-  Tensor operator()(const Tensor& x) const {
-    if (q4.defined()) return q4_rows(x.contiguous());
+  // `prompt`: rows of prompts, which take the int8 weights where the projection has both: at tens
+  // to thousands of rows fbgemm's int8 GEMM is 2-3x faster than the 4-bit kernel, whose float
+  // scale per run of 32 costs arithmetic that only a step of a few rows, waiting for its bytes,
+  // hides. Decode steps take the 4-bit weights whatever their rows, so a row's logits never
+  // depend on the batch.
+  Tensor operator()(const Tensor& x, bool prompt = false) const {
+    if (q4.defined() && !(prompt && packed)) return q4_rows(x.contiguous());
     if (packed) return int8_rows(x.contiguous());
     return at::linear(x, weight, bias.defined() ? c10::optional<Tensor>(bias) : c10::nullopt);
   }
@@ -352,7 +359,7 @@ struct Projection {
       for (int64_t k = 0; k < n; ++k) up[b * n + k] = row[k] / s + z;
     }
     Tensor y;
-    if (first && partner != nullptr && at::get_num_threads() == 1) {  // a step of a few rows: half each
+    if (partner != nullptr && at::get_num_threads() == 1) {  // a step of a few rows: half each
       Tensor y1, y2;
       partner->run([&] { y1 = first->apply_with_input_q_dq_qweight_dq_output_fp32(u, 1.0, 0); },
                    [&] { y2 = second->apply_with_input_q_dq_qweight_dq_output_fp32(u, 1.0, 0); });
@@ -380,15 +387,23 @@ struct Projection {
     TORCH_CHECK(x.size(1) == q4_k, "a 4-bit projection of ", q4_k, " inputs got ", x.size(1));
     const int64_t B = x.size(0), tiles = q4_n / Q4_TILE;
     Q8Rows a;
-    a.quantize(x.data_ptr<float>(), B, q4_k);
+    if (unsmooth.empty()) {
+      a.quantize(x.data_ptr<float>(), B, q4_k);
+    } else {
+      std::vector<float> plain(B * q4_k);
+      const float* xp = x.data_ptr<float>();
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t k = 0; k < q4_k; ++k) plain[b * q4_k + k] = xp[b * q4_k + k] * unsmooth[k];
+      a.quantize(plain.data(), B, q4_k);
+    }
     Tensor y = at::empty({B, q4_n}, x.options());
     const uint8_t* w = q4.data_ptr<uint8_t>();
     float* yp = y.data_ptr<float>();
     if (portable) {
       q4_tiles_scalar(w, a, B, q4_k, q4_n, 0, tiles, yp);
-    } else if (partner != nullptr && at::get_num_threads() == 1) {
+    } else if (q4_partner != nullptr && at::get_num_threads() == 1) {
       const int64_t half = tiles / 2;
-      partner->run([&] { q4_tiles(w, a, B, q4_k, q4_n, 0, half, yp); },
+      q4_partner->run([&] { q4_tiles(w, a, B, q4_k, q4_n, 0, half, yp); },
                    [&] { q4_tiles(w, a, B, q4_k, q4_n, half, tiles, yp); });
     } else {
       at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) { q4_tiles(w, a, B, q4_k, q4_n, t0, t1, yp); });
@@ -692,15 +707,30 @@ class LlamaDecoder : public torch::CustomClassHolder {
     finish(std::move(p), inv_scale);
   }
 
-  // A projection with 4-bit weights (decode steps and prompts alike): `runs` (uint8) as
-  // model/quant/q4.py packs them for n outputs (a multiple of 16) of k inputs (a multiple of 32),
-  // an optional bias (n,). Its input is not smoothed. With a partner, its tiles are split between
-  // the two threads as they lie (no second copy).
-  void add_q4(Tensor runs, int64_t n, int64_t k, c10::optional<Tensor> bias) {
-    finish(make_q4(runs, n, k, bias), c10::nullopt);
+  // 4-bit weights for the projection added last, an int8 one: decode steps read these, prompts the
+  // int8 ones. `runs` (uint8) as model/quant/q4.py packs them for n outputs (a multiple of 16) of
+  // k inputs (a multiple of 32), an optional bias (n,). With a partner, the tiles are split
+  // between the two threads as they lie (no second copy).
+  void attach_q4(Tensor runs, int64_t n, int64_t k, c10::optional<Tensor> bias) {
+    TORCH_CHECK(has_head_ || (!layers_.empty() && next_ > 0), "attach_q4 follows the projection it is for");
+    Projection& p = has_head_ ? head_ : *slots(layers_.back())[next_ - 1];
+    TORCH_CHECK(p.packed && !p.q4.defined(), "4-bit weights attach once, to an int8 projection");
+    TORCH_CHECK(static_cast<int64_t>(p.row_sum.size()) == n, "the 4-bit weights have ", n, " outputs, the int8 ones ",
+                p.row_sum.size());
+    Projection q = make_q4(runs, n, k, bias);
+    p.q4 = q.q4;
+    p.q4_n = n;
+    p.q4_k = k;
+    p.q4_bias = std::move(q.q4_bias);
+    p.q4_partner = partner_.get();
+    // The int8 weights are smoothed: their input arrives multiplied by inv_scale. The 4-bit ones
+    // are the model's own, so their input is divided back.
+    p.unsmooth.clear();
+    for (float v : p.inv_scale) p.unsmooth.push_back(1.0f / v);
   }
 
-  Projection make_q4(const Tensor& runs, int64_t n, int64_t k, const c10::optional<Tensor>& bias) {
+  // A 4-bit projection (no int8 weights, no partner): attach_q4's and q4_linear's checks.
+  static Projection make_q4(const Tensor& runs, int64_t n, int64_t k, const c10::optional<Tensor>& bias) {
     TORCH_CHECK(n > 0 && k > 0 && n % Q4_TILE == 0 && k % Q4_RUN == 0, "a 4-bit projection needs outputs in "
                 "multiples of 16 and inputs in multiples of 32, got ", n, " x ", k);
     TORCH_CHECK(runs.device().is_cpu() && runs.scalar_type() == at::kByte && runs.is_contiguous() &&
@@ -711,7 +741,6 @@ class LlamaDecoder : public torch::CustomClassHolder {
     p.q4_n = n;
     p.q4_k = k;
     if (bias) p.q4_bias = to_vector(*bias, n, "bias");
-    p.partner = partner_.get();
     return p;
   }
 
@@ -796,7 +825,8 @@ class LlamaDecoder : public torch::CustomClassHolder {
     for (size_t l = 0; l < layers_.size(); ++l) {
       const Layer& L = layers_[l];
       norm_rows(xs, L.attn_norm.data(), L.qkv, B, h.data_ptr<float>());
-      Tensor qkv = L.qkv(h).contiguous();  // (B, q_w + 2 kv_w)
+      const bool prompt = logit_rows != nullptr;
+      Tensor qkv = L.qkv(h, prompt).contiguous();  // (B, q_w + 2 kv_w)
       const Tensor& table = L.local_rope ? rope_local_ : rope_;
       for (int64_t b = 0; b < B; ++b) {  // (q/k norms, then) RoPE on q and k
         float* row = qkv.data_ptr<float>() + b * (q_w + 2 * kv_w);
@@ -820,11 +850,11 @@ class LlamaDecoder : public torch::CustomClassHolder {
                     reinterpret_cast<uint16_t*>(v_cache.data_ptr<at::BFloat16>()) + layer_at);
       else
         cache_layer(k_cache.data_ptr<float>() + layer_at, v_cache.data_ptr<float>() + layer_at);
-      add_output(xs, L.o(y), L.post_attn_norm, B);
+      add_output(xs, L.o(y, prompt), L.post_attn_norm, B);
       norm_rows(xs, L.ffn_norm.data(), L.gate, B, h.data_ptr<float>());
-      Tensor g = L.gate(h).contiguous();
+      Tensor g = L.gate(h, prompt).contiguous();
       if (L.up_has_own_input) norm_rows(xs, L.ffn_norm.data(), L.up, B, h2.data_ptr<float>());
-      Tensor u = L.up(L.up_has_own_input ? h2 : h).contiguous();
+      Tensor u = L.up(L.up_has_own_input ? h2 : h, prompt).contiguous();
       const int64_t ff = g.size(1);
       float* gs = g.data_ptr<float>();
       const float* us = u.data_ptr<float>();
@@ -833,7 +863,7 @@ class LlamaDecoder : public torch::CustomClassHolder {
           const float a = gs[b * ff + j];
           gs[b * ff + j] = activate(a) * us[b * ff + j] * L.down.scale(j);
         }
-      add_output(xs, L.down(g), L.post_ffn_norm, B);
+      add_output(xs, L.down(g, prompt), L.post_ffn_norm, B);
     }
     if (logit_rows != nullptr) {  // the rows whose logits are wanted, gathered first
       const int64_t R = static_cast<int64_t>(logit_rows->size());
@@ -841,7 +871,7 @@ class LlamaDecoder : public torch::CustomClassHolder {
       for (int64_t r = 0; r < R; ++r) std::copy_n(xs + (*logit_rows)[r] * d_, d_, picked.data_ptr<float>() + r * d_);
       Tensor hr = at::empty({R, d_}, opts);
       norm_rows(picked.data_ptr<float>(), final_norm_.data(), head_, R, hr.data_ptr<float>());
-      return head_(hr).to(at::kFloat);
+      return head_(hr, true).to(at::kFloat);
     }
     norm_rows(xs, final_norm_.data(), head_, B, h.data_ptr<float>());
     return head_(h).to(at::kFloat);
@@ -1011,19 +1041,9 @@ class LlamaDecoder : public torch::CustomClassHolder {
 // `portable`: the plain loops, whatever the CPU has.
 Tensor q4_linear(Tensor x, Tensor runs, int64_t n, int64_t k, c10::optional<Tensor> bias, bool portable) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(), "x must be (B, k) float32");
-  Projection p;
-  p.q4 = runs.contiguous();
-  p.q4_n = n;
-  p.q4_k = k;
-  TORCH_CHECK(n > 0 && k > 0 && n % Q4_TILE == 0 && k % Q4_RUN == 0 &&
-                  p.q4.numel() == (n / Q4_TILE) * (k / Q4_RUN) * Q4_RUN_BYTES && p.q4.scalar_type() == at::kByte,
-              "runs do not match n x k");
-  if (bias) {
-    Tensor c = bias->to(at::kFloat).contiguous();
-    TORCH_CHECK(c.numel() == n, "bias must have n values");
-    p.q4_bias.assign(c.data_ptr<float>(), c.data_ptr<float>() + n);
-  }
-  return p.q4_rows(x.contiguous(), portable);
+  c10::optional<Tensor> b;
+  if (bias) b = bias->to(at::kFloat);
+  return LlamaDecoder::make_q4(runs.contiguous(), n, k, b).q4_rows(x.contiguous(), portable);
 }
 
 }  // namespace
@@ -1038,7 +1058,7 @@ TORCH_LIBRARY(tserve_native, m) {
       .def("add_layer", &LlamaDecoder::add_layer)
       .def("add_int8", &LlamaDecoder::add_int8)
       .def("add_float", &LlamaDecoder::add_float)
-      .def("add_q4", &LlamaDecoder::add_q4)
+      .def("attach_q4", &LlamaDecoder::attach_q4)
       .def("num_layers", &LlamaDecoder::num_layers)
       .def("use_partner", &LlamaDecoder::use_partner)
       .def("step", &LlamaDecoder::step)

@@ -1,8 +1,8 @@
 """The native step on a model whose weights are 4-bit runs (a GGUF Q4_0 / Q4_1 file, here a tiny
-Llama made so): its projections run the 4-bit kernel (``NativeStep(weights4=True)``, the
-default), and the step keeps the properties the int8 one has: a row's logits do not depend on
-the batch, a prompt written in one call equals the prompt fed one token per step, the partner
-thread changes no bit; and its logits stay close to the float model's."""
+Llama made so): its decode steps run the 4-bit kernel (``NativeStep(weights4=True)``, the
+default) and its prompts the int8 one, and it keeps the properties the int8 step has: a row's
+logits do not depend on the batch, the partner thread changes no bit; and its logits stay close
+to the float model's."""
 
 from __future__ import annotations
 
@@ -80,20 +80,25 @@ def test_a_4_bit_row_gives_the_same_logits_alone_or_in_any_batch(fresh_seed):
     assert torch.equal(outs[1][:2], outs[2][:2])
 
 
-def test_a_4_bit_prefill_equals_the_prompt_fed_one_token_per_step(fresh_seed):
+def test_prompts_take_the_int8_weights_and_decode_steps_the_4_bit_ones(fresh_seed):
+    """A prompt written through ``prefill`` gives bit for bit what the all-int8 step writes (its
+    K/V and last logits); one decode step per token gives the 4-bit step's, close to those."""
     model = _int8(_q4_float(fresh_seed), fresh_seed)
-    step = NativeStep(model, kv_dtype=torch.float32)
+    four, eight = NativeStep(model, kv_dtype=torch.float32), NativeStep(model, kv_dtype=torch.float32, weights4=False)
+    assert four.weights4 and not eight.weights4
     a, b = random_prompts(model, fresh_seed, (40, 23))
-    reference = model.new_cache(4, 64, dtype=torch.float32)
-    last_a = _token_by_token(step, reference, a, 2)[-1]
-    last_b = _token_by_token(step, reference, b, 0)[-1]
-    cache = model.new_cache(4, 64, dtype=torch.float32)
+    caches = [model.new_cache(4, 64, dtype=torch.float32) for _ in range(2)]
+    for c in caches:  # the pools are allocated empty: zeroed, so that whole pools compare
+        c.k.zero_()
+        c.v.zero_()
     with torch.inference_mode():
-        logits = step.prefill(cache, [a, b], [2, 0])
-    assert torch.equal(logits[0], last_a) and torch.equal(logits[1], last_b)
-    for s in (0, 2):
-        mine, theirs = (c.tables[s][c.tables[s] > 0] for c in (cache, reference))
-        assert torch.equal(cache.k[:, :, mine], reference.k[:, :, theirs])
+        got, want = (step.prefill(c, [a, b], [2, 0]) for step, c in zip((four, eight), caches))
+    assert torch.equal(got, want)
+    assert torch.equal(caches[0].k, caches[1].k) and torch.equal(caches[0].v, caches[1].v)
+    steps = model.new_cache(4, 64, dtype=torch.float32)
+    last_a = _token_by_token(four, steps, a, 2)[-1]
+    assert not torch.equal(last_a, got[0])  # the 4-bit weights, not the int8 ones
+    assert (last_a - got[0]).norm() / got[0].norm() < 0.05
 
 
 def test_the_partner_thread_gives_the_same_4_bit_bits(fresh_seed):
