@@ -102,8 +102,15 @@ class ModelRunner:
             rows = logits if len(sampled) == len(owners) else logits[to_device(sampled, torch.long, self.device)]
             sample = self.sampler(rows, params, [s.decoding.generator for s in seqs], seen, counts,
                                   self._allowed(seqs, rows.size(-1)))
-            self.seen[slots, sample.tokens] = True
-            self.counts[slots, sample.tokens] += 1.0  # one token per row: no duplicate indices
+            # Only rows with a penalty read their history (a row without one is left as it is by
+            # the penalty's arithmetic whatever it holds), so only theirs is kept up to date:
+            # two indexed writes per step were ~4% of a served single stream's engine thread.
+            tracked = [i for i, p in enumerate(params)
+                       if p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty]
+            if tracked:
+                which = slice(None) if len(tracked) == len(params) else to_device(tracked, torch.long, self.device)
+                self.seen[slots[which], sample.tokens[which]] = True
+                self.counts[slots[which], sample.tokens[which]] += 1.0  # one token per row: no duplicate indices
             out.samples = dict(zip(seqs, split_sample(sample, params)))
         for seq in dict.fromkeys(s for s in owners if isinstance(s.decoding, BeamDecoding)):  # never constrained
             first = owners.index(seq)  # a beam search's rows are adjacent

@@ -121,3 +121,31 @@ def test_presence_and_frequency_penalties_follow_openai_rule(decoder_lm, presenc
     plain = generate(decoder_lm, [prompt], SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True))
     if presence > 0 or frequency > 0:
         assert len(set(got)) >= len(set(plain[0].token_ids))  # penalties spread the choice of tokens
+
+
+def test_a_penalised_request_batched_with_plain_ones_decodes_as_alone(decoder_lm):
+    """Only rows with a penalty keep their token history up to date; a penalised request that
+    shares its steps with plain ones (and follows one in the same slot) gets the tokens it gets
+    alone."""
+    from model import EngineCore, EngineRequest
+
+    penalised = SamplingParams(max_new_tokens=10, temperature=0.0, ignore_eos=True, presence_penalty=1.5,
+                               frequency_penalty=0.5, repetition_penalty=1.3)
+    plain = SamplingParams(max_new_tokens=10, temperature=0.0, ignore_eos=True)
+    prompt = [5, 9, 9, 12]
+
+    def run(requests):
+        core = EngineCore(decoder_lm, None, n_slots=2, max_len=64)
+        out = {rid: [] for rid, _, _ in requests}
+        for rid, p, params in requests:
+            core.add(EngineRequest(rid, list(p), params))
+        while core.has_work:
+            for event in core.step().events:
+                out[event.request_id] += event.token_ids
+        return out
+
+    alone = run([("x", prompt, penalised)])["x"]
+    mixed = run([("a", [7, 7, 3], plain), ("b", [4, 4, 4, 4], plain), ("x", prompt, penalised)])
+    assert mixed["x"] == alone
+    assert mixed["a"] == run([("a", [7, 7, 3], plain)])["a"]
+    assert alone != run([("x", prompt, plain)])["x"]  # the penalties do change this request's tokens
