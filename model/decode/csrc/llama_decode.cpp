@@ -51,10 +51,14 @@ using at::Tensor;
 // A second thread for steps of a few rows. Under a passive OpenMP wait policy such a step runs
 // on one intra-op thread (model/decode/threads.py: waking sleeping OpenMP threads for each of a
 // step's hundreds of small regions cost more than it gained), which leaves half the memory
-// bandwidth of a 2-core host unused at batch 1. This thread takes half of each int8 projection
-// (the second half of its output features, packed on their own), spins briefly between the
-// projections of a step, and sleeps on a condition variable between steps, so the event loop
-// has the core while the engine does its Python work.
+// bandwidth of a 2-core host unused at batch 1. This thread shares each projection and the
+// attention of a step: the work comes as numbered chunks (a projection's halves or tiles,
+// attention items), and both threads claim the next unclaimed chunk until none is left. The
+// step's thread never waits for a partner that is asleep or not scheduled: it takes every chunk
+// the partner has not claimed, and waits only for chunks the partner is running. Which thread
+// runs a chunk changes no bit: a chunk is a set of whole outputs. The partner spins briefly
+// between the pieces of a step and sleeps on a condition variable between steps, so the event
+// loop has the core while the engine does its Python work.
 class Partner {
  public:
   Partner() : thread_([this] { loop(); }) {}
@@ -67,19 +71,29 @@ class Partner {
     thread_.join();
   }
 
-  // mine() here while theirs() runs on the partner thread; returns when both are done.
-  void run(const std::function<void()>& mine, const std::function<void()>& theirs) {
-    task_ = &theirs;
+  // chunk(c) for c in [0, n), shared with the partner thread; returns when all are done.
+  void run(int64_t n, const std::function<void(int64_t)>& chunk) {
+    if (n <= 0) return;
+    TORCH_CHECK(n < (int64_t{1} << 16), "at most 65,535 chunks per handoff");
+    task_.store(&chunk, std::memory_order_relaxed);
+    chunks_.store(n, std::memory_order_relaxed);
+    // The state word: ticket (high 32 bits), next unclaimed chunk (16 bits), chunks the
+    // partner is running (low 16 bits). A new ticket starts only once the last one's chunks
+    // are all done, so the partner can never claim a chunk of an old task.
+    ticket_ = (ticket_ + 1) & 0xffffffffu;
+    state_.store(ticket_ << 32, std::memory_order_release);
     // seq_cst on posted_ and sleeping_: the partner sets sleeping_ then reads posted_, this reads
     // them the other way round, so one of the two always sees the other's write (no lost wake-up).
-    const uint64_t ticket = posted_.fetch_add(1) + 1;
+    posted_.fetch_add(1);
     if (sleeping_.load()) {
       std::lock_guard<std::mutex> lock(mutex_);
       wake_.notify_one();
     }
-    mine();
-    // Spin, then yield: a partner woken onto this core runs only when this thread lets it.
-    for (int spins = 0; done_.load(std::memory_order_acquire) != ticket; ++spins) {
+    int64_t c;
+    while ((c = claim(false)) >= 0) chunk(c);
+    // Every chunk is claimed: wait for the ones the partner is running (spin, then yield: a
+    // partner woken onto this core runs only when this thread lets it).
+    for (int spins = 0; (state_.load(std::memory_order_acquire) & 0xffffu) != 0; ++spins) {
       if (spins < 4096)
         cpu_relax();
       else
@@ -94,13 +108,25 @@ class Partner {
 #endif
   }
 
+  // The next chunk of the current ticket (and, for the partner, one more chunk running), or -1.
+  int64_t claim(bool partner) {
+    uint64_t s = state_.load(std::memory_order_acquire);
+    while (true) {
+      const int64_t next = static_cast<int64_t>((s >> 16) & 0xffffu);
+      if ((s >> 32) != ticket_seen(partner) || next >= chunks_.load(std::memory_order_relaxed)) return -1;
+      const uint64_t want = s + (uint64_t{1} << 16) + (partner ? 1u : 0u);
+      if (state_.compare_exchange_weak(s, want, std::memory_order_acq_rel)) return next;
+    }
+  }
+  uint64_t ticket_seen(bool partner) const { return partner ? partner_ticket_ : ticket_; }
+
   // Its kernels run inline: a task only comes during a step of one intra-op thread, so the
   // thread count this thread takes on its first parallel call (torch reads it once per thread)
   // is 1.
   void loop() {
     uint64_t seen = 0;
     while (true) {
-      // Spin a little for the next projection of the same step, then sleep until the next step.
+      // Spin a little for the next piece of the same step, then sleep until the next step.
       const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(200);
       while (posted_.load(std::memory_order_acquire) == seen && std::chrono::steady_clock::now() < until)
         cpu_relax();
@@ -112,13 +138,24 @@ class Partner {
         if (stop_) return;
       }
       seen = posted_.load(std::memory_order_acquire);
-      (*task_)();
-      done_.store(seen, std::memory_order_release);
+      // The ticket of the task posted last; if the step's thread has moved on since, its state
+      // word carries a newer ticket and nothing is claimed here.
+      partner_ticket_ = state_.load(std::memory_order_acquire) >> 32;
+      const std::function<void(int64_t)>* task = task_.load(std::memory_order_relaxed);
+      int64_t c;
+      while ((c = claim(true)) >= 0) {
+        (*task)(c);
+        state_.fetch_sub(1, std::memory_order_acq_rel);
+      }
     }
   }
 
-  const std::function<void()>* task_ = nullptr;
-  std::atomic<uint64_t> posted_{0}, done_{0};
+  std::atomic<const std::function<void(int64_t)>*> task_{nullptr};  // written before the state word (release)
+  std::atomic<int64_t> chunks_{0};
+  uint64_t ticket_ = 0;  // the step's thread's
+  uint64_t partner_ticket_ = 0;  // the partner's copy
+  std::atomic<uint64_t> state_{0};
+  std::atomic<uint64_t> posted_{0};
   std::atomic<bool> sleeping_{false};
   bool stop_ = false;
   std::mutex mutex_;
@@ -141,6 +178,7 @@ class Partner {
 // 8c + t of the run in its low nibble and input 8c + 4 + t in its high nibble: so a chunk's low
 // nibbles and its high nibbles are each one VNNI operand (16 outputs x 4 consecutive inputs).
 constexpr int64_t Q4_TILE = 16, Q4_RUN = 32, Q4_RUN_BYTES = 320;
+constexpr int64_t Q4_CHUNK = 4;  // tiles per chunk shared with the partner thread
 
 // One row of activations, quantized run by run: r (K int8), and per run its scale s_a and
 // s_a * sum(r) (for the offsets).
@@ -361,8 +399,9 @@ struct Projection {
     Tensor y;
     if (partner != nullptr && at::get_num_threads() == 1) {  // a step of a few rows: half each
       Tensor y1, y2;
-      partner->run([&] { y1 = first->apply_with_input_q_dq_qweight_dq_output_fp32(u, 1.0, 0); },
-                   [&] { y2 = second->apply_with_input_q_dq_qweight_dq_output_fp32(u, 1.0, 0); });
+      partner->run(2, [&](int64_t c) {
+        (c == 0 ? y1 : y2) = (c == 0 ? first : second)->apply_with_input_q_dq_qweight_dq_output_fp32(u, 1.0, 0);
+      });
       y = at::cat({y1, y2}, 1);
     } else {
       y = packed->apply_with_input_q_dq_qweight_dq_output_fp32(u, 1.0, 0);
@@ -402,9 +441,11 @@ struct Projection {
     if (portable) {
       q4_tiles_scalar(w, a, B, q4_k, q4_n, 0, tiles, yp);
     } else if (q4_partner != nullptr && at::get_num_threads() == 1) {
-      const int64_t half = tiles / 2;
-      q4_partner->run([&] { q4_tiles(w, a, B, q4_k, q4_n, 0, half, yp); },
-                   [&] { q4_tiles(w, a, B, q4_k, q4_n, half, tiles, yp); });
+      // chunks of Q4_CHUNK tiles (an even count: the vector loop takes tiles two at a time)
+      const int64_t chunks = (tiles + Q4_CHUNK - 1) / Q4_CHUNK;
+      q4_partner->run(chunks, [&](int64_t c) {
+        q4_tiles(w, a, B, q4_k, q4_n, c * Q4_CHUNK, std::min(tiles, (c + 1) * Q4_CHUNK), yp);
+      });
     } else {
       at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) { q4_tiles(w, a, B, q4_k, q4_n, t0, t1, yp); });
     }
@@ -997,7 +1038,9 @@ class LlamaDecoder : public torch::CustomClassHolder {
     int64_t shift = 0;
     while ((int64_t{1} << shift) < BL) ++shift;
     auto items = [&](int64_t begin, int64_t end, int64_t stride) {
-      std::vector<float> scores, acc(group * hs_), total(group);
+      thread_local std::vector<float> scores, acc, total;  // each thread's scratch, kept between calls
+      acc.resize(group * hs_);
+      total.resize(group);
       for (int64_t item = begin; item < end; item += stride) {
         const int64_t b = item / nkv_, g = item % nkv_;
         const int64_t first = window > 0 ? std::max<int64_t>(0, positions[b] + 1 - window) : 0;
@@ -1017,8 +1060,11 @@ class LlamaDecoder : public torch::CustomClassHolder {
     };
     const int64_t n_items = B * nkv_;
     if (partner_ && n_items > 1 && at::get_num_threads() == 1) {
-      // every other item each: a prompt's rows grow in cost with their position
-      partner_->run([&] { items(0, n_items, 2); }, [&] { items(1, n_items, 2); });
+      // one item a chunk: whichever thread is free takes the next (a prompt's rows grow in cost
+      // with their position)
+      const int64_t per = (n_items + 4095) / 4096;  // items a chunk: at most 4,096 chunks
+      partner_->run((n_items + per - 1) / per,
+                    [&](int64_t c) { items(c * per, std::min(n_items, (c + 1) * per), 1); });
     } else {
       at::parallel_for(0, n_items, 1, [&](int64_t begin, int64_t end) { items(begin, end, 1); });
     }
