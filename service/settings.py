@@ -51,7 +51,7 @@ class Settings(BaseSettings):
                         "built by python -m model.decode.native); empty = build with the machine's compiler")
     prefill: Literal["auto", "model"] = Field(
         "auto", description="how prompts are written: auto = through the native decode step where a model runs it "
-                            "(int8, row by row; chunks at a mean position up to 1,536, longer ones through the "
+                            "(int8, row by row; chunks at a mean position up to 3,000, longer ones through the "
                             "model's float forward), else the model's forward; model = always the model's float "
                             "forward")
     decode_weights: Literal["auto", "int8"] = Field(

@@ -161,6 +161,11 @@ def wants_native(mode: str, model: nn.Module, library: str | Path | None = None)
 # attention item, where OpenMP's static halves gave the later, longer rows to one thread).
 PARTNER_ROWS = 1 << 30
 
+# A prompt chunk of at least this many rows of one sequence attends as a block on layers without
+# a window (csrc: attend_block, torch's CPU flash attention over its keys gathered once) instead
+# of row by row; 0 = row by row always.
+PROMPT_ATTENTION_ROWS = 128
+
 # The gate activations the C++ step implements, by its codes (csrc: enum Activation).
 ACTIVATIONS = {"silu": 0, "swish": 0, "gelu_new": 1}
 
@@ -214,6 +219,9 @@ class NativeStep:
                 for proj in (attn.qkv_proj, attn.out_proj, ffn.gate, ffn.up, ffn.down):
                     self.extra_bytes += self._add(plan, proj, weights4)
             self.extra_bytes += self._add(plan, model.lm_head.proj, weights4)
+        # Prompts attend as blocks (torch's flash attention) from PROMPT_ATTENTION_ROWS rows of
+        # one sequence on: bit for bit one decode step per token below that, float rounding above.
+        plan.set_prompt_attention(PROMPT_ATTENTION_ROWS)
         self.plan = plan
 
     def _add(self, plan, layer: nn.Module, weights4: bool) -> int:

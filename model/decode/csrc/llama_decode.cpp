@@ -33,6 +33,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 // The vectorised attention is compiled for AVX-512 whatever the build flags (function target
@@ -802,6 +803,13 @@ class LlamaDecoder : public torch::CustomClassHolder {
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
 
+  // Prompts: a run of at least `min_rows` rows of one sequence is attended as a block on layers
+  // without a window (see attend); 0 = always row by row, as decode steps are.
+  void set_prompt_attention(int64_t min_rows) {
+    TORCH_CHECK(min_rows >= 0, "min_rows must be >= 0");
+    prompt_attention_rows_ = min_rows;
+  }
+
   // tokens (B,) long at `positions` -> next-token logits (B, V) float32. Writes each row's K/V
   // at its position in k_cache / v_cache (layers, blocks, nkv, BL, hs) through its block table
   // (tables (B, n) long) and attends over its positions 0..position, block by block in place.
@@ -884,7 +892,7 @@ class LlamaDecoder : public torch::CustomClassHolder {
       auto cache_layer = [&](auto* k_base, auto* v_base) {  // float or bfloat16 bits
         write_kv(qkv.data_ptr<float>(), k_base, v_base, block_table, width, positions, n_blocks, BL, B);
         attend(qkv.data_ptr<float>(), k_base, v_base, block_table, width, positions, n_blocks, BL, L.o, L.window, B,
-               y.data_ptr<float>());
+               y.data_ptr<float>(), logit_rows != nullptr);
       };
       if (k_cache.scalar_type() == at::kBFloat16)
         cache_layer(reinterpret_cast<uint16_t*>(k_cache.data_ptr<at::BFloat16>()) + layer_at,
@@ -1030,19 +1038,54 @@ class LlamaDecoder : public torch::CustomClassHolder {
   // 0..position (with a window: the last `window` of them), one work item per (row, key/value
   // head): the group's query heads share each K/V row they read. Scaled on the way out for the
   // output projection's smoothing.
+  //
+  // `prompt`: rows of prompts. There, on a layer without a window, a run of at least
+  // `prompt_attention_rows_` rows of one sequence at consecutive positions is attended as a
+  // block (attend_block: torch's flash attention over the sequence's keys gathered once), since
+  // walking each row's positions one by one costs a prompt of n rows at position p about n p
+  // scalar dot products with their reductions. Only float rounding differs between the two.
   template <typename T>
   void attend(const float* qkv, const T* k_base, const T* v_base, const int64_t* table, int64_t width,
               const std::vector<int64_t>& positions, int64_t n_blocks, int64_t BL, const Projection& out_proj,
-              int64_t window, int64_t B, float* y) const {
+              int64_t window, int64_t B, float* y, bool prompt) const {
     const int64_t group = nh_ / nkv_, q_w = nh_ * hs_, row_w = q_w + 2 * nkv_ * hs_;
     int64_t shift = 0;
     while ((int64_t{1} << shift) < BL) ++shift;
+    std::vector<std::pair<int64_t, int64_t>> blocks;  // [first row, end row) attended as blocks
+    std::vector<int64_t> rows;  // the rest, row by row
+    if (prompt && window == 0 && prompt_attention_rows_ > 0) {
+      int64_t r0 = 0;
+      for (int64_t b = 1; b <= B; ++b) {
+        const bool continues = b < B && positions[b] == positions[b - 1] + 1 &&
+                               std::memcmp(table + b * width, table + (b - 1) * width, width * sizeof(int64_t)) == 0;
+        if (continues) continue;
+        if (b - r0 >= prompt_attention_rows_)  // in pieces of at most kBlockRows rows, for the threads to share
+          for (int64_t r = r0; r < b; r += kBlockRows) blocks.emplace_back(r, std::min(b, r + kBlockRows));
+        else
+          for (int64_t r = r0; r < b; ++r) rows.push_back(r);
+        r0 = b;
+      }
+    } else {
+      rows.resize(B);
+      for (int64_t b = 0; b < B; ++b) rows[b] = b;
+    }
     auto items = [&](int64_t begin, int64_t end, int64_t stride) {
       thread_local std::vector<float> scores, acc, total;  // each thread's scratch, kept between calls
       acc.resize(group * hs_);
       total.resize(group);
       for (int64_t item = begin; item < end; item += stride) {
-        const int64_t b = item / nkv_, g = item % nkv_;
+        const int64_t block_units = static_cast<int64_t>(blocks.size()) * nkv_;
+        if (item < block_units) {  // a (block, K/V head) unit: the long ones, taken first
+          const int64_t unit = item;
+          const auto [r0, r1] = blocks[unit / nkv_];
+          const int64_t g = unit % nkv_;
+          const PagedRows<T> keys{k_base, table + r0 * width, shift, BL * hs_, g * n_blocks * BL * hs_, hs_, 0};
+          PagedRows<T> values = keys;
+          values.base = v_base;
+          attend_block(qkv, keys, values, positions, r0, r1, g, out_proj, y);
+          continue;
+        }
+        const int64_t b = rows[(item - block_units) / nkv_], g = (item - block_units) % nkv_;
         const int64_t first = window > 0 ? std::max<int64_t>(0, positions[b] + 1 - window) : 0;
         const int64_t n = positions[b] + 1 - first;
         const PagedRows<T> keys{k_base, table + b * width, shift, BL * hs_, g * n_blocks * BL * hs_, hs_, first};
@@ -1058,7 +1101,7 @@ class LlamaDecoder : public torch::CustomClassHolder {
         }
       }
     };
-    const int64_t n_items = B * nkv_;
+    const int64_t n_items = (static_cast<int64_t>(rows.size()) + static_cast<int64_t>(blocks.size())) * nkv_;
     if (partner_ && n_items > 1 && at::get_num_threads() == 1) {
       // one item a chunk: whichever thread is free takes the next (a prompt's rows grow in cost
       // with their position)
@@ -1070,6 +1113,62 @@ class LlamaDecoder : public torch::CustomClassHolder {
     }
   }
 
+  // Rows [r0, r1) of one sequence (positions p0 .. p0 + n - 1, its keys 0 .. p0 + n - 1 in the
+  // cache), K/V head g: its keys and values gathered as float32 once, then torch's CPU flash
+  // attention in two parts merged by their log-sum-exp: the rows over the keys before the block
+  // (no mask) and over the block's own keys (causal, a square). Scaled on the way out as attend.
+  template <typename T>
+  void attend_block(const float* qkv, const PagedRows<T>& keys, const PagedRows<T>& values,
+                    const std::vector<int64_t>& positions, int64_t r0, int64_t r1, int64_t g,
+                    const Projection& out_proj, float* y) const {
+    const int64_t group = nh_ / nkv_, q_w = nh_ * hs_, row_w = q_w + 2 * nkv_ * hs_;
+    const int64_t n = r1 - r0, before = positions[r0], total = before + n;
+    auto opts = at::TensorOptions().dtype(at::kFloat);
+    Tensor q = at::empty({1, group, n, hs_}, opts), k = at::empty({1, 1, total, hs_}, opts),
+           v = at::empty({1, 1, total, hs_}, opts);
+    float* qp = q.data_ptr<float>();
+    for (int64_t h = 0; h < group; ++h)
+      for (int64_t i = 0; i < n; ++i)
+        std::copy_n(qkv + (r0 + i) * row_w + (g * group + h) * hs_, hs_, qp + (h * n + i) * hs_);
+    float* kp = k.data_ptr<float>();
+    float* vp = v.data_ptr<float>();
+    for (int64_t t = 0; t < total; ++t) {
+      const T* kr = keys.row(t);
+      const T* vr = values.row(t);
+      for (int64_t i = 0; i < hs_; ++i) {
+        kp[t * hs_ + i] = to_float(kr[i]);
+        vp[t * hs_ + i] = to_float(vr[i]);
+      }
+    }
+    auto flash = [&](const Tensor& kk, const Tensor& vv, bool causal) {
+      const int64_t m = kk.size(2);
+      return at::_scaled_dot_product_flash_attention_for_cpu(q, kk.expand({1, group, m, hs_}),
+                                                             vv.expand({1, group, m, hs_}), 0.0, causal, c10::nullopt,
+                                                             static_cast<double>(scale_));
+    };
+    std::tuple<Tensor, Tensor> own = flash(k.narrow(2, before, n), v.narrow(2, before, n), true);
+    Tensor out = std::get<0>(own).contiguous(), lse = std::get<1>(own);
+    if (before > 0) {  // merge with the rows' attention over the keys before the block
+      std::tuple<Tensor, Tensor> earlier = flash(k.narrow(2, 0, before), v.narrow(2, 0, before), false);
+      Tensor out0 = std::get<0>(earlier), lse0 = std::get<1>(earlier);
+      Tensor top = at::maximum(lse, lse0);
+      Tensor a = (lse - top).exp(), b = (lse0 - top).exp();
+      out = (out * a.unsqueeze(-1) + out0.contiguous() * b.unsqueeze(-1)) / (a + b).unsqueeze(-1);
+      out = out.contiguous();
+    }
+    const float* op = out.data_ptr<float>();
+    for (int64_t h = 0; h < group; ++h) {
+      const int64_t head = g * group + h;
+      for (int64_t i = 0; i < n; ++i) {
+        float* dst = y + (r0 + i) * q_w + head * hs_;
+        const float* src = op + (h * n + i) * hs_;
+        for (int64_t j = 0; j < hs_; ++j) dst[j] = src[j] * out_proj.scale(head * hs_ + j);
+      }
+    }
+  }
+
+  int64_t prompt_attention_rows_ = 0;  // 0: prompts attend row by row (set_prompt_attention)
+  static constexpr int64_t kBlockRows = 256;  // rows of one block (a piece of a longer run)
   int64_t nh_, nkv_, hs_, d_ = 0;
   float eps_, scale_;
   float embed_scale_ = 1.0f;
@@ -1107,6 +1206,7 @@ TORCH_LIBRARY(tserve_native, m) {
       .def("attach_q4", &LlamaDecoder::attach_q4)
       .def("num_layers", &LlamaDecoder::num_layers)
       .def("use_partner", &LlamaDecoder::use_partner)
+      .def("set_prompt_attention", &LlamaDecoder::set_prompt_attention)
       .def("step", &LlamaDecoder::step)
       .def("prefill", &LlamaDecoder::prefill);
 }

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from model import EngineCore, EngineRequest, SamplingParams
+from model.decode import native as native_decode
 from model.decode.native import NativeStep
 from model.engine import families
 from tests.model.decode.test_native_decode import _int8, _model
@@ -88,3 +89,41 @@ def test_the_engine_gives_the_same_tokens_whichever_path_writes_the_prompts(limi
     native = NativeStep(model, kv_dtype=torch.float32)
     assert _core_generations(model, native, prompts, 16, True) == reference
     assert _core_generations(model, native, prompts, 256, False) == reference
+
+
+def test_a_long_prompt_attends_as_blocks_close_to_row_by_row(fresh_seed):
+    """From ``PROMPT_ATTENTION_ROWS`` rows of one sequence on, a prompt chunk attends as blocks
+    (torch's flash attention over its keys, in pieces merged by their log-sum-exp, the keys
+    before the chunk included): float32 logits within float rounding of the row-by-row walk, and
+    with blocks switched off (0) an int8 prompt is still bit for bit one step per token. A short
+    prompt in the same call walks its rows."""
+    from model import build_model
+    from tests.model.nn.test_llama import llama_config
+
+    def tiny():
+        return build_model(llama_config(max_positions=720, d_model=128, n_heads=4, n_kv_heads=2)).init_weights(
+            fresh_seed).eval()
+
+    def chunked(step, model, min_rows: int) -> list[torch.Tensor]:
+        step.plan.set_prompt_attention(min_rows)
+        cache = model.new_cache(4, 720, dtype=torch.float32)
+        with torch.inference_mode():  # 60 rows first, then 640 continuing (and the short prompt beside them)
+            first = step.prefill(cache, [long[:60]], [1])
+            rest = step.prefill(cache, [long[60:], short], [1, 3], starts=[60, 0])
+        step.plan.set_prompt_attention(native_decode.PROMPT_ATTENTION_ROWS)
+        return [first[0], rest[0], rest[1]]
+
+    model = tiny()
+    step = NativeStep(model, kv_dtype=torch.float32)
+    long, short = random_prompts(model, fresh_seed, (700, 30))
+    blocks, by_rows = chunked(step, model, 128), chunked(step, model, 0)
+    torch.testing.assert_close(blocks[1], by_rows[1], atol=1e-5, rtol=1e-5)
+    assert not torch.equal(blocks[1], by_rows[1])  # the block path did run: not the row-by-row bits
+    assert torch.equal(blocks[0], by_rows[0]) and torch.equal(blocks[2], by_rows[2])  # under 128 rows: rows
+
+    int8 = _int8(tiny(), fresh_seed)
+    step = NativeStep(int8, kv_dtype=torch.float32)
+    reference = int8.new_cache(4, 720, dtype=torch.float32)
+    rows = _token_by_token(step, reference, long, 1)
+    exact = chunked(step, int8, 0)
+    assert torch.equal(exact[0], rows[59]) and torch.equal(exact[1], rows[-1])
