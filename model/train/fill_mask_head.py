@@ -4,7 +4,8 @@
 
     python -m model.train.fill_mask_head data       # sentences -> data/fill-mask-head/{train,heldout}.jsonl.gz
     python -m model.train.fill_mask_head finetune   # all layers + head + [MASK] row, masks drawn on the fly
-                                                    #   (resumes from data/fill-mask-head/finetune.pt)
+                                                    #   (resumes from data/fill-mask-head/finetune.pt;
+                                                    #   --init-from DIR: a new run from a shipped head file)
     python -m model.train.fill_mask_head export     # the head file from the saved finetune state
     python -m model.train.fill_mask_head features   # masked train sentences through the encoder, cached (resumes)
     python -m model.train.fill_mask_head train      # the head on the cached states (resumes) -> mlm_head.safetensors
@@ -25,7 +26,8 @@ carries the layer's new weights (the loader overrides the package's with them).
 
 Data (all through ``apt-get download``, see ``SOURCES``): training reads Debian's ``fortunes``
 files except ``HELDOUT_FORTUNE_FILES``, plus ``fortunes-min``, ``fortune-anarchism``, the English
-Debian Administrator's Handbook and the Python 3.11 documentation. The held-out set is one whole
+Debian Administrator's Handbook, the Python 3.11 documentation and WordNet 3.0 (``wordnet-base``:
+its example sentences, and everyday nouns' glosses as definition sentences). The held-out set is one whole
 word masked per sentence of the ``HELDOUT_FORTUNE_FILES`` (disjoint by file, and every held-out
 sentence is also removed from the training sentences by its normalised text).
 """
@@ -63,7 +65,9 @@ SOURCES = {"fortunes": "BSD (fortune-mod, Debian copyright file); quotations by 
            "fortunes-min": "BSD (fortune-mod, Debian copyright file); quotations by their authors",
            "fortune-anarchism": "public domain (BLAG Fortune Assortment Project); packaging GPL-3+",
            "debian-handbook": "GPL-2.0+ or CC-BY-SA-3.0",
-           "python3.11-doc": "PSF-2.0"}
+           "python3.11-doc": "PSF-2.0",
+           "wordnet-base": "WordNet 3.0 licence (Princeton; BSD-like: use, copy, modify, distribute with the notice)"}
+WORDNET = "usr/share/wordnet"
 MIN_WORDS, MAX_WORDS = 5, 40
 MAX_LEN = 64  # wordpieces per training sentence, [CLS]/[SEP] included
 WORD = re.compile(r"(?<![\w'\-])[A-Za-z]+(?![\w'\-])")
@@ -144,8 +148,10 @@ def norm_key(s: str) -> str:
     return " ".join(re.findall(r"[a-z0-9]+", s.lower()))
 
 
-def gather_sources(cache: Path) -> tuple[dict[str, list[str]], dict[str, list[str]], list[dict]]:
-    """(train sentences by document, held-out sentences by document, source records)."""
+def gather_sources(cache: Path, vocab: dict[str, int] | None = None
+                   ) -> tuple[dict[str, list[str]], dict[str, list[str]], list[dict]]:
+    """(train sentences by document, held-out sentences by document, source records). ``vocab``
+    selects WordNet's noun glosses (``wordnet_sentences``); without it only its examples are read."""
     train: dict[str, list[str]] = {}
     heldout: dict[str, list[str]] = {}
     records = []
@@ -167,7 +173,52 @@ def gather_sources(cache: Path) -> tuple[dict[str, list[str]], dict[str, list[st
     for path in sorted(fetched.root.glob("usr/share/doc/python3.11/html/**/*.html")):
         paras = html_paragraphs(path.read_text(encoding="utf-8", errors="replace"))
         train[f"python3.11-doc:{path.relative_to(fetched.root)}"] = [s for p in paras for s in sentences(p)]
+    fetched = debian_package("wordnet-base", cache)
+    records.append({"name": fetched.name, "version": fetched.version, "licence": SOURCES["wordnet-base"]})
+    train.update(wordnet_sentences(fetched.root, vocab))
+    for record in records:  # sentences per source, before the de-duplication of split_sets
+        prefix = record["name"].removeprefix("debian:") + ":"
+        record["sentences"] = sum(len(v) for k, v in train.items() if k.startswith(prefix))
     return train, heldout, records
+
+
+def wordnet_sentences(root: Path, vocab: dict[str, int] | None = None) -> dict[str, list[str]]:
+    """WordNet 3.0's prose from its ``data.<pos>`` files (a synset per line, ``| gloss; "example"; ...``):
+
+    - ``examples.<pos>``: the quoted example sentences of every synset (``"he drank a cup of
+      coffee"``), first letter capitalised and a full stop added where missing;
+    - ``glosses.noun``: a noun synset's first gloss as a definition sentence, "A cup is a small open
+      container ...", "Paris is the capital ...": only for nouns whose every word is one wordpiece of
+      ``vocab`` (everyday nouns and well-known names, not the taxonomy), and, for a common noun, a
+      gloss that starts with "a"/"an".
+
+    Each goes through ``sentences`` like every other source."""
+    out: dict[str, list[str]] = {}
+    for pos in ("noun", "verb", "adj", "adv"):
+        examples, glosses = [], []
+        for line in (root / WORDNET / f"data.{pos}").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("  ") or " | " not in line:
+                continue  # the licence header
+            head, _, gloss = line.partition(" | ")
+            for quote in re.findall(r'"([^"]+)"', gloss):
+                q = quote.strip()
+                if q and q[-1] not in ".!?":
+                    q += "."
+                examples += sentences(q[:1].upper() + q[1:])
+            if pos != "noun" or vocab is None:
+                continue
+            lemma = re.sub(r"\(\w+\)$", "", head.split()[4]).replace("_", " ")
+            definition = gloss.split(";")[0].strip().rstrip(".")
+            if not definition or '"' in definition or not all(w.lower() in vocab for w in lemma.split()):
+                continue
+            if lemma[0].isupper():
+                glosses += sentences(f"{lemma} is {definition}.")
+            elif re.match(r"an? ", definition):
+                glosses += sentences(f"{'An' if lemma[0] in 'aeiou' else 'A'} {lemma} is {definition}.")
+        out[f"wordnet-base:examples.{pos}"] = examples
+        if glosses:
+            out[f"wordnet-base:glosses.{pos}"] = glosses
+    return out
 
 
 def masked_word(sentence: str, vocab: dict[str, int]) -> tuple[str, str] | None:
@@ -224,8 +275,11 @@ def cmd_data(args) -> None:
     from model import load_model
 
     vocab = load_model(ENCODER).tokenizer.tk.get_vocab()
-    train_docs, heldout_docs, records = gather_sources(Path(args.cache))
+    train_docs, heldout_docs, records = gather_sources(Path(args.cache), vocab)
     train, heldout, dropped = split_sets(train_docs, heldout_docs, vocab)
+    for record in records:  # training sentences per source, after it
+        prefix = record["name"].removeprefix("debian:") + ":"
+        record["train_sentences"] = sum(r["doc"].startswith(prefix) for r in train)
     out = Path(args.out)
     write_jsonl_gz(out / "train.jsonl.gz", train)
     write_jsonl_gz(out / "heldout.jsonl.gz", heldout)
@@ -512,6 +566,35 @@ def embedding_params(model) -> dict[str, torch.nn.Parameter]:
     return {f"embed.{k}": p for k, p in model.embed.named_parameters() if k != "tokens.weight"}
 
 
+def init_from_head_file(model, head, mask_vec: torch.Tensor, path: Path) -> None:
+    """Load an exported head file (``path``: a model directory, its manifest naming the file, or the
+    file) into ``finetune``'s model, head and ``[MASK]`` vector, cast to their dtype. Every tensor
+    of the file must name one of theirs, and every tensor ``finetune`` trains must be in the file."""
+    from safetensors.torch import load_file
+
+    from model.formats.manifest import read_manifest, sha256_of
+
+    file = path
+    if path.is_dir():
+        manifest = read_manifest(path)
+        file = path / manifest.mlm_head
+        if manifest.mlm_head_sha256 and sha256_of(file) != manifest.mlm_head_sha256:
+            sys.exit(f"{file}: sha256 differs from {path}'s manifest")
+    tensors = load_file(file)
+    targets = {f"lm_head.{k}": v for k, v in head.state_dict().items() if k != "proj.weight"}
+    targets.update({f"encoder_layers.{k}": v for k, v in model.encoder_layers.state_dict().items()})
+    targets.update({k: p.data for k, p in embedding_params(model).items()})
+    targets[MASK_EMBEDDING] = mask_vec.data
+    unknown, missing = sorted(set(tensors) - set(targets)), sorted(set(targets) - set(tensors))
+    if unknown or missing:
+        sys.exit(f"{file} does not match the model finetune trains: unknown {unknown[:5]}, missing {missing[:5]}")
+    with torch.no_grad():
+        for name, tensor in tensors.items():
+            if tensor.shape != targets[name].shape:
+                sys.exit(f"{file}: {name} has shape {tuple(tensor.shape)}, the model's {tuple(targets[name].shape)}")
+            targets[name].copy_(tensor.to(targets[name].dtype))
+
+
 def embed_ids(model, ids: torch.Tensor, mask_vec: torch.Tensor, mask_id: int) -> torch.Tensor:
     """``model.embed(ids)`` with the [MASK] rows taken from ``mask_vec`` (trainable) instead of the
     frozen word-embedding matrix."""
@@ -607,8 +690,10 @@ def cmd_finetune(args) -> None:
     texts = read_jsonl_gz(Path(args.out) / "train.jsonl.gz")
     # Validation: sentences held back from training (not the evaluation's files), scored like the
     # evaluation (one single-wordpiece word masked) and by the training loss on fixed masks.
+    # Drawn from the fortunes and handbook sentences only (not WordNet's, added later): the same
+    # 1,000 sentences as the run that `--init-from weights/fill-mask-en` continues, which never trained on them.
     vrng = random.Random(99)
-    everyday = [i for i, r in enumerate(texts) if not r["doc"].startswith("python3.11-doc:")]
+    everyday = [i for i, r in enumerate(texts) if not r["doc"].startswith(("python3.11-doc:", "wordnet-base:"))]
     valid_idx = set(vrng.sample(everyday, args.valid_sentences))
     vocab = tk.tk.get_vocab()
     valid_texts = [texts[i] for i in sorted(valid_idx)]
@@ -639,6 +724,9 @@ def cmd_finetune(args) -> None:
             torch.set_rng_state(st["rng"])
         total = total if args.extend else st["total"]  # the schedule is the saved run's unless --extend
         print(f"resumed at step {step}/{total}", flush=True)
+    elif args.init_from:  # a new run (optimizer and schedule from zero) from an exported model's tensors
+        init_from_head_file(model, head, mask_vec, Path(args.init_from))
+        print(f"initialised from {args.init_from}", flush=True)
     else:  # start the output bias at the log unigram frequency of the training wordpieces
         counts = torch.bincount(torch.tensor([t for r in rows for t in r["ids"][1:-1]]), minlength=cfg.vocab_size)
         with torch.no_grad():
@@ -909,6 +997,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast (weights and optimizer stay float32)")
     p.add_argument("--valid-sentences", type=int, default=1000)
     p.add_argument("--save-every", type=int, default=100)
+    p.add_argument("--init-from", default="",
+                   help="start a new run (with --restart or no saved state) from an exported model's head file "
+                        "(a model directory such as weights/fill-mask-en), not from the package's encoder")
     _run_options(p)
     p.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"),
                    help="the head file's tensors")

@@ -158,21 +158,44 @@ def _fake_sources(root: Path, monkeypatch) -> None:
     pydoc = root / "python3.11-doc" / "usr/share/doc/python3.11/html/library"
     pydoc.mkdir(parents=True)
     (pydoc / "b.html").write_text("<p>The list type is a mutable sequence of items.</p>")
+    wordnet = root / "wordnet-base" / fmh.WORDNET
+    wordnet.mkdir(parents=True)
+    (wordnet / "data.noun").write_text(
+        "  1 This software and database is being provided to you\n"
+        "03063338 06 n 01 coffee_cup 0 001 @ 03147509 n 0000 | a cup from which coffee is drunk\n"
+        "07929351 13 n 01 coffee 0 001 @ 07881800 n 0000 | a beverage made from roasted beans; "
+        '"he drank a cup of coffee"; "they met over coffee every day"\n'
+        "01234567 05 n 01 Canis_lupus 0 000 | a wild dog; \"the wolf ran\"\n"
+        "08932568 15 n 01 Paris 0 000 | the capital and largest city of France; and a centre of culture\n")
+    (wordnet / "data.verb").write_text('00001740 29 v 01 breathe 0 000 | draw air into the lungs; '
+                                       '"I can breathe better when the air is clean"; "Eat your soup before it '
+                                       'gets cold today"\n')
+    for pos in ("adj", "adv"):
+        (wordnet / f"data.{pos}").write_text("")
     monkeypatch.setattr(fmh, "debian_package", lambda package, cache: Fetched(f"debian:{package}", "1", root / package))
 
 
 def test_heldout_files_and_sentences_never_reach_training(tmp_path, monkeypatch):
     _fake_sources(tmp_path, monkeypatch)
-    train_docs, heldout_docs, records = fmh.gather_sources(tmp_path)
+    vocab = {w: i for i, w in enumerate("eat your soup before it gets cold today a shared quote is said twice "
+                                        "coffee cup paris".split())}
+    train_docs, heldout_docs, records = fmh.gather_sources(tmp_path, vocab)
     assert set(heldout_docs) == {"fortunes:food"}
     assert not any(d.split(":", 1)[1] in fmh.HELDOUT_FORTUNE_FILES for d in train_docs if d.startswith("fortunes:"))
-    vocab = {w: i for i, w in enumerate("eat your soup before it gets cold today a shared quote is said twice".split())}
     train, heldout, dropped = fmh.split_sets(train_docs, heldout_docs, vocab)
     assert {r["sentence"] for r in heldout} == {"Eat your soup before it gets cold today.",
                                                 "A shared quote is said twice here."}
-    assert dropped == 1 and "A shared quote is said twice here." not in {r["text"] for r in train}
+    assert "A shared quote is said twice here." not in {r["text"] for r in train}
     assert "Computers never forget a thing." in {r["text"] for r in train}  # attribution line dropped
     assert "Debian is a free operating system for you." in {r["text"] for r in train}
+    # WordNet's examples, and the noun glosses as sentences; its copy of a held-out sentence is dropped.
+    wordnet = {r["text"] for r in train if r["doc"].startswith("wordnet-base:")}
+    assert wordnet == {"He drank a cup of coffee.", "They met over coffee every day.",
+                       "I can breathe better when the air is clean.",
+                       "A coffee cup is a cup from which coffee is drunk.",
+                       "A coffee is a beverage made from roasted beans.",  # "Canis lupus": not everyday words
+                       "Paris is the capital and largest city of France."}
+    assert dropped == 2 and {r["name"]: r["sentences"] for r in records}["debian:wordnet-base"] == 7
     for r in heldout:
         assert r["text"].count("[MASK]") == 1 and r["answer"] in vocab
         assert r["text"].replace("[MASK]", r["answer"]).lower() == r["sentence"].lower()
@@ -271,3 +294,53 @@ def test_finetune_resumes_exactly_and_ships_what_it_trained(tmp_path):
             assert torch.equal(state[name], tensor.half().float()), name
     assert torch.equal(state["embed.tokens.weight"][ckpt.config.mask_token_id], a["mask_vec"].half().float())
     assert len(fmh.fill_top_k(ckpt, ["The [MASK] sat on the mat."])[0]) == 5
+
+
+@needs_package
+def test_finetune_init_from_loads_the_head_files_tensors(tmp_path):
+    """``--init-from`` starts a new run from an exported model: the model, head and [MASK] vector
+    it trains hold the head file's tensors (checked directly, and through a run whose learning
+    rates are 0, which ships them back unchanged); the run then resumes like any other."""
+    torch.set_num_threads(1)
+    shipped = load_file(FILL_MASK / fmh.HEAD_FILE)
+    ckpt = load_model(EMBEDDER)
+    head = fmh.new_head(ckpt)
+    mask_vec = torch.nn.Parameter(torch.zeros(ckpt.config.d_model))
+    fmh.init_from_head_file(ckpt.model, head, mask_vec, FILL_MASK)
+    state = {**{f"lm_head.{k}": v for k, v in head.state_dict().items()}, **ckpt.model.state_dict(),
+             fmh.MASK_EMBEDDING: mask_vec.detach()}
+    for name, tensor in shipped.items():
+        assert torch.equal(state[name], tensor.float()), name
+
+    for run in ("frozen", "straight", "resumed"):
+        (tmp_path / run).mkdir()
+        _tiny_corpus(tmp_path / run)
+    init = ("--init-from", str(FILL_MASK))
+    _finetune(tmp_path / "frozen", tmp_path / "frozen-model", "--restart", *init, "--lr", "0", "--encoder-lr", "0")
+    again = load_file(tmp_path / "frozen-model" / fmh.HEAD_FILE)
+    assert set(again) == set(shipped) and all(torch.equal(again[k], shipped[k]) for k in shipped)
+
+    _finetune(tmp_path / "straight", tmp_path / "straight-model", "--restart", *init)
+    _finetune(tmp_path / "resumed", tmp_path / "resumed-model", "--restart", *init, "--stop-after", "2")
+    _finetune(tmp_path / "resumed", tmp_path / "resumed-model", *init)  # resumes: the saved state, not the file
+    a, b = (torch.load(tmp_path / run / "finetune.pt") for run in ("straight", "resumed"))
+    assert a["step"] == b["step"] == 4 and a["history"] == b["history"]
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    trained = load_file(tmp_path / "straight-model" / fmh.HEAD_FILE)
+    changed = [k for k in shipped if k.startswith("encoder_layers.") and k.endswith(".weight")
+               and not torch.equal(trained[k], shipped[k])]
+    assert changed  # and it trains from there
+
+
+def test_init_from_refuses_a_file_that_does_not_match(tmp_path):
+    save_file({"lm_head.dense.weight": torch.zeros(2, 2)}, tmp_path / "head.safetensors")
+    head = torch.nn.Linear(2, 2)
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder_layers = torch.nn.ModuleList()
+            self.embed = torch.nn.Module()
+
+    with pytest.raises(SystemExit, match="does not match"):
+        fmh.init_from_head_file(Tiny(), head, torch.nn.Parameter(torch.zeros(2)), tmp_path / "head.safetensors")
