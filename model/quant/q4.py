@@ -96,7 +96,8 @@ def reference_linear(x: Tensor, q: Tensor, d: Tensor, m: Tensor, bias: Tensor | 
     dots = torch.einsum("bur,nur->bnu", rr, qq)  # exact integers
     sums = rr.sum(-1)  # (b, u)
     s = scale.double()
-    y = (dots * d.double().unsqueeze(0) * s.unsqueeze(1)).sum(-1) + (m.double().unsqueeze(0) * (s * sums).unsqueeze(1)).sum(-1)
+    scaled = (dots * d.double().unsqueeze(0) * s.unsqueeze(1)).sum(-1)
+    y = scaled + (m.double().unsqueeze(0) * (s * sums).unsqueeze(1)).sum(-1)
     if bias is not None:
         y = y + bias.double()
     return y.float()

@@ -39,7 +39,8 @@ def test_the_projections_of_a_q4_model_run_4_bit(fresh_seed):
     step = NativeStep(model)
     assert step.weights4 == _projections(model)  # the head (the embeddings, not 4-bit runs) stays int8
     assert NativeStep(model, weights4=False).weights4 == 0
-    assert NativeStep(_int8(_model(fresh_seed, d_model=256, n_heads=4, n_kv_heads=2, d_ff=512), fresh_seed)).weights4 == 0
+    plain = _int8(_model(fresh_seed, d_model=256, n_heads=4, n_kv_heads=2, d_ff=512), fresh_seed)
+    assert NativeStep(plain).weights4 == 0  # float weights: not 4-bit runs
     # the service's option
     assert prepare(_int8(_q4_float(fresh_seed), fresh_seed), DecodeOptions(weights="int8")).weights4 == 0
 

@@ -36,6 +36,10 @@ from tests.conftest import tiny_model
 pytestmark = pytest.mark.skipif(not triton_available(), reason="triton is not installed (the dev extra has it)")
 ROOT = Path(__file__).resolve().parents[3]
 INTERPRETED = interpreting()  # set before this process imported triton: the child run
+# On a machine with a GPU the kernel tests also run compiled, in-process, on CUDA tensors (the
+# interpreter child is for machines without one).
+COMPILED = not INTERPRETED and torch.cuda.is_available() and triton_available()
+DEVICE = "cuda" if COMPILED else "cpu"
 
 
 def collected_if(condition: bool):
@@ -47,9 +51,10 @@ def collected_if(condition: bool):
 
 
 in_interpreter = collected_if(INTERPRETED)
+kernel_test = collected_if(INTERPRETED or COMPILED)  # interpreted on the CPU, compiled on a GPU
 
 
-@collected_if(not INTERPRETED)
+@collected_if(not INTERPRETED and not COMPILED)
 def test_kernel_under_the_triton_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__))],
@@ -78,7 +83,7 @@ def inputs(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, seed: i
     for row, n in enumerate(LENGTHS):
         for i in range(-(-n // BLOCK)):
             tables[row, i] = order.pop()
-    return q, k, v, tables, torch.tensor(LENGTHS)
+    return q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), tables.to(DEVICE), torch.tensor(LENGTHS, device=DEVICE)
 
 
 def reference_fp32(q, k, v, tables, lengths, window=0):
@@ -91,7 +96,7 @@ def gathered(pool, tables, row: int, n: int):
     return pool[blocks].transpose(0, 1).reshape(pool.size(1), -1, pool.size(3))[:, :n]
 
 
-@in_interpreter
+@kernel_test
 @pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(4, 4, 32), (9, 3, 64), (8, 2, 32)],
                          ids=["mha", "gqa3-smollm2", "gqa4"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -114,7 +119,7 @@ def test_kernel_matches_reference(heads, kv_heads, head_dim, dtype):
     torch.testing.assert_close(expected[2], plain, atol=1e-5, rtol=1e-5)
 
 
-@in_interpreter
+@kernel_test
 @pytest.mark.parametrize("window", [1, 9, 16, 40])
 def test_a_sliding_window_reads_only_its_last_positions(window):
     q, k, v, tables, lengths = inputs(9, 3, 64, torch.float32, seed=4)
@@ -124,7 +129,7 @@ def test_a_sliding_window_reads_only_its_last_positions(window):
         assert (out[2] - reference_fp32(q, k, v, tables, lengths)[2]).abs().max() > 1e-3
 
 
-@in_interpreter
+@kernel_test
 @pytest.mark.parametrize("splits", [1, 2, 5, 16])  # 16: more pieces than blocks, most of them empty
 def test_any_number_of_splits_gives_the_same_result(splits):
     q, k, v, tables, lengths = inputs(9, 3, 64, torch.float32, seed=1)
@@ -132,12 +137,12 @@ def test_any_number_of_splits_gives_the_same_result(splits):
     torch.testing.assert_close(out, reference_fp32(q, k, v, tables, lengths), atol=2e-6, rtol=2e-5)
 
 
-@in_interpreter
+@kernel_test
 def test_non_contiguous_query_and_stale_blocks():
     # q as the decode path passes it: heads split out of the fused q|k|v projection (B, 1, 3 * H * D).
     q, k, v, tables, lengths = inputs(8, 2, 32, torch.float32, seed=2)
     b = len(LENGTHS)
-    qkv = torch.cat([q.reshape(b, 1, -1), torch.randn(b, 1, 2 * 8 * 32)], dim=-1)
+    qkv = torch.cat([q.reshape(b, 1, -1), torch.randn(b, 1, 2 * 8 * 32, device=DEVICE)], dim=-1)
     q = qkv[..., :8 * 32].view(b, 1, 8, 32).transpose(1, 2)[:, :, 0]  # (B, H, D), row stride 3 * H * D
     assert not q.is_contiguous()
     expected = reference_fp32(q, k, v, tables, lengths)

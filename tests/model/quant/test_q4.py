@@ -78,7 +78,7 @@ def test_a_row_gives_the_same_bits_alone_or_in_any_batch(kernel, fresh_seed):
 
 def test_runs_that_do_not_match_the_shape_are_refused(kernel):
     q, d, m = _runs(0, 32, 64)
-    with pytest.raises(RuntimeError, match="runs must be a contiguous uint8 CPU tensor of \(n / 16\)"):
+    with pytest.raises(RuntimeError, match=r"runs must be a contiguous uint8 CPU tensor of \(n / 16\)"):
         kernel(torch.zeros(1, 64), q4.pack_q4(q, d, m), 48, 64, None, False)
     with pytest.raises(RuntimeError, match="4-bit projection of 64 inputs"):
         kernel(torch.zeros(1, 32), q4.pack_q4(q, d, m), 32, 64, None, False)
