@@ -15,6 +15,8 @@ import torch
 
 def to_device(values: Sequence, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     host = torch.tensor(list(values), dtype=dtype)
-    if device.type == "cuda":
+    # Under torch.compile the copy is traced, and dynamo cannot trace pin_memory (seen on an
+    # H100: "NYI: aten._pin_memory.default"); a plain copy there.
+    if device.type == "cuda" and not torch.compiler.is_compiling():
         return host.pin_memory().to(device, non_blocking=True)
     return host if device.type == "cpu" else host.to(device)
