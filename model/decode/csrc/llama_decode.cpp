@@ -426,11 +426,14 @@ struct Projection {
   Tensor q4_rows(const Tensor& x, bool portable = false) const {
     TORCH_CHECK(x.size(1) == q4_k, "a 4-bit projection of ", q4_k, " inputs got ", x.size(1));
     const int64_t B = x.size(0), tiles = q4_n / Q4_TILE;
-    Q8Rows a;
+    // The step's thread's scratch, kept between calls (no allocation per projection and token);
+    // the partner reads it while this call waits.
+    thread_local Q8Rows a;
+    thread_local std::vector<float> plain;
     if (unsmooth.empty()) {
       a.quantize(x.data_ptr<float>(), B, q4_k);
     } else {
-      std::vector<float> plain(B * q4_k);
+      plain.resize(B * q4_k);
       const float* xp = x.data_ptr<float>();
       for (int64_t b = 0; b < B; ++b)
         for (int64_t k = 0; k < q4_k; ++k) plain[b * q4_k + k] = xp[b * q4_k + k] * unsmooth[k];
@@ -1069,16 +1072,15 @@ class LlamaDecoder : public torch::CustomClassHolder {
       rows.resize(B);
       for (int64_t b = 0; b < B; ++b) rows[b] = b;
     }
+    const int64_t block_units = static_cast<int64_t>(blocks.size()) * nkv_;  // items before the row items
     auto items = [&](int64_t begin, int64_t end, int64_t stride) {
       thread_local std::vector<float> scores, acc, total;  // each thread's scratch, kept between calls
       acc.resize(group * hs_);
       total.resize(group);
       for (int64_t item = begin; item < end; item += stride) {
-        const int64_t block_units = static_cast<int64_t>(blocks.size()) * nkv_;
         if (item < block_units) {  // a (block, K/V head) unit: the long ones, taken first
-          const int64_t unit = item;
-          const auto [r0, r1] = blocks[unit / nkv_];
-          const int64_t g = unit % nkv_;
+          const auto [r0, r1] = blocks[item / nkv_];
+          const int64_t g = item % nkv_;
           const PagedRows<T> keys{k_base, table + r0 * width, shift, BL * hs_, g * n_blocks * BL * hs_, hs_, 0};
           PagedRows<T> values = keys;
           values.base = v_base;

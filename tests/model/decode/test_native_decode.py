@@ -339,12 +339,10 @@ def test_rows_of_one_sequence_at_consecutive_positions_equal_steps_one_by_one(dt
     torch.testing.assert_close(cache.v.float(), expected_kv[1].float(), **kv_tol)
 
 
-def test_an_int8_row_gives_the_same_logits_alone_or_in_any_batch(fresh_seed):
-    """Activations are quantized row by row: a row's logits are bit-identical whatever shares
-    its step (one scale per batch made them depend on the other rows)."""
-    model = _int8(_model(fresh_seed), fresh_seed)
+def assert_rows_alone_equal_rows_in_a_batch(model, seed: int) -> None:
+    """Each row's logits from the model's native step are bit-identical whatever shares its step."""
     step = NativeStep(model)
-    cache, first, slots, starts = _ragged(model, fresh_seed, (21, 5, 40, 1), (4, 0, 2, 5), torch.bfloat16)
+    cache, first, slots, starts = _ragged(model, seed, (21, 5, 40, 1), (4, 0, 2, 5), torch.bfloat16)
     before = cache.k.clone(), cache.v.clone()
     outs = []
     with torch.inference_mode():
@@ -356,21 +354,14 @@ def test_an_int8_row_gives_the_same_logits_alone_or_in_any_batch(fresh_seed):
     assert torch.equal(outs[1][:2], outs[2][:2])
 
 
-def test_the_partner_thread_gives_the_same_bits(fresh_seed):
-    """A step of one intra-op thread shares each int8 projection (two packs of its output
-    features, the same int8 weights and scales) and its attention items with a second thread:
-    decode rows, drafts-like rows of one sequence and a prompt give the logits and K/V of the
-    step without it, bit for bit."""
-    model = _int8(_model(fresh_seed, d_model=256, n_heads=4, n_kv_heads=2), fresh_seed)
+def assert_the_partner_changes_no_bit(model, seed: int) -> tuple:
+    """Decode rows, rows of one sequence and a prompt through the step with and without its
+    partner thread: the same logits and K/V, bit for bit. Returns the two steps."""
     alone, shared = NativeStep(model, partner=False), NativeStep(model, partner=True)
     assert shared.partner and not alone.partner
-    # The halves are counted: int8 weights plus a scale and a zero point per output feature, for
-    # the projections wide enough to split (128 features or more: not this model's 96-wide FFN).
-    shapes = [m.quantized.weight().shape for m in model.modules() if isinstance(m, DecodeInt8Linear)]
-    assert alone.extra_bytes == 0 and shared.extra_bytes == sum(o * (i + 16) for o, i in shapes if o >= 128) > 0
-    cache, first, slots, starts = _ragged(model, fresh_seed, (21, 5, 40, 1), (4, 0, 2, 5), torch.bfloat16)
+    cache, first, slots, starts = _ragged(model, seed, (21, 5, 40, 1), (4, 0, 2, 5), torch.bfloat16)
     before = cache.k.clone(), cache.v.clone()
-    prompt = random_prompts(model, fresh_seed + 1, (37,))[0]
+    prompt = random_prompts(model, seed + 1, (37,))[0]
     threads = torch.get_num_threads()
     outs = []
     try:
@@ -387,3 +378,23 @@ def test_the_partner_thread_gives_the_same_bits(fresh_seed):
     (a, ak, av), (b, bk, bv) = outs
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     assert torch.equal(ak, bk) and torch.equal(av, bv)
+    return alone, shared
+
+
+def test_an_int8_row_gives_the_same_logits_alone_or_in_any_batch(fresh_seed):
+    """Activations are quantized row by row: a row's logits are bit-identical whatever shares
+    its step (one scale per batch made them depend on the other rows)."""
+    assert_rows_alone_equal_rows_in_a_batch(_int8(_model(fresh_seed), fresh_seed), fresh_seed)
+
+
+def test_the_partner_thread_gives_the_same_bits(fresh_seed):
+    """A step of one intra-op thread shares each int8 projection (two packs of its output
+    features, the same int8 weights and scales) and its attention items with a second thread:
+    decode rows, drafts-like rows of one sequence and a prompt give the logits and K/V of the
+    step without it, bit for bit."""
+    model = _int8(_model(fresh_seed, d_model=256, n_heads=4, n_kv_heads=2), fresh_seed)
+    alone, shared = assert_the_partner_changes_no_bit(model, fresh_seed)
+    # The halves are counted: int8 weights plus a scale and a zero point per output feature, for
+    # the projections wide enough to split (128 features or more: not this model's 96-wide FFN).
+    shapes = [m.quantized.weight().shape for m in model.modules() if isinstance(m, DecodeInt8Linear)]
+    assert alone.extra_bytes == 0 and shared.extra_bytes == sum(o * (i + 16) for o, i in shapes if o >= 128) > 0

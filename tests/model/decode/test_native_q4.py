@@ -13,7 +13,13 @@ from model.decode import DecodeOptions, prepare
 from model.decode.native import NativeStep
 from model.decode.step import PythonStep
 from model.quant import q4
-from tests.model.decode.test_native_decode import _int8, _model, _ragged
+from tests.model.decode.test_native_decode import (
+    _int8,
+    _model,
+    _ragged,
+    assert_rows_alone_equal_rows_in_a_batch,
+    assert_the_partner_changes_no_bit,
+)
 from tests.model.decode.test_native_prefill import _token_by_token
 from tests.model.decode_steps import greedy_steps, random_prompts
 
@@ -67,18 +73,7 @@ def test_4_bit_steps_stay_close_to_the_float_model(fresh_seed):
 
 
 def test_a_4_bit_row_gives_the_same_logits_alone_or_in_any_batch(fresh_seed):
-    model = _int8(_q4_float(fresh_seed), fresh_seed)
-    step = NativeStep(model)
-    cache, first, slots, starts = _ragged(model, fresh_seed, (21, 5, 40, 1), (4, 0, 2, 5), torch.bfloat16)
-    before = cache.k.clone(), cache.v.clone()
-    outs = []
-    with torch.inference_mode():
-        for n in (1, 2, 4):
-            cache.k.copy_(before[0])
-            cache.v.copy_(before[1])
-            outs.append(step(cache, first[:n], slots[:n], starts[:n]))
-    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][0], outs[2][0])
-    assert torch.equal(outs[1][:2], outs[2][:2])
+    assert_rows_alone_equal_rows_in_a_batch(_int8(_q4_float(fresh_seed), fresh_seed), fresh_seed)
 
 
 def test_prompts_take_the_int8_weights_and_decode_steps_the_4_bit_ones(fresh_seed):
@@ -103,24 +98,7 @@ def test_prompts_take_the_int8_weights_and_decode_steps_the_4_bit_ones(fresh_see
 
 
 def test_the_partner_thread_gives_the_same_4_bit_bits(fresh_seed):
+    """With a partner the 4-bit tiles are shared as they lie (chunks of four): no bit changes."""
     model = _int8(_q4_float(fresh_seed), fresh_seed)
-    alone, shared = NativeStep(model, partner=False), NativeStep(model, partner=True)
-    cache, first, slots, starts = _ragged(model, fresh_seed, (21, 5, 40, 1), (4, 0, 2, 5), torch.bfloat16)
-    before = cache.k.clone(), cache.v.clone()
-    prompt = random_prompts(model, fresh_seed + 1, (37,))[0]
-    threads = torch.get_num_threads()
-    outs = []
-    try:
-        torch.set_num_threads(1)  # the partner works in steps of one intra-op thread only
-        for step in (alone, shared):
-            cache.k.copy_(before[0])
-            cache.v.copy_(before[1])
-            with torch.inference_mode():
-                rows = [step(cache, first[:n], slots[:n], starts[:n]) for n in (1, 4)]
-                rows.append(step.prefill(cache, [prompt], [6]))
-            outs.append((rows, cache.k.clone()))
-    finally:
-        torch.set_num_threads(threads)
-    (a, ak), (b, bk) = outs
-    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
-    assert torch.equal(ak, bk)
+    alone, shared = assert_the_partner_changes_no_bit(model, fresh_seed)
+    assert alone.weights4 == shared.weights4 == _projections(model)
