@@ -75,7 +75,7 @@ class Partner {
   // chunk(c) for c in [0, n), shared with the partner thread; returns when all are done.
   void run(int64_t n, const std::function<void(int64_t)>& chunk) {
     if (n <= 0) return;
-    TORCH_CHECK(n < (int64_t{1} << 16), "at most 65,535 chunks per handoff");
+    TORCH_CHECK(n < 0xffff, "at most 65,534 chunks per handoff");
     task_.store(&chunk, std::memory_order_relaxed);
     chunks_.store(n, std::memory_order_relaxed);
     // The state word: ticket (high 32 bits), next unclaimed chunk (16 bits), chunks the
@@ -100,6 +100,10 @@ class Partner {
       else
         std::this_thread::yield();
     }
+    // Closed: the next chunk past any count. A partner still holding this ticket must not read
+    // the next task's chunk count (written before its ticket is) against this ticket's word
+    // and claim a chunk this task does not have.
+    state_.store((ticket_ << 32) | (uint64_t{0xffff} << 16), std::memory_order_release);
   }
 
  private:
@@ -426,10 +430,8 @@ struct Projection {
   Tensor q4_rows(const Tensor& x, bool portable = false) const {
     TORCH_CHECK(x.size(1) == q4_k, "a 4-bit projection of ", q4_k, " inputs got ", x.size(1));
     const int64_t B = x.size(0), tiles = q4_n / Q4_TILE;
-    // The step's thread's scratch, kept between calls (no allocation per projection and token);
-    // the partner reads it while this call waits.
-    thread_local Q8Rows a;
-    thread_local std::vector<float> plain;
+    Q8Rows a;
+    std::vector<float> plain;
     if (unsmooth.empty()) {
       a.quantize(x.data_ptr<float>(), B, q4_k);
     } else {
