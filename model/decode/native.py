@@ -100,10 +100,13 @@ def compile_library(name: str, flags: list[str], build_directory: Path | None = 
 
 
 def library_name() -> str:
-    """The cached build's name: the CPU it was built for and the source it was built from, so a
-    cache moved to another CPU, or a newer source beside an older build (two versions of the
-    service on one host, an upgrade), never loads a library built for something else."""
-    source = hashlib.blake2b(SOURCE.read_bytes() + " ".join(NATIVE_FLAGS).encode(), digest_size=4).hexdigest()
+    """The cached build's name: the CPU it was built for, the source it was built from and the
+    torch it was built against (version and install), so a cache moved to another CPU, a newer
+    source beside an older build (two versions of the service on one host, an upgrade), or two
+    venvs sharing the cache never load (or keep rebuilding over) a library built for something else."""
+    against = f"{torch.__version__} {Path(torch.__file__).resolve().parent}"
+    source = hashlib.blake2b(SOURCE.read_bytes() + " ".join(NATIVE_FLAGS).encode() + against.encode(),
+                             digest_size=4).hexdigest()
     return f"tserve_native_llama_{_cpu_tag()}_{source}"
 
 
@@ -289,7 +292,7 @@ def _add_projection(plan, layer: nn.Module, partner: bool) -> int:
     if isinstance(layer, DecodeInt8Linear):
         packed = layer.quantized._packed_params._packed_params
         plan.add_int8(packed, layer.inv_scale)
-        out_features, in_features = layer.quantized.weight().shape
+        out_features, in_features = layer.quantized.out_features, layer.quantized.in_features
         return out_features * (in_features + 16) if partner and out_features >= 128 else 0
     if isinstance(layer, nn.Linear):
         plan.add_float(layer.weight.detach(), None if layer.bias is None else layer.bias.detach(), None)

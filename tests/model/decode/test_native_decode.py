@@ -280,6 +280,15 @@ def test_the_cached_build_is_named_by_its_source(tmp_path, monkeypatch):
     assert native_decode.library_name().rsplit("_", 1)[0] == name.rsplit("_", 1)[0]  # the same CPU
 
 
+def test_the_cached_build_is_named_by_the_torch_it_was_built_against(monkeypatch):
+    """Another torch (an upgrade, or a second venv sharing the cache) gets its own build instead
+    of loading, or rebuilding over, this one's."""
+    name = native_decode.library_name()
+    monkeypatch.setattr(native_decode.torch, "__version__", native_decode.torch.__version__ + "+other")
+    assert native_decode.library_name() != name
+    assert native_decode.library_name().rsplit("_", 1)[0] == name.rsplit("_", 1)[0]
+
+
 def test_a_native_step_that_cannot_be_set_up_falls_back_under_auto(monkeypatch, caplog, fresh_seed):
     """``auto``: a library that builds but does not fit (an older build, a missing method) costs
     a warning and the Python step, not the model; ``on`` says why."""
