@@ -127,12 +127,16 @@ RUN set -eu; \
 # The venv the runtime stage copies: torch's C++ unit-test binaries and headers (~190 MB) go,
 # since serving runs neither and the runtime image has no compiler to build extensions with;
 # so do the chunk packages whose weights the project stage joined (~245 MB that would
-# otherwise be in the image twice).
+# otherwise be in the image twice). Where the build base has binutils, torch's shared libraries
+# lose their static symbol tables (`strip --strip-unneeded`, ~93 MB; the dynamic symbols that
+# loading, the native library and torch's backtraces use stay), as `make run` does. The
+# bytecode stays: the runtime's file system is read-only, so nothing could write it later.
 FROM deps AS venv
 COPY --from=project /build/weights-parts.txt /build/weights-parts.txt
 RUN set -eu; \
     for torch in /opt/venv/lib/python3*/site-packages/torch; do \
         rm -rf "$torch/test" "$torch/include" "$torch"/bin/*Test "$torch"/bin/test_* "$torch"/bin/protoc*; \
+        if command -v strip > /dev/null; then strip --strip-unneeded "$torch"/lib/*.so*; fi; \
     done; \
     if [ -s /build/weights-parts.txt ]; then \
         /opt/venv/bin/pip uninstall --yes --requirement /build/weights-parts.txt; \

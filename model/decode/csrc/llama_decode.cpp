@@ -25,6 +25,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <limits>
 #include <cmath>
 #include <condition_variable>
 #include <cstdint>
@@ -1044,11 +1045,13 @@ class LlamaDecoder : public torch::CustomClassHolder {
   // head): the group's query heads share each K/V row they read. Scaled on the way out for the
   // output projection's smoothing.
   //
-  // `prompt`: rows of prompts. There, on a layer without a window, a run of at least
-  // `prompt_attention_rows_` rows of one sequence at consecutive positions is attended as a
-  // block (attend_block: torch's flash attention over the sequence's keys gathered once), since
-  // walking each row's positions one by one costs a prompt of n rows at position p about n p
-  // scalar dot products with their reductions. Only float rounding differs between the two.
+  // `prompt`: rows of prompts. There a run of at least `prompt_attention_rows_` rows of one
+  // sequence at consecutive positions is attended as a block (attend_block: torch's flash
+  // attention over the sequence's keys gathered once), since walking each row's positions one by
+  // one costs a prompt of n rows at position p about n p scalar dot products with their
+  // reductions. Only float rounding differs between the two. On a layer with a window, blocks
+  // need a window wider than a block and one more key (every row of a block then sees its whole
+  // block and at least one earlier key); narrower windows keep the row walk.
   template <typename T>
   void attend(const float* qkv, const T* k_base, const T* v_base, const int64_t* table, int64_t width,
               const std::vector<int64_t>& positions, int64_t n_blocks, int64_t BL, const Projection& out_proj,
@@ -1058,7 +1061,7 @@ class LlamaDecoder : public torch::CustomClassHolder {
     while ((int64_t{1} << shift) < BL) ++shift;
     std::vector<std::pair<int64_t, int64_t>> blocks;  // [first row, end row) attended as blocks
     std::vector<int64_t> rows;  // the rest, row by row
-    if (prompt && window == 0 && prompt_attention_rows_ > 0) {
+    if (prompt && (window == 0 || window >= kBlockRows + 2) && prompt_attention_rows_ > 0) {
       int64_t r0 = 0;
       for (int64_t b = 1; b <= B; ++b) {
         const bool continues = b < B && positions[b] == positions[b - 1] + 1 &&
@@ -1086,7 +1089,7 @@ class LlamaDecoder : public torch::CustomClassHolder {
           const PagedRows<T> keys{k_base, table + r0 * width, shift, BL * hs_, g * n_blocks * BL * hs_, hs_, 0};
           PagedRows<T> values = keys;
           values.base = v_base;
-          attend_block(qkv, keys, values, positions, r0, r1, g, out_proj, y);
+          attend_block(qkv, keys, values, positions, r0, r1, g, window, out_proj, y);
           continue;
         }
         const int64_t b = rows[(item - block_units) / nkv_], g = (item - block_units) % nkv_;
@@ -1120,40 +1123,56 @@ class LlamaDecoder : public torch::CustomClassHolder {
   // Rows [r0, r1) of one sequence (positions p0 .. p0 + n - 1, its keys 0 .. p0 + n - 1 in the
   // cache), K/V head g: its keys and values gathered as float32 once, then torch's CPU flash
   // attention in two parts merged by their log-sum-exp: the rows over the keys before the block
-  // (no mask) and over the block's own keys (causal, a square). Scaled on the way out as attend.
+  // and over the block's own keys (causal, a square). Scaled on the way out as attend. With a
+  // window (wider than the block: attend's condition) only the keys some row still sees are
+  // gathered, from p0 - window + 1, and the earlier part is masked where a key has left a row's
+  // window (row i sees key position j when j > p0 + i - window).
   template <typename T>
   void attend_block(const float* qkv, const PagedRows<T>& keys, const PagedRows<T>& values,
-                    const std::vector<int64_t>& positions, int64_t r0, int64_t r1, int64_t g,
+                    const std::vector<int64_t>& positions, int64_t r0, int64_t r1, int64_t g, int64_t window,
                     const Projection& out_proj, float* y) const {
     const int64_t group = nh_ / nkv_, q_w = nh_ * hs_, row_w = q_w + 2 * nkv_ * hs_;
     const int64_t n = r1 - r0, before = positions[r0], total = before + n;
+    const int64_t first = window > 0 ? std::max<int64_t>(0, before - window + 1) : 0;  // earliest key seen
+    const int64_t span = total - first, earlier_keys = before - first;
     auto opts = at::TensorOptions().dtype(at::kFloat);
-    Tensor q = at::empty({1, group, n, hs_}, opts), k = at::empty({1, 1, total, hs_}, opts),
-           v = at::empty({1, 1, total, hs_}, opts);
+    Tensor q = at::empty({1, group, n, hs_}, opts), k = at::empty({1, 1, span, hs_}, opts),
+           v = at::empty({1, 1, span, hs_}, opts);
     float* qp = q.data_ptr<float>();
     for (int64_t h = 0; h < group; ++h)
       for (int64_t i = 0; i < n; ++i)
         std::copy_n(qkv + (r0 + i) * row_w + (g * group + h) * hs_, hs_, qp + (h * n + i) * hs_);
     float* kp = k.data_ptr<float>();
     float* vp = v.data_ptr<float>();
-    for (int64_t t = 0; t < total; ++t) {
-      const T* kr = keys.row(t);
-      const T* vr = values.row(t);
+    for (int64_t t = 0; t < span; ++t) {
+      const T* kr = keys.row(first + t);
+      const T* vr = values.row(first + t);
       for (int64_t i = 0; i < hs_; ++i) {
         kp[t * hs_ + i] = to_float(kr[i]);
         vp[t * hs_ + i] = to_float(vr[i]);
       }
     }
-    auto flash = [&](const Tensor& kk, const Tensor& vv, bool causal) {
+    auto flash = [&](const Tensor& kk, const Tensor& vv, bool causal, const c10::optional<Tensor>& mask) {
       const int64_t m = kk.size(2);
       return at::_scaled_dot_product_flash_attention_for_cpu(q, kk.expand({1, group, m, hs_}),
-                                                             vv.expand({1, group, m, hs_}), 0.0, causal, c10::nullopt,
+                                                             vv.expand({1, group, m, hs_}), 0.0, causal, mask,
                                                              static_cast<double>(scale_));
     };
-    std::tuple<Tensor, Tensor> own = flash(k.narrow(2, before, n), v.narrow(2, before, n), true);
+    std::tuple<Tensor, Tensor> own =
+        flash(k.narrow(2, earlier_keys, n), v.narrow(2, earlier_keys, n), true, c10::nullopt);
     Tensor out = std::get<0>(own).contiguous(), lse = std::get<1>(own);
-    if (before > 0) {  // merge with the rows' attention over the keys before the block
-      std::tuple<Tensor, Tensor> earlier = flash(k.narrow(2, 0, before), v.narrow(2, 0, before), false);
+    if (earlier_keys > 0) {  // merge with the rows' attention over the keys before the block
+      c10::optional<Tensor> mask = c10::nullopt;
+      if (window > 0) {
+        // additive: -inf where key position first + j <= p0 + i - window (out of row i's window)
+        Tensor m = at::zeros({n, earlier_keys}, opts);
+        float* mp = m.data_ptr<float>();
+        const float neg = -std::numeric_limits<float>::infinity();
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t j = 0; j < earlier_keys && first + j <= before + i - window; ++j) mp[i * earlier_keys + j] = neg;
+        mask = m;
+      }
+      std::tuple<Tensor, Tensor> earlier = flash(k.narrow(2, 0, earlier_keys), v.narrow(2, 0, earlier_keys), false, mask);
       Tensor out0 = std::get<0>(earlier), lse0 = std::get<1>(earlier);
       Tensor top = at::maximum(lse, lse0);
       Tensor a = (lse - top).exp(), b = (lse0 - top).exp();

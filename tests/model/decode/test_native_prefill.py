@@ -91,18 +91,23 @@ def test_the_engine_gives_the_same_tokens_whichever_path_writes_the_prompts(limi
     assert _core_generations(model, native, prompts, 256, False) == reference
 
 
-def test_a_long_prompt_attends_as_blocks_close_to_row_by_row(fresh_seed):
+@pytest.mark.parametrize("window", [None, 300], ids=["no window", "window 300"])
+def test_a_long_prompt_attends_as_blocks_close_to_row_by_row(window, fresh_seed):
     """From ``PROMPT_ATTENTION_ROWS`` rows of one sequence on, a prompt chunk attends as blocks
     (torch's flash attention over its keys, in pieces merged by their log-sum-exp, the keys
     before the chunk included): float32 logits within float rounding of the row-by-row walk, and
     with blocks switched off (0) an int8 prompt is still bit for bit one step per token. A short
-    prompt in the same call walks its rows."""
+    prompt in the same call walks its rows. With a window (Gemma 3's local layers; here every
+    layer, a window of 300 against 640 rows in 256-row pieces), the blocks gather only the keys
+    inside it and mask those that leave a row's window."""
     from model import build_model
     from tests.model.nn.test_llama import llama_config
 
+    windowed = {} if window is None else dict(sliding_window=window)  # every layer windowed
+
     def tiny():
-        return build_model(llama_config(max_positions=720, d_model=128, n_heads=4, n_kv_heads=2)).init_weights(
-            fresh_seed).eval()
+        return build_model(llama_config(max_positions=720, d_model=128, n_heads=4, n_kv_heads=2,
+                                        **windowed)).init_weights(fresh_seed).eval()
 
     def chunked(step, model, min_rows: int) -> list[torch.Tensor]:
         step.plan.set_prompt_attention(min_rows)

