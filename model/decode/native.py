@@ -93,10 +93,30 @@ def compile_library(name: str, flags: list[str], build_directory: Path | None = 
 
     if build_directory is not None:
         build_directory.mkdir(parents=True, exist_ok=True)
+    clear_stale_lock(build_directory or Path(cpp_extension._get_build_directory(name, verbose=False)))
     cpp_extension.load(name=name, sources=[str(SOURCE)], is_python_module=False, extra_cflags=flags,
                        build_directory=None if build_directory is None else str(build_directory), verbose=False)
     folder = build_directory or Path(cpp_extension._get_build_directory(name, verbose=False))
     return folder / f"{name}.so"
+
+
+STALE_LOCK_S = 900.0  # a build takes 1-2 minutes on 2 cores; a lock this old outlived its process
+
+
+def clear_stale_lock(folder: Path, max_age_s: float = STALE_LOCK_S) -> bool:
+    """Remove ``folder/lock`` when it is older than ``max_age_s``: torch's build lock is a bare
+    file with no owner in it, so a build killed mid-way (a benchmark interrupted, a pod evicted)
+    leaves one behind and every later start waits on it forever. Returns whether one was removed."""
+    lock = folder / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except OSError:
+        return False
+    if age < max_age_s:
+        return False
+    log.warning("removing a stale native build lock %s (%.0f s old; its build was interrupted)", lock, age)
+    lock.unlink(missing_ok=True)
+    return True
 
 
 def library_name() -> str:

@@ -407,3 +407,20 @@ def test_the_partner_thread_gives_the_same_bits(fresh_seed):
     # the projections wide enough to split (128 features or more: not this model's 96-wide FFN).
     shapes = [m.quantized.weight().shape for m in model.modules() if isinstance(m, DecodeInt8Linear)]
     assert alone.extra_bytes == 0 and shared.extra_bytes == sum(o * (i + 16) for o, i in shapes if o >= 128) > 0
+
+
+def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path, caplog):
+    """torch's build lock names no owner: one left by a killed build would block every later
+    start. Older than ``STALE_LOCK_S`` it is removed (with a warning); a live build's is kept."""
+    import os
+    import time
+
+    lock = tmp_path / "lock"
+    assert not native_decode.clear_stale_lock(tmp_path)  # no lock: nothing to do
+    lock.touch()
+    assert not native_decode.clear_stale_lock(tmp_path) and lock.exists()  # a build in progress
+    old = time.time() - native_decode.STALE_LOCK_S - 5
+    os.utime(lock, (old, old))
+    with caplog.at_level("WARNING"):
+        assert native_decode.clear_stale_lock(tmp_path)
+    assert not lock.exists() and "stale native build lock" in caplog.text
