@@ -93,10 +93,10 @@ def compile_library(name: str, flags: list[str], build_directory: Path | None = 
 
     if build_directory is not None:
         build_directory.mkdir(parents=True, exist_ok=True)
-    clear_stale_lock(build_directory or Path(cpp_extension._get_build_directory(name, verbose=False)))
-    cpp_extension.load(name=name, sources=[str(SOURCE)], is_python_module=False, extra_cflags=flags,
-                       build_directory=None if build_directory is None else str(build_directory), verbose=False)
     folder = build_directory or Path(cpp_extension._get_build_directory(name, verbose=False))
+    clear_stale_lock(folder)
+    cpp_extension.load(name=name, sources=[str(SOURCE)], is_python_module=False, extra_cflags=flags,
+                       build_directory=str(folder), verbose=False)
     return folder / f"{name}.so"
 
 
@@ -184,9 +184,9 @@ def wants_native(mode: str, model: nn.Module, library: str | Path | None = None)
 # attention item, where OpenMP's static halves gave the later, longer rows to one thread).
 PARTNER_ROWS = 1 << 30
 
-# A prompt chunk of at least this many rows of one sequence attends as a block on layers without
-# a window (csrc: attend_block, torch's CPU flash attention over its keys gathered once) instead
-# of row by row; 0 = row by row always.
+# A prompt chunk of at least this many rows of one sequence attends as a block (csrc:
+# attend_block, torch's CPU flash attention over its keys gathered once; on a layer with a window,
+# one wider than a 256-row block) instead of row by row; 0 = row by row always.
 PROMPT_ATTENTION_ROWS = 128
 
 # The gate activations the C++ step implements, by its codes (csrc: enum Activation).

@@ -21,12 +21,12 @@ from model.nn.transformer import DecoderLM, EncoderDecoder
 # Up to where the native step's prefill was measured to pay. Its int8 projections cost about
 # half the float forward's per row; its attention walks each row's positions one by one for
 # short chunks and attends as blocks (torch's flash attention, model.decode.native.
-# PROMPT_ATTENTION_ROWS) from 128 rows of one sequence on, on layers without a window. Measured
-# (2 cores, `python -m benchmarks.prefill`, 2026-11-26), native / float prompt tokens/s: SmolLM2-135M
-# 3.7x at 16 tokens, 1.8x at 256, 1.6x at 1,000, 1.4x at 2,000, 1.1x at 3,000 and 6,000;
-# Gemma 3 270M 3.2x, 1.15x, 0.97x, 1.16x, 1.32x, 1.88x (6,000). A chunk goes native while the
-# mean position of its rows is at most this (a 6,000-token prompt written from position 0);
-# longer ones were not measured and go through the float forward.
+# PROMPT_ATTENTION_ROWS) from 128 rows of one sequence on (on windowed layers too, where the
+# window is wider than a block). Measured (2 cores, `python -m benchmarks.prefill`, 2026-11-26
+# 03:10 UTC), native / float prompt tokens/s: SmolLM2-135M 3.5x at 16 tokens, 1.75x at 256,
+# 1.3x at 1,000 and 3,000, 1.2x at 6,000; Gemma 3 270M 3.1x, 1.5x, 1.5x, 2.4x, 2.7x. A chunk
+# goes native while the mean position of its rows is at most this (a 6,000-token prompt written
+# from position 0); longer ones were not measured and go through the float forward.
 NATIVE_PREFILL_MEAN_POSITION = 3000
 
 

@@ -16,6 +16,7 @@ u32, count u64, the items); then each tensor's name, dimension count u32, dimens
 
 from __future__ import annotations
 
+import math
 import mmap
 import struct
 from dataclasses import dataclass, field
@@ -39,10 +40,7 @@ class TensorInfo:
 
     @property
     def n_elements(self) -> int:
-        count = 1
-        for d in self.shape:
-            count *= d
-        return count
+        return math.prod(self.shape)
 
 
 @dataclass(frozen=True)

@@ -518,9 +518,6 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
-// The KV cache holds float32 or bfloat16 (as uint16_t bits). bfloat16 is the top half of a
-// float32, rounded to nearest even as torch's own conversion rounds, so a row written here
-// equals the row the Python path writes.
 // e^x for the activations, branch-free so that the compiler vectorizes a row's loop: x = n ln2 + r
 // (Cody-Waite, two parts of ln2), e^r by its degree-6 Taylor polynomial on |r| <= ln2 / 2
 // (relative error under 2e-7), times 2^n put into the exponent bits. glibc's scalar expf and
@@ -543,6 +540,9 @@ inline float fast_exp(float x) {
   return p * scale;
 }
 
+// The KV cache holds float32 or bfloat16 (as uint16_t bits). bfloat16 is the top half of a
+// float32, rounded to nearest even as torch's own conversion rounds, so a row written here
+// equals the row the Python path writes.
 inline float to_float(float x) { return x; }
 inline float to_float(uint16_t bits) {
   const uint32_t u = static_cast<uint32_t>(bits) << 16;
@@ -831,8 +831,8 @@ class LlamaDecoder : public torch::CustomClassHolder {
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
 
-  // Prompts: a run of at least `min_rows` rows of one sequence is attended as a block on layers
-  // without a window (see attend); 0 = always row by row, as decode steps are.
+  // Prompts: a run of at least `min_rows` rows of one sequence is attended as a block (on layers
+  // with a window, one wider than a block; see attend); 0 = always row by row, as decode steps are.
   void set_prompt_attention(int64_t min_rows) {
     TORCH_CHECK(min_rows >= 0, "min_rows must be >= 0");
     prompt_attention_rows_ = min_rows;
@@ -935,13 +935,17 @@ class LlamaDecoder : public torch::CustomClassHolder {
       const int64_t ff = g.size(1);
       float* gs = g.data_ptr<float>();
       const float* us = u.data_ptr<float>();
-      // act(gate) * up, scaled for the down projection; loops the compiler vectorizes
-      const std::vector<float> ones(L.down.inv_scale.empty() ? ff : 0, 1.0f);
-      const float* down_scale = L.down.inv_scale.empty() ? ones.data() : L.down.inv_scale.data();
-      if (activation_ == kSilu)
-        for (int64_t b = 0; b < B; ++b) act_rows<kSilu>(gs + b * ff, us + b * ff, down_scale, ff);
-      else
-        for (int64_t b = 0; b < B; ++b) act_rows<kGeluTanh>(gs + b * ff, us + b * ff, down_scale, ff);
+      // act(gate) * up, scaled for the down projection where it is smoothed
+      const float* down_scale = L.down.inv_scale.empty() ? nullptr : L.down.inv_scale.data();
+      for (int64_t b = 0; b < B; ++b) {
+        float* row = gs + b * ff;
+        const float* up = us + b * ff;
+        if (activation_ == kSilu)
+          down_scale ? act_row<kSilu, true>(row, up, down_scale, ff) : act_row<kSilu, false>(row, up, nullptr, ff);
+        else
+          down_scale ? act_row<kGeluTanh, true>(row, up, down_scale, ff)
+                     : act_row<kGeluTanh, false>(row, up, nullptr, ff);
+      }
       add_output(xs, L.down(g, prompt), L.post_ffn_norm, B);
     }
     if (logit_rows != nullptr) {  // the rows whose logits are wanted, gathered first
@@ -1042,8 +1046,10 @@ class LlamaDecoder : public torch::CustomClassHolder {
 
   // g[j] = act(g[j]) * u[j] * s[j] over one row. tanh GELU through tanh(z) = 1 - 2 / (1 + e^{2z})
   // (at the extremes e^{2z} saturates and tanh goes to -1 or 1).
-  template <int64_t kAct>
-  static void act_rows(float* g, const float* u, const float* s, int64_t ff) {
+  // (Without a scale the product skips it: the bits of x * 1.0f.) One loop per variant, which the
+  // compiler vectorizes.
+  template <int64_t kAct, bool kScaled>
+  static void act_row(float* g, const float* u, const float* s, int64_t ff) {
     for (int64_t j = 0; j < ff; ++j) {
       const float a = g[j];
       float act;
@@ -1053,7 +1059,7 @@ class LlamaDecoder : public torch::CustomClassHolder {
         const float inner = 0.7978845608028654f * (a + 0.044715f * a * a * a);  // sqrt(2 / pi)
         act = 0.5f * a * (2.0f - 2.0f / (1.0f + fast_exp(2.0f * inner)));
       }
-      g[j] = act * u[j] * s[j];
+      g[j] = kScaled ? act * u[j] * s[j] : act * u[j];
     }
   }
 
