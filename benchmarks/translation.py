@@ -4,7 +4,9 @@ All three run the same weights (one HF directory: ours imports it with ``load_hf
 CTranslate2 converts it, transformers loads it) on the same source token ids. The
 output bias of the synthetic model bans </s> and <pad>, so every system decodes exactly
 ``translate_new_tokens`` tokens per sentence and tokens/s compare the same work. Each
-system's tokens are counted from its own output, and outputs are compared with ours.
+system's tokens are counted from its own output, and outputs are compared with ours. Ours
+decodes through the step the engine runs (``model.decode.prepare``: on the CPU the native
+library's decode attention, on CUDA the Triton kernel where it runs), its weights as given.
 """
 
 from __future__ import annotations
@@ -20,21 +22,27 @@ from benchmarks.synthetic import sentences
 from benchmarks.timing import time_interleaved
 from benchmarks.workspace import Workspace
 from model import SamplingParams, beam_search, generate
+from model.decode import DecodeOptions, prepare
 
 HF_PEER = "transformers generate()"
 OURS_INT8 = "ours int8"
 CT2_COMPUTE_TYPES = {"cpu": ("float32", "int8"), "cuda": ("bfloat16", "int8_bfloat16")}
 
 
-def ours_translate(model, groups: list[list[list[int]]], beam: int, n: int) -> list[list[int]]:
+def ours_translate(model, groups: list[list[list[int]]], beam: int, n: int, step=None) -> list[list[int]]:
     out = []
     for sources in groups:
         if beam == 1:
             params = SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True)
-            out += [r.token_ids for r in generate(model, sources, params)]
+            out += [r.token_ids for r in generate(model, sources, params, step=step)]
         else:
-            out += [r.token_ids for r in beam_search(model, sources, beam, 1.0, n)]
+            out += [r.token_ids for r in beam_search(model, sources, beam, 1.0, n, step=step)]
     return out
+
+
+def served_step(model):
+    """The decode step the engine would run for ``model``, its weights as they are."""
+    return prepare(model, DecodeOptions(quantize="none"))
 
 
 def ct2_translate(translator, groups: list[list[list[str]]], beam: int, n: int, vocab: dict[str, int]
@@ -77,6 +85,7 @@ def measure_translation(ws: Workspace, cfg: BenchConfig, report: RunReport, sect
 
         ours_int8 = ws.marian_ours(device, dtype).model
         quantize_int8_(ours_int8)
+    steps = {"ours": served_step(ours), OURS_INT8: served_step(ours_int8) if ours_int8 is not None else None}
     peer = ws.marian_peer(device, dtype)
     vocab = json.loads((ws.marian_dir / "vocab.json").read_text(encoding="utf-8"))
     pieces = {i: p for p, i in vocab.items()}
@@ -104,9 +113,9 @@ def measure_translation(ws: Workspace, cfg: BenchConfig, report: RunReport, sect
 
             def calls(m: int, groups=groups, piece_groups=piece_groups, hf_groups=hf_groups, beam=beam) -> dict:
                 """Every system on these groups, m tokens per sentence."""
-                fns = {"ours": lambda: ours_translate(ours, groups, beam, m)}
+                fns = {"ours": lambda: ours_translate(ours, groups, beam, m, steps["ours"])}
                 if ours_int8 is not None:
-                    fns[OURS_INT8] = lambda: ours_translate(ours_int8, groups, beam, m)
+                    fns[OURS_INT8] = lambda: ours_translate(ours_int8, groups, beam, m, steps[OURS_INT8])
                 for name, tr in translators.items():
                     fns[name] = lambda tr=tr: ct2_translate(tr, piece_groups, beam, m, vocab)
                 fns[HF_PEER] = lambda: hf_translate(peer, hf_groups, beam, m)

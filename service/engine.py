@@ -133,6 +133,8 @@ class GenerativeEngine(BaseEngine):
         step = self.core.decode_step
         kernel = getattr(step, "attention", None)  # under "auto" the kernel object exists but runs on CUDA only
         device = self.model.device
+        if step.name == "python" and kernel is not None and kernel.mode == "native":
+            return "python+native-attention"
         triton = kernel is not None and (kernel.mode == "triton" or device.type == "cuda" and kernel_runs_on(device))
         return "triton" if step.name == "python" and triton else step.name
 

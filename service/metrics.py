@@ -74,7 +74,8 @@ class Metrics:
         self.prefix_blocks_used = Gauge(name("prefix_cache_blocks_used"), "KV-cache blocks named by the prefix "
                                         "cache (in use or kept for reuse).", ["model"], registry=r)
         self.decode_step = Gauge(name("decode_step_info"), "1 for the decode step each generative model runs: "
-                                 "native (C++) or python.", ["model", "step"], registry=r)
+                                 "native (C++), python, python+native-attention (the native library's decode "
+                                 "attention) or triton.", ["model", "step"], registry=r)
         self.grammar_compile = Histogram(name("grammar_compile_seconds"), "Compiling one grammar (JSON schema, "
                                          "regex, choice, Lark, tool call), cache misses only.", ["model"],
                                          buckets=LATENCY_BUCKETS, registry=r)

@@ -143,7 +143,7 @@ class ModelCard(BaseModel):
     context_length: int | None = None  # tokens one request may use (prompt + generated; source for translation)
     max_seq_len: int | None = None  # the same limit, under its older name
     quantization: Quantization | None = None
-    decode_step: Literal["native", "python", "triton"] | None = None  # decoder models
+    decode_step: Literal["native", "python", "python+native-attention", "triton"] | None = None  # decoder models
     parameters: int | None = None
     chat: bool = False  # serves /v1/chat/completions (the model has a chat template)
     prefix_cache: dict[str, int] | None = None  # decoder models: block_tokens, blocks_named (the prefix cache)

@@ -252,11 +252,11 @@ class EngineRegistry:
         if ckpt.config.has_decoder:
             # One place chooses the decode step (model.decode.prepare); the engine holds it.
             step = await asyncio.to_thread(prepare, ckpt.model, options, ckpt.tokenizer)
-            self.metrics.decode_step.labels(name, step.name).set(1)
             build = getattr(step, "build_seconds", None)
             log.info("decode step", extra={"model": name, "step": step.name, "kv_dtype": str(step.kv_dtype),
                                            **({} if build is None else {"build_seconds": round(build, 1)})})
             engine: BaseEngine = GenerativeEngine(name, ckpt, settings, self.metrics, step)
+            self.metrics.decode_step.labels(name, engine.decode_step_name).set(1)  # as /v1/models says
         else:
             await asyncio.to_thread(prepare_weights, ckpt.model, options, ckpt.tokenizer)
             engine = EncoderEngine(name, ckpt, settings, self.metrics)

@@ -58,9 +58,11 @@ class Settings(BaseSettings):
         "auto", description="weights of the native decode step: auto = a model's own 4-bit weights where its file "
                             "stores them as 4-bit runs (GGUF Q4_0 / Q4_1: 0.625 bytes a weight, read as they are), "
                             "int8 for the rest; int8 = int8 everywhere")
-    decode_attention: Literal["auto", "sdpa", "triton"] = Field(
-        "auto", description="decode-step attention: auto = the Triton kernel on CUDA when triton is installed, "
-                            "else SDPA; triton = the kernel or a start-up error")
+    decode_attention: Literal["auto", "sdpa", "triton", "native"] = Field(
+        "auto", description="attention of the Python decode step (models the native step does not run, "
+                            "encoder-decoders among them): auto = the Triton kernel on CUDA when triton is "
+                            "installed, on the CPU the native library's paged attention where it builds, else SDPA; "
+                            "triton, native = that kernel or a start-up error")
 
     # --- which model answers a drop-in request that names none (TGI, TEI, InferenceClient) -----
     default_generation_model: str = Field(

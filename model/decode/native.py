@@ -155,6 +155,55 @@ def unsupported_reason(model: nn.Module) -> str | None:
     return None
 
 
+class NativeDecodeAttention:
+    """The native library's paged decode attention (csrc: ``paged_decode_attention``) as an
+    attention layer's decode path (``AttentionContext.decode_kernel``) in the Python step on the
+    CPU: each row attends over its own positions read from the block pool where they lie, the
+    native step's attention. It replaces, on every layer of every decode step, a gather of
+    every row's history into a padded copy (twice: K and V) and SDPA over that copy with a
+    length mask: on the CPU an encoder-decoder's step spent ~30% of its time in those copies
+    (the translation profile in docs/benchmarks.md). A row's result never depends on the rows
+    beside it. Only float rounding differs from SDPA (tested against the reference)."""
+
+    mode = "native"
+
+    def applies(self, q: Tensor) -> bool:
+        return q.device.type == "cpu" and q.dtype == torch.float32 and q.size(-1) <= 512
+
+    def __call__(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, tables: Tensor, lengths: Tensor,
+                 scale: float, window: int = 0) -> Tensor | None:
+        # k_cache, v_cache: (blocks, nkv, block_len, hs) views of the layer's (nkv, blocks, ...) pool
+        return torch.ops.tserve_native.paged_decode_attention(
+            q, k_cache.transpose(0, 1), v_cache.transpose(0, 1), tables, lengths, float(scale), int(window))
+
+    def cross(self, q: Tensor, k_mem: Tensor, v_mem: Tensor, slots: Tensor, lengths: Tensor, scale: float) -> Tensor:
+        """An encoder-decoder's cross-attention, one new token per row: q (B, nh, hs) over the
+        memory rows ``slots`` (B,) of k_mem, v_mem (slots, nh, S, hs), each over its source's
+        ``lengths`` (B,) tokens -> (B, nh, hs). SDPA read a (B, nh, S, hs) slice with a padding mask."""
+        return torch.ops.tserve_native.cross_decode_attention(q, k_mem, v_mem, slots, lengths, float(scale))
+
+
+def native_attention(mode: str, device: torch.device, library: str | Path | None = None
+                     ) -> NativeDecodeAttention | None:
+    """The native decode attention for a Python step on ``device`` under ``TSERVE_DECODE_ATTENTION``
+    ``mode``: ``native`` (an error naming why it cannot run here), ``auto`` (on the CPU where the
+    library builds; a failed build is logged once and SDPA stays), else None."""
+    if mode not in ("auto", "native"):
+        return None
+    if device.type != "cpu":
+        if mode == "native":
+            raise ValueError(f"decode attention 'native' runs on the CPU, and the model is on {device}")
+        return None
+    try:
+        build(library)
+    except RuntimeError as exc:
+        if mode == "native":
+            raise ValueError(f"decode attention 'native' cannot run here: {exc}") from exc
+        log.warning("%s; decode attention through SDPA", exc)
+        return None
+    return NativeDecodeAttention()
+
+
 def wants_native(mode: str, model: nn.Module, library: str | Path | None = None) -> bool:
     """``TSERVE_NATIVE_DECODE``: ``off``; ``on`` (a model it cannot run, or a machine it cannot be
     built on, is an error naming why); ``auto`` (the default): where it can run, decode steps

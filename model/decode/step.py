@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from model.config import DTYPES
-from model.decode.native import NativeStep, wants_native
+from model.decode.native import NativeStep, native_attention, wants_native
 from model.decode.threads import decode_threads
 from model.decode.triton_attention import DECODE_ATTENTION_MODES, attention_kernel
 from model.nn.kv_cache import PagedKVCache
@@ -59,7 +59,9 @@ class DecodeOptions:
     native: str = "auto"  # auto: the C++ step where it can run and decode steps are int8; on; off
     native_library: str | None = None  # a prebuilt library (python -m model.decode.native --out DIR)
     kv_dtype: str = "auto"  # decoder-only caches; auto: bfloat16 under the native step, else the model's dtype
-    attention: str = "auto"  # decode attention: auto (Triton kernel on CUDA where it runs), sdpa, triton
+    # decode attention in the Python step: auto (the Triton kernel on CUDA where it runs; on the CPU
+    # the native library's paged attention where it builds), sdpa, triton, native
+    attention: str = "auto"
     # prompts: auto = through the decode step where it takes them (the native step: int8, row by
     # row), else the model's own forward; model = always the model's own forward (float)
     prefill: str = "auto"
@@ -135,6 +137,8 @@ def prepare(model: TransformerModel, options: DecodeOptions | None = None, token
             log.warning("the native decode step could not be set up (%s: %s); decoding with the Python step",
                         type(exc).__name__, exc)
             kv_dtype = kv_cache_dtype(options.kv_dtype, model, False)
+    if model.device.type == "cpu" or options.attention == "native":  # on the CPU auto means the native kernel
+        kernel = native_attention(options.attention, model.device, options.native_library) or kernel
     return PythonStep(model, kv_dtype, kernel)
 
 

@@ -122,7 +122,7 @@ def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, tables: Tensor
     return decode_attention_reference(q, k_cache, v_cache, tables, lengths, scale, window)
 
 
-DECODE_ATTENTION_MODES = ("auto", "sdpa", "triton")
+DECODE_ATTENTION_MODES = ("auto", "sdpa", "triton", "native")  # native: model.decode.native
 
 
 class TritonDecodeAttention:
@@ -153,8 +153,8 @@ def attention_kernel(mode: str, device: torch.device) -> TritonDecodeAttention |
     error now naming why it cannot run here: it needs triton and CUDA, or TRITON_INTERPRET=1)."""
     if mode not in DECODE_ATTENTION_MODES:
         raise ValueError(f"decode attention must be one of {DECODE_ATTENTION_MODES}, got {mode!r}")
-    if mode == "sdpa":
-        return None
+    if mode in ("sdpa", "native"):
+        return None  # native: model.decode.native's kernel, chosen by model.decode.step.prepare
     if mode == "triton" and not kernel_runs_on(device):
         if not triton_available():
             why = "triton is not installed"

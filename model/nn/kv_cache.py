@@ -446,3 +446,9 @@ class CacheView:
 
     def cross(self, layer: int) -> tuple[Tensor, Tensor, Tensor | None]:
         return (*self.cache.read_cross(layer, self.batch, self.cross_len), self.cross_mask)
+
+    def cross_in_place(self, layer: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """For a kernel that reads the cross-attention memory where it lies: the layer's memory
+        k, v (slots, nkv, max_src_len, hs), the rows' slots (B,) and source lengths (B,)."""
+        c = self.cache
+        return c.cross_k[layer], c.cross_v[layer], self.batch.ids, c.src_lengths[self.batch.ids]

@@ -109,6 +109,11 @@ class KVCacheView(Protocol):
         """Cross-attention memory k, v (B, nkv, S, hs) and its mask."""
         ...
 
+    def cross_in_place(self, layer: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The layer's whole cross-attention memory k, v (slots, nkv, S, hs), the rows' slots
+        (B,) and their sources' lengths (B,), for a kernel that reads it where it lies."""
+        ...
+
 
 class DecodeAttentionKernel(Protocol):
     """An attention core for decode steps that reads each row's blocks in place (the Triton
@@ -237,11 +242,18 @@ class MultiHeadAttention(nn.Module):
         return self.attend(q, k, v, mask, causal)
 
     def cross_attention(self, x: Tensor, ctx: AttentionContext) -> Tensor:
+        q = self._heads(self.q_proj(x))
+        kernel = ctx.decode_kernel
+        cross = getattr(kernel, "cross", None)  # only kernels that read the memory in place have it
+        if cross is not None and ctx.cache is not None and q.size(2) == 1 and not self.training and kernel.applies(q):
+            k_all, v_all, slots, lengths = ctx.cache.cross_in_place(self.layer)
+            if k_all.size(1) == q.size(1):
+                return self.merge(cross(q[:, :, 0], k_all, v_all, slots, lengths, self.scale)[:, :, None])
         if ctx.cache is not None:
             k, v, mask = ctx.cache.cross(self.layer)
         else:
             (k, v), mask = self.project_kv(ctx.memory), ctx.memory_mask
-        return self.attend(self._heads(self.q_proj(x)), k, v, mask, causal=False)
+        return self.attend(q, k, v, mask, causal=False)
 
 
 # --- feed-forward, positions, embeddings --------------------------------------------

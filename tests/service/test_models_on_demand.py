@@ -61,7 +61,8 @@ async def test_models_lists_available_and_loaded_with_their_facts(weights_dir):
         gen = models["generate-tiny"]
         assert gen["object"] == "model" and gen["owned_by"] == "transformer-serve" and gen["created"] > 0
         assert gen["state"] == "loaded" and gen["state_reason"] is None
-        assert gen["architecture"] == "gpt2" and gen["context_length"] == 128 and gen["decode_step"] == "python"
+        assert gen["architecture"] == "gpt2" and gen["context_length"] == 128
+        assert gen["decode_step"] == "python+native-attention"  # the Python step, the native library's attention
         assert gen["quantization"] == {"weights": "float32", "decode": "float32", "source": None}
         engine = app.state.registry.engines["generate-tiny"]
         memory = gen["memory"]
