@@ -1,0 +1,113 @@
+"""Translation served through HTTP, one decode attention against another: ``python -m service``
+with ``translate-en-de`` alone, started with each ``TSERVE_DECODE_ATTENTION`` value in turn
+(alternated ``--rounds`` times, one server at a time), ``--clients`` concurrent clients sending
+one sentence per ``/v1/translate`` request, greedy and beam 4. Output tokens/s (the responses'
+``usage.completion_tokens`` over the wall time), medians over the rounds, and whether each
+sentence's translation came out the same under both.
+
+    python -m benchmarks.served_translation [--modes sdpa auto] [--clients 32] [--requests 96]
+
+The sentences: the held-out prose ``benchmarks.chat_model.heldout_text`` reads (the start of
+the standard library's docstrings), 20-160 characters each, numbered to fill ``--requests``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from benchmarks.chat_model import heldout_text
+from benchmarks.service_load import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def sentences(n: int) -> list[str]:
+    found = [s.strip() for s in re.split(r"(?<=[.!?])\s+", heldout_text()) if 20 <= len(s.strip()) <= 160]
+    return [f"{s} ({i})" for i in range(-(-n // len(found))) for s in found][:n]
+
+
+def start(mode: str, port: int) -> subprocess.Popen:
+    env = {**os.environ, "TSERVE_HOST": "127.0.0.1", "TSERVE_PORT": str(port), "TSERVE_MODELS": "translate-en-de",
+           "TSERVE_LOG_LEVEL": "warning", "TSERVE_DECODE_ATTENTION": mode, "TSERVE_MAX_QUEUE": "256",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    for _ in range(240):
+        if proc.poll() is not None:
+            raise SystemExit(f"the service exited with {proc.returncode} (TSERVE_DECODE_ATTENTION={mode})")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.terminate()
+    raise SystemExit(f"the service was not ready after 120 s (TSERVE_DECODE_ATTENTION={mode})")
+
+
+async def load(url: str, texts: list[str], beam: int, clients: int) -> tuple[float, dict[str, str]]:
+    """Output tokens/s sending every text as its own request, ``clients`` at a time; the translations."""
+    queue, tokens, out = list(reversed(texts)), 0, {}
+
+    async def client(http: httpx.AsyncClient) -> None:
+        nonlocal tokens
+        while queue:
+            text = queue.pop()
+            r = await http.post(f"{url}/v1/translate", json={"text": text, "beam_size": beam, "max_tokens": 128})
+            r.raise_for_status()
+            body = r.json()
+            tokens += body["usage"]["completion_tokens"]
+            out[text] = body["translations"][0]["text"]
+
+    async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=clients)) as http:
+        start_s = time.perf_counter()
+        await asyncio.gather(*(client(http) for _ in range(clients)))
+        return tokens / (time.perf_counter() - start_s), out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.served_translation", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--modes", nargs=2, default=["sdpa", "auto"], help="two TSERVE_DECODE_ATTENTION values")
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--requests", type=int, default=96)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args(argv)
+    texts = sentences(args.requests)
+    rates: dict[tuple[str, int], list[float]] = {}
+    outs: dict[tuple[str, int], dict[str, str]] = {}
+    for rnd in range(args.rounds):
+        for mode in args.modes:
+            port = free_port()
+            proc = start(mode, port)
+            url = f"http://127.0.0.1:{port}"
+            try:
+                step = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0].get("decode_step")
+                asyncio.run(load(url, texts[:8], 1, 8))  # warm-up
+                for beam in (1, 4):
+                    rate, outs[(mode, beam)] = asyncio.run(load(url, texts, beam, args.clients))
+                    rates.setdefault((mode, beam), []).append(rate)
+                    print(f"round {rnd}: {mode} ({step}), beam {beam}: {rate:.0f} tokens/s", flush=True)
+            finally:
+                proc.terminate()
+                proc.wait()
+    a, b = args.modes
+    for beam in (1, 4):
+        ra, rb = statistics.median(rates[(a, beam)]), statistics.median(rates[(b, beam)])
+        same = sum(outs[(a, beam)][t] == outs[(b, beam)][t] for t in texts)
+        print(f"beam {beam}: {a} {ra:.0f}, {b} {rb:.0f} tokens/s: {rb / ra:.2f}x; the same translation "
+              f"{same}/{len(texts)}")
+
+
+if __name__ == "__main__":
+    main()
