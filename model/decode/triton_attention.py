@@ -148,9 +148,11 @@ class TritonDecodeAttention:
 
 
 def attention_kernel(mode: str, device: torch.device) -> TritonDecodeAttention | None:
-    """How a decode step attends (``TSERVE_DECODE_ATTENTION``): ``auto`` (the Triton kernel on
-    CUDA when triton is installed, else SDPA), ``sdpa`` (None), or ``triton`` (the kernel, or an
-    error now naming why it cannot run here: it needs triton and CUDA, or TRITON_INTERPRET=1)."""
+    """The Triton side of how a decode step attends (``TSERVE_DECODE_ATTENTION``): ``auto`` (the
+    Triton kernel on CUDA when triton is installed, else SDPA), ``sdpa`` (None), ``triton`` (the
+    kernel, or an error now naming why it cannot run here: it needs triton and CUDA, or
+    TRITON_INTERPRET=1), ``native`` (None here: ``model.decode.step.prepare`` asks
+    ``model.decode.native.native_attention``, as it does for ``auto`` on the CPU)."""
     if mode not in DECODE_ATTENTION_MODES:
         raise ValueError(f"decode attention must be one of {DECODE_ATTENTION_MODES}, got {mode!r}")
     if mode in ("sdpa", "native"):

@@ -117,7 +117,11 @@ class KVCacheView(Protocol):
 
 class DecodeAttentionKernel(Protocol):
     """An attention core for decode steps that reads each row's blocks in place (the Triton
-    kernel, ``model.decode.triton_attention``); chosen by the decode step, never by the layer."""
+    kernel, ``model.decode.triton_attention``; on the CPU the native library's,
+    ``model.decode.native.NativeDecodeAttention``); chosen by the decode step, never by the
+    layer. A kernel may also read an encoder-decoder's cross-attention memory in place: a
+    ``cross(q (B, nh, hs), k_mem, v_mem (slots, nh, S, hs), slots (B,), lengths (B,), scale)``
+    method; without one, cross-attention stays SDPA."""
 
     def applies(self, q: Tensor) -> bool:
         """Whether it runs for queries ``q`` (B, nh, 1, hs) (their device, its mode)."""
