@@ -15,18 +15,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import re
 import statistics
-import subprocess
-import sys
+import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
 from benchmarks.chat_model import heldout_text
-from benchmarks.service_load import free_port
+from benchmarks.config import BenchConfig
+from benchmarks.service_load import ServiceProcess
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,25 +33,6 @@ REPO = Path(__file__).resolve().parents[1]
 def sentences(n: int) -> list[str]:
     found = [s.strip() for s in re.split(r"(?<=[.!?])\s+", heldout_text()) if 20 <= len(s.strip()) <= 160]
     return [f"{s} ({i})" for i in range(-(-n // len(found))) for s in found][:n]
-
-
-def start(mode: str, port: int) -> subprocess.Popen:
-    env = {**os.environ, "TSERVE_HOST": "127.0.0.1", "TSERVE_PORT": str(port), "TSERVE_MODELS": "translate-en-de",
-           "TSERVE_LOG_LEVEL": "warning", "TSERVE_DECODE_ATTENTION": mode, "TSERVE_MAX_QUEUE": "256",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    for _ in range(240):
-        if proc.poll() is not None:
-            raise SystemExit(f"the service exited with {proc.returncode} (TSERVE_DECODE_ATTENTION={mode})")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.terminate()
-    raise SystemExit(f"the service was not ready after 120 s (TSERVE_DECODE_ATTENTION={mode})")
 
 
 async def load(url: str, texts: list[str], beam: int, clients: int) -> tuple[float, dict[str, str]]:
@@ -86,12 +66,14 @@ def main(argv: list[str] | None = None) -> None:
     texts = sentences(args.requests)
     rates: dict[tuple[str, int], list[float]] = {}
     outs: dict[tuple[str, int], dict[str, str]] = {}
+    cfg, logs = BenchConfig(), Path(tempfile.mkdtemp(prefix="served-translation-"))
     for rnd in range(args.rounds):
         for mode in args.modes:
-            port = free_port()
-            proc = start(mode, port)
-            url = f"http://127.0.0.1:{port}"
+            server = ServiceProcess(REPO / "weights" / "translate-en-de", cfg, logs / f"{mode}-{rnd}.log",
+                                    env={"TSERVE_DECODE_ATTENTION": mode})
+            url = server.url
             try:
+                server.wait_ready()
                 step = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0].get("decode_step")
                 asyncio.run(load(url, texts[:8], 1, 8))  # warm-up
                 for beam in (1, 4):
@@ -99,8 +81,7 @@ def main(argv: list[str] | None = None) -> None:
                     rates.setdefault((mode, beam), []).append(rate)
                     print(f"round {rnd}: {mode} ({step}), beam {beam}: {rate:.0f} tokens/s", flush=True)
             finally:
-                proc.terminate()
-                proc.wait()
+                server.stop()
     a, b = args.modes
     for beam in (1, 4):
         ra, rb = statistics.median(rates[(a, beam)]), statistics.median(rates[(b, beam)])

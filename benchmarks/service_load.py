@@ -73,9 +73,9 @@ def free_port() -> int:
 
 
 class ServiceProcess:
-    """``python -m service`` for one checkpoint; stopped (only this pid) on exit."""
+    """``python -m service`` for one checkpoint (``env``: more settings); stopped (only this pid) on exit."""
 
-    def __init__(self, checkpoint: Path, cfg: BenchConfig, log_path: Path):
+    def __init__(self, checkpoint: Path, cfg: BenchConfig, log_path: Path, env: dict[str, str] | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
@@ -86,6 +86,7 @@ class ServiceProcess:
             "TSERVE_WEIGHTS_DIR": str(checkpoint.parent), "TSERVE_MODELS": checkpoint.name,
             "TSERVE_TORCH_THREADS": str(cfg.threads), "TSERVE_LOG_LEVEL": "warning",
             "TSERVE_MAX_QUEUE": str(max(128, 2 * max(cfg.service_concurrency))),
+            **(env or {}),  # the caller's settings last
         }
         self._log = open(log_path, "wb")  # noqa: SIM115 - lives as long as the server process
         self.proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=REPO_ROOT, env=env, stdout=self._log,

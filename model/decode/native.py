@@ -187,7 +187,7 @@ def native_attention(mode: str, device: torch.device, library: str | Path | None
                      ) -> NativeDecodeAttention | None:
     """The native decode attention for a Python step on ``device`` under ``TSERVE_DECODE_ATTENTION``
     ``mode``: ``native`` (an error naming why it cannot run here), ``auto`` (on the CPU where the
-    library builds; a failed build is logged once and SDPA stays), else None."""
+    library builds; where it does not, a warning and SDPA), else None."""
     if mode not in ("auto", "native"):
         return None
     if device.type != "cpu":

@@ -137,8 +137,8 @@ def prepare(model: TransformerModel, options: DecodeOptions | None = None, token
             log.warning("the native decode step could not be set up (%s: %s); decoding with the Python step",
                         type(exc).__name__, exc)
             kv_dtype = kv_cache_dtype(options.kv_dtype, model, False)
-    if model.device.type == "cpu" or options.attention == "native":  # on the CPU auto means the native kernel
-        kernel = native_attention(options.attention, model.device, options.native_library) or kernel
+    # on the CPU, auto means the native library's kernel (None elsewhere and under sdpa/triton)
+    kernel = native_attention(options.attention, model.device, options.native_library) or kernel
     return PythonStep(model, kv_dtype, kernel)
 
 

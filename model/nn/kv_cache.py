@@ -33,6 +33,7 @@ short and read whole at every step).
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -450,5 +451,8 @@ class CacheView:
     def cross_in_place(self, layer: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """For a kernel that reads the cross-attention memory where it lies: the layer's memory
         k, v (slots, nkv, max_src_len, hs), the rows' slots (B,) and source lengths (B,)."""
-        c = self.cache
-        return c.cross_k[layer], c.cross_v[layer], self.batch.ids, c.src_lengths[self.batch.ids]
+        return self.cache.cross_k[layer], self.cache.cross_v[layer], self.batch.ids, self._src_lengths
+
+    @functools.cached_property
+    def _src_lengths(self) -> Tensor:  # once per forward pass, not per layer
+        return self.cache.src_lengths[self.batch.ids]

@@ -582,6 +582,22 @@ struct PagedRows {
   }
 };
 
+// log2 of a block length (a power of two): PagedRows' shift.
+inline int64_t shift_of(int64_t block_len) {
+  int64_t shift = 0;
+  while ((int64_t{1} << shift) < block_len) ++shift;
+  return shift;
+}
+
+// fn(k, v) with a K/V pair's base pointers: float32, or bfloat16 as its bits (uint16_t).
+template <typename F>
+void with_kv_bits(const Tensor& k, const Tensor& v, const F& fn) {
+  if (k.scalar_type() == at::kBFloat16)
+    fn(reinterpret_cast<uint16_t*>(k.data_ptr<at::BFloat16>()), reinterpret_cast<uint16_t*>(v.data_ptr<at::BFloat16>()));
+  else
+    fn(k.data_ptr<float>(), v.data_ptr<float>());
+}
+
 // Attention of one (row, K/V head) item: `group` query heads q (group, hs) over n cached
 // positions -> out (group, hs) = softmax(q k^T * scale) v. Scratch from the caller (no
 // allocation per item): `scores` group * n floats, `total` group floats.
@@ -923,11 +939,7 @@ class LlamaDecoder : public torch::CustomClassHolder {
         attend(qkv.data_ptr<float>(), k_base, v_base, block_table, width, positions, n_blocks, BL, L.o, L.window, B,
                y.data_ptr<float>(), logit_rows != nullptr);
       };
-      if (k_cache.scalar_type() == at::kBFloat16)
-        cache_layer(reinterpret_cast<uint16_t*>(k_cache.data_ptr<at::BFloat16>()) + layer_at,
-                    reinterpret_cast<uint16_t*>(v_cache.data_ptr<at::BFloat16>()) + layer_at);
-      else
-        cache_layer(k_cache.data_ptr<float>() + layer_at, v_cache.data_ptr<float>() + layer_at);
+      with_kv_bits(k_cache, v_cache, [&](auto* k, auto* v) { cache_layer(k + layer_at, v + layer_at); });
       add_output(xs, L.o(y, prompt), L.post_attn_norm, B);
       norm_rows(xs, L.ffn_norm.data(), L.gate, B, h.data_ptr<float>());
       Tensor g = L.gate(h, prompt).contiguous();
@@ -1099,8 +1111,7 @@ class LlamaDecoder : public torch::CustomClassHolder {
               const std::vector<int64_t>& positions, int64_t n_blocks, int64_t BL, const Projection& out_proj,
               int64_t window, int64_t B, float* y, bool prompt) const {
     const int64_t group = nh_ / nkv_, q_w = nh_ * hs_, row_w = q_w + 2 * nkv_ * hs_;
-    int64_t shift = 0;
-    while ((int64_t{1} << shift) < BL) ++shift;
+    const int64_t shift = shift_of(BL);
     std::vector<std::pair<int64_t, int64_t>> blocks;  // [first row, end row) attended as blocks
     std::vector<int64_t> rows;  // the rest, row by row
     if (prompt && (window == 0 || window >= kBlockRows + 2) && prompt_attention_rows_ > 0) {
@@ -1256,6 +1267,17 @@ Tensor q4_linear(Tensor x, Tensor runs, int64_t n, int64_t k, c10::optional<Tens
   return LlamaDecoder::make_q4(runs.contiguous(), n, k, b).q4_rows(x.contiguous(), portable);
 }
 
+// The K/V pair a decode-attention op reads (a layer's pool, or its cross-attention memory):
+// contiguous CPU tensors of one shape and dtype, float32 or bfloat16, (·, ·, ·, hs) with q's hs.
+void check_kv_pair(const Tensor& q, const Tensor& k, const Tensor& v, const char* layout) {
+  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.device().is_cpu(), "q must be (B, nh, hs) float32");
+  TORCH_CHECK(k.dim() == 4 && k.sizes() == v.sizes() && k.scalar_type() == v.scalar_type() && k.is_contiguous() &&
+                  v.is_contiguous() && k.device().is_cpu(),
+              "the K/V pair must be contiguous ", layout, " CPU tensors of one shape and dtype");
+  TORCH_CHECK(k.scalar_type() == at::kFloat || k.scalar_type() == at::kBFloat16, "the K/V pair must be float32 or bfloat16");
+  TORCH_CHECK(k.size(3) == q.size(2) && q.size(2) <= 512, "the K/V head size must be q's (at most 512)");
+}
+
 // One new token per row attending over its cached positions where they lie in the block pool:
 // the Python step's decode attention on the CPU (an encoder-decoder's self-attention, a model the
 // native step does not run). It replaces a gather of every row's history into a padded copy
@@ -1267,15 +1289,9 @@ Tensor q4_linear(Tensor x, Tensor runs, int64_t n, int64_t k, c10::optional<Tens
 // does not depend on the rows beside it.
 Tensor paged_decode_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor tables, Tensor lengths, double scale,
                               int64_t window) {
-  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.device().is_cpu(), "q must be (B, nh, hs) float32");
-  TORCH_CHECK(k_pool.dim() == 4 && k_pool.sizes() == v_pool.sizes() && k_pool.scalar_type() == v_pool.scalar_type() &&
-                  k_pool.is_contiguous() && v_pool.is_contiguous() && k_pool.device().is_cpu(),
-              "k_pool and v_pool must be contiguous (nkv, blocks, block_len, hs) CPU tensors of one shape and dtype");
-  TORCH_CHECK(k_pool.scalar_type() == at::kFloat || k_pool.scalar_type() == at::kBFloat16,
-              "the pool must be float32 or bfloat16");
+  check_kv_pair(q, k_pool, v_pool, "(nkv, blocks, block_len, hs)");
   const int64_t B = q.size(0), nh = q.size(1), hs = q.size(2);
   const int64_t nkv = k_pool.size(0), n_blocks = k_pool.size(1), BL = k_pool.size(2);
-  TORCH_CHECK(k_pool.size(3) == hs && hs <= 512, "the pool's head size must be q's (at most 512)");
   TORCH_CHECK(nkv > 0 && nh % nkv == 0, "query heads must be a multiple of the pool's K/V heads");
   TORCH_CHECK(BL > 0 && (BL & (BL - 1)) == 0, "the block length must be a power of two, got ", BL);
   TORCH_CHECK(tables.dim() == 2 && tables.size(0) == B && tables.scalar_type() == at::kLong && tables.device().is_cpu(),
@@ -1293,12 +1309,11 @@ Tensor paged_decode_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor tab
       TORCH_CHECK(table[b * width + i] >= 0 && table[b * width + i] < n_blocks, "block ", table[b * width + i],
                   " out of range [0, ", n_blocks, ")");
   }
-  int64_t shift = 0;
-  while ((int64_t{1} << shift) < BL) ++shift;
+  const int64_t shift = shift_of(BL);
   Tensor out = at::empty({B, nh, hs}, qc.options());
   const float* qp = qc.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  auto run = [&](const auto* k_base, const auto* v_base) {
+  with_kv_bits(k_pool, v_pool, [&](const auto* k_base, const auto* v_base) {
     using T = std::remove_cv_t<std::remove_pointer_t<decltype(k_base)>>;
     at::parallel_for(0, B * nkv, 1, [&](int64_t begin, int64_t stop) {
       std::vector<float> scores, total(group);
@@ -1313,12 +1328,7 @@ Tensor paged_decode_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor tab
                     scores.data(), total.data(), op + (b * nh + g * group) * hs);
       }
     });
-  };
-  if (k_pool.scalar_type() == at::kBFloat16)
-    run(reinterpret_cast<const uint16_t*>(k_pool.data_ptr<at::BFloat16>()),
-        reinterpret_cast<const uint16_t*>(v_pool.data_ptr<at::BFloat16>()));
-  else
-    run(k_pool.data_ptr<float>(), v_pool.data_ptr<float>());
+  });
   return out;
 }
 
@@ -1328,14 +1338,9 @@ Tensor paged_decode_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor tab
 // long: its source's tokens (the rest of S is padding, never read). -> (B, nh, hs) float32. The
 // same per-row attention as paged_decode_attention (a source is one block of S rows).
 Tensor cross_decode_attention(Tensor q, Tensor k_mem, Tensor v_mem, Tensor slots, Tensor lengths, double scale) {
-  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.device().is_cpu(), "q must be (B, nh, hs) float32");
-  TORCH_CHECK(k_mem.dim() == 4 && k_mem.sizes() == v_mem.sizes() && k_mem.scalar_type() == v_mem.scalar_type() &&
-                  k_mem.is_contiguous() && v_mem.is_contiguous() && k_mem.device().is_cpu(),
-              "k_mem and v_mem must be contiguous (slots, nh, S, hs) CPU tensors of one shape and dtype");
-  TORCH_CHECK(k_mem.scalar_type() == at::kFloat || k_mem.scalar_type() == at::kBFloat16,
-              "the memory must be float32 or bfloat16");
+  check_kv_pair(q, k_mem, v_mem, "(slots, nh, S, hs)");
   const int64_t B = q.size(0), nh = q.size(1), hs = q.size(2), n_slots = k_mem.size(0), S = k_mem.size(2);
-  TORCH_CHECK(k_mem.size(1) == nh && k_mem.size(3) == hs && hs <= 512, "the memory's heads and head size must be q's");
+  TORCH_CHECK(k_mem.size(1) == nh, "the memory's heads must be q's");
   TORCH_CHECK(slots.dim() == 1 && slots.size(0) == B && slots.scalar_type() == at::kLong && lengths.dim() == 1 &&
                   lengths.size(0) == B && lengths.scalar_type() == at::kLong && slots.device().is_cpu() &&
                   lengths.device().is_cpu(),
@@ -1350,7 +1355,7 @@ Tensor cross_decode_attention(Tensor q, Tensor k_mem, Tensor v_mem, Tensor slots
   Tensor out = at::empty({B, nh, hs}, qc.options());
   const float* qp = qc.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  auto run = [&](const auto* k_base, const auto* v_base) {
+  with_kv_bits(k_mem, v_mem, [&](const auto* k_base, const auto* v_base) {
     using T = std::remove_cv_t<std::remove_pointer_t<decltype(k_base)>>;
     at::parallel_for(0, B * nh, 1, [&](int64_t begin, int64_t stop) {
       std::vector<float> scores;
@@ -1366,12 +1371,7 @@ Tensor cross_decode_attention(Tensor q, Tensor k_mem, Tensor v_mem, Tensor slots
                     op + item * hs);
       }
     });
-  };
-  if (k_mem.scalar_type() == at::kBFloat16)
-    run(reinterpret_cast<const uint16_t*>(k_mem.data_ptr<at::BFloat16>()),
-        reinterpret_cast<const uint16_t*>(v_mem.data_ptr<at::BFloat16>()));
-  else
-    run(k_mem.data_ptr<float>(), v_mem.data_ptr<float>());
+  });
   return out;
 }
 
