@@ -81,10 +81,10 @@ def measure_translation(ws: Workspace, cfg: BenchConfig, report: RunReport, sect
     ours, tokenizer = imported.model, imported.tokenizer
     ours_int8 = None
     if device == "cpu":  # our optional int8 projections, measured against CTranslate2 int8
-        from model.quant.int8 import quantize_int8_
+        from model.quant.int8 import quantize_checkpoint_
 
         ours_int8 = ws.marian_ours(device, dtype).model
-        quantize_int8_(ours_int8)
+        quantize_checkpoint_(ours_int8, None)  # as TSERVE_QUANTIZE=int8 serves it
     steps = {"ours": served_step(ours), OURS_INT8: served_step(ours_int8) if ours_int8 is not None else None}
     peer = ws.marian_peer(device, dtype)
     vocab = json.loads((ws.marian_dir / "vocab.json").read_text(encoding="utf-8"))

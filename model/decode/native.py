@@ -42,9 +42,9 @@ from torch import Tensor, nn
 from model.decode.support import unsupported_reason as config_unsupported_reason
 from model.decode.threads import SMALL_DECODE, decode_threads, passive_wait
 from model.nn.kv_cache import PagedKVCache
-from model.nn.transformer import DecoderLM
+from model.nn.transformer import DecoderLM, EncoderDecoder
 from model.quant import q4
-from model.quant.int8 import DecodeInt8Linear
+from model.quant.int8 import DecodeInt8Linear, RowwiseInt8, RowwiseInt8Linear
 
 log = logging.getLogger(__name__)
 
@@ -204,19 +204,35 @@ def native_attention(mode: str, device: torch.device, library: str | Path | None
     return NativeDecodeAttention()
 
 
+def attach_int8_kernels(model: nn.Module) -> int:
+    """Give every row-wise int8 projection of ``model`` (``RowwiseInt8``: an encoder-decoder's, and
+    the decode copies a Python step runs) the native library's ``Int8Linear`` over its weights
+    (the library loaded): bit for bit the Python path's result, in one call. Returns how many.
+    Idempotent."""
+    count = 0
+    for layer in model.modules():
+        if isinstance(layer, RowwiseInt8) and layer.native is None:
+            inv = None if layer.inv_scale is None else layer.inv_scale.float()
+            layer.native = torch.classes.tserve_native.Int8Linear(layer.quantized._packed_params._packed_params, inv)
+            count += 1
+    return count
+
+
 def wants_native(mode: str, model: nn.Module, library: str | Path | None = None) -> bool:
     """``TSERVE_NATIVE_DECODE``: ``off``; ``on`` (a model it cannot run, or a machine it cannot be
     built on, is an error naming why); ``auto`` (the default): where it can run, decode steps
-    are int8 (where it was measured) and it builds."""
+    are int8 (where it was measured) and it builds. An encoder-decoder's native step is
+    ``NativeEncDecStep`` (its own rules: ``encdec_unsupported_reason``), a decoder's ``NativeStep``."""
     if mode == "off":
         return False
-    why = unsupported_reason(model)
+    encdec = isinstance(model, EncoderDecoder)
+    why = encdec_unsupported_reason(model) if encdec else unsupported_reason(model)
     if mode == "on":
         if why is not None:
             raise ValueError(f"TSERVE_NATIVE_DECODE=on: {why}")
         build(library)  # an error naming why, where it cannot be built
         return True
-    if why is not None or not any(isinstance(m, DecodeInt8Linear) for m in model.modules()):
+    if why is not None or not (encdec or any(isinstance(m, DecodeInt8Linear) for m in model.modules())):
         return False
     try:
         build(library)
@@ -312,7 +328,7 @@ class NativeStep:
 
     def __call__(self, cache: PagedKVCache, tokens: Tensor, slots: Sequence[int], positions: Sequence[int]) -> Tensor:
         """tokens (B,) at ``positions`` of rows ``slots`` -> logits (B, V) float32."""
-        positions, tables = self._tables(cache, slots, positions)
+        positions, tables = _tables(cache, slots, positions)
         with decode_threads(len(positions), self.one_thread_rows):
             return self.plan.step(tokens.view(-1), cache.k, cache.v, tables, positions)
 
@@ -327,32 +343,101 @@ class NativeStep:
         rows = [s for p, s in zip(prompts, slots) for _ in p]
         positions = [st + i for p, st in zip(prompts, starts) for i in range(len(p))]
         last = list(itertools.accumulate(len(p) for p in prompts))
-        positions, tables = self._tables(cache, rows, positions)
+        positions, tables = _tables(cache, rows, positions)
         tokens = torch.tensor(ids, dtype=torch.long)
         with decode_threads(len(ids), self.one_thread_rows):
             return self.plan.prefill(tokens, cache.k, cache.v, tables, positions, [n - 1 for n in last])
 
-    def _tables(self, cache: PagedKVCache, slots: Sequence[int], positions: Sequence[int]
-                ) -> tuple[list[int], Tensor]:
-        """The checked positions and each row's block table (B, blocks), on the host."""
-        positions = [int(p) for p in positions]
-        if max(positions) >= cache.max_len:
-            raise ValueError(f"sequence length {max(positions) + 1} exceeds the KV cache's max_len {cache.max_len}")
-        if cache.k.dtype not in (torch.float32, torch.bfloat16):
-            raise ValueError(f"the native decode step needs a float32 or bfloat16 KV cache, not {cache.k.dtype}")
-        rows = [int(s) for s in slots]
-        if min(rows) < 0 or max(rows) >= cache.n_slots:
-            raise IndexError(f"slots {[s for s in rows if not 0 <= s < cache.n_slots]} out of range "
-                             f"[0, {cache.n_slots})")
-        furthest: dict[int, int] = {}  # a prompt's rows share a slot: one check per slot
-        for slot, p in zip(rows, positions):
-            furthest[slot] = max(p, furthest.get(slot, p))
-        for slot, p in furthest.items():
-            if cache.held(slot) <= p and not cache.ensure(slot, p + 1):  # a bare cache; the engine allocated
-                raise RuntimeError(f"the KV cache's pool of {cache.n_blocks} blocks is exhausted")
-        cache.zero_fresh()  # blocks just allocated, before the step writes them
-        width = -(-(max(positions) + 1) // cache.block_len)
-        return positions, cache.tables[rows, :width]  # (B, blocks) on the host, where the step reads it
+def _tables(cache: PagedKVCache, slots: Sequence[int], positions: Sequence[int]
+            ) -> tuple[list[int], Tensor]:
+    """The checked positions and each row's block table (B, blocks), on the host."""
+    positions = [int(p) for p in positions]
+    if max(positions) >= cache.max_len:
+        raise ValueError(f"sequence length {max(positions) + 1} exceeds the KV cache's max_len {cache.max_len}")
+    if cache.k.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"the native decode step needs a float32 or bfloat16 KV cache, not {cache.k.dtype}")
+    rows = [int(s) for s in slots]
+    if min(rows) < 0 or max(rows) >= cache.n_slots:
+        raise IndexError(f"slots {[s for s in rows if not 0 <= s < cache.n_slots]} out of range "
+                         f"[0, {cache.n_slots})")
+    furthest: dict[int, int] = {}  # a prompt's rows share a slot: one check per slot
+    for slot, p in zip(rows, positions):
+        furthest[slot] = max(p, furthest.get(slot, p))
+    for slot, p in furthest.items():
+        if cache.held(slot) <= p and not cache.ensure(slot, p + 1):  # a bare cache; the engine allocated
+            raise RuntimeError(f"the KV cache's pool of {cache.n_blocks} blocks is exhausted")
+    cache.zero_fresh()  # blocks just allocated, before the step writes them
+    width = -(-(max(positions) + 1) // cache.block_len)
+    return positions, cache.tables[rows, :width]  # (B, blocks) on the host, where the step reads it
+
+
+# The activations the encoder-decoder step implements, by its codes (csrc: EncDecDecoder::activate).
+ENCDEC_ACTIVATIONS = {"relu": 0, "gelu": 1, "gelu_new": 2, "silu": 3, "swish": 3}
+
+
+def encdec_unsupported_reason(model: nn.Module) -> str | None:
+    """Why the native encoder-decoder step cannot run ``model``; None where it can: its config
+    passes support.py's ``native_encdec`` rules, it is float32 on the CPU, and every projection
+    of its decoder and head is a row-wise int8 one (``quantize_int8_(rowwise=True)``)."""
+    if not isinstance(model, EncoderDecoder):
+        return f"{type(model).__name__} is not an encoder-decoder"
+    why = config_unsupported_reason(model.cfg, "native_encdec")
+    if why is not None:
+        return why
+    if model.device.type != "cpu" or model.dtype != torch.float32:
+        return f"the model is {model.dtype} on {model.device} (float32 on the CPU only)"
+    projections = [m for layer in model.decoder_layers for m in layer.modules() if isinstance(m, nn.Linear)]
+    if projections or not isinstance(model.lm_head.proj, RowwiseInt8Linear):
+        return "its decoder's projections are not row-wise int8 (TSERVE_QUANTIZE)"
+    return None
+
+
+class NativeEncDecStep:
+    """A ``DecodeStep`` over the C++ encoder-decoder step (csrc: ``EncDecDecoder``): the decoder's
+    layers and head in one call per step, the same operations as the Python step with the
+    native library's kernels, so the same logits bit for bit (tested). The encoder and the
+    cross-attention memory stay the model's own (``EncoderDecoder.prefill``): they run once per
+    source. Build it once the weights are final (quantized)."""
+
+    name = "native"
+
+    def __init__(self, model: EncoderDecoder, library: str | Path | None = None):
+        why = encdec_unsupported_reason(model)
+        if why is not None:
+            raise ValueError(f"no native decode step for this model: {why}")
+        self.build_seconds = build(library)
+        attach_int8_kernels(model)  # the encoder and the memory's projections, run by the model itself
+        self.kv_dtype, self.extra_bytes = model.dtype, 0
+        cfg, first = model.cfg, model.decoder_layers[0]
+        plan = torch.classes.tserve_native.EncDecDecoder(
+            cfg.n_heads, cfg.head_dim, float(first.self_attn.scale), float(first.cross_attn.scale),
+            first.pre_norm, ENCDEC_ACTIVATIONS[cfg.activation], float(first.self_attn_norm.eps))
+        embed = model.embed
+        table = embed.positions.weight if cfg.positional == "learned" else embed.sinusoid
+        with torch.no_grad():
+            plan.set_embedding(embed.tokens.weight, float(embed.scale), table,
+                               *((embed.norm.weight, embed.norm.bias) if embed.norm is not None else (None, None)))
+            for layer in model.decoder_layers:
+                attn, cross, ffn = layer.self_attn, layer.cross_attn, layer.ffn
+                norms = [t for n in (layer.self_attn_norm, layer.cross_attn_norm, layer.ffn_norm)
+                         for t in (n.weight, n.bias)]
+                plan.add_layer(norms, attn.fused)
+                qkv = [attn.qkv_proj] if attn.fused else [attn.q_proj, attn.k_proj, attn.v_proj]
+                for proj in (*qkv, attn.out_proj, cross.q_proj, cross.out_proj, ffn.up, ffn.down):
+                    plan.add_projection(proj.quantized._packed_params._packed_params, proj.inv_scale)
+            head = model.lm_head.proj
+            plan.add_projection(head.quantized._packed_params._packed_params, head.inv_scale)
+            norm = model.decoder_norm
+            plan.set_final_norm(*((norm.weight, norm.bias) if isinstance(norm, nn.LayerNorm) else (None, None)))
+        self.plan = plan
+
+    def __call__(self, cache: PagedKVCache, tokens: Tensor, slots: Sequence[int], positions: Sequence[int]) -> Tensor:
+        """tokens (B,) at ``positions`` of rows ``slots`` -> logits (B, V) float32."""
+        positions, tables = _tables(cache, slots, positions)
+        rows = torch.tensor([int(s) for s in slots], dtype=torch.long)
+        with decode_threads(len(positions)):
+            return self.plan.step(tokens.view(-1), torch.tensor(positions, dtype=torch.long), cache.k, cache.v,
+                                  tables, cache.cross_k, cache.cross_v, rows, cache.src_lengths[rows])
 
 
 def _add_projection(plan, layer: nn.Module, partner: bool) -> int:

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from model.config import DTYPES
-from model.decode.native import NativeStep, native_attention, wants_native
+from model.decode.native import NativeEncDecStep, NativeStep, attach_int8_kernels, native_attention, wants_native
 from model.decode.threads import decode_threads
 from model.decode.triton_attention import DECODE_ATTENTION_MODES, attention_kernel
 from model.nn.kv_cache import PagedKVCache
@@ -129,6 +129,8 @@ def prepare(model: TransformerModel, options: DecodeOptions | None = None, token
     kv_dtype = kv_cache_dtype(options.kv_dtype, model, native)
     if native:
         try:
+            if isinstance(model, EncoderDecoder):
+                return NativeEncDecStep(model, options.native_library)
             return NativeStep(model, options.native_library, kv_dtype, prefills=options.prefill == "auto",
                               weights4=options.weights == "auto")
         except Exception as exc:  # noqa: BLE001 - under auto, any failure means "not here"
@@ -137,9 +139,12 @@ def prepare(model: TransformerModel, options: DecodeOptions | None = None, token
             log.warning("the native decode step could not be set up (%s: %s); decoding with the Python step",
                         type(exc).__name__, exc)
             kv_dtype = kv_cache_dtype(options.kv_dtype, model, False)
-    # on the CPU, auto means the native library's kernel (None elsewhere and under sdpa/triton)
-    kernel = native_attention(options.attention, model.device, options.native_library) or kernel
-    return PythonStep(model, kv_dtype, kernel)
+    # on the CPU, auto means the native library's kernels (None elsewhere and under sdpa/triton):
+    # its decode attention, and its row-wise int8 projections (the same bits as the Python ones)
+    native_kernel = native_attention(options.attention, model.device, options.native_library)
+    if native_kernel is not None:
+        attach_int8_kernels(model)
+    return PythonStep(model, kv_dtype, native_kernel or kernel)
 
 
 def kv_cache_dtype(setting: str, model: TransformerModel, native: bool) -> torch.dtype:

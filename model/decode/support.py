@@ -28,13 +28,15 @@ READ = "read"
 IGNORED = "ignored"
 Rule = Any  # READ, IGNORED, or a tuple of the values implemented
 
-FAST_PATHS = ("native", "triton")
+FAST_PATHS = ("native", "triton", "native_encdec")
 
 
 @dataclass(frozen=True)
 class FieldRule:
     native: Rule  # model/decode/native.py + csrc/llama_decode.cpp: the whole decode step in C++
     triton: Rule = READ  # model/decode/triton_attention.py: attention over q, k, v the layer computed
+    # model/decode/native.py NativeEncDecStep + csrc EncDecDecoder: an encoder-decoder's decoder step
+    native_encdec: Rule = None  # every entry sets it (a test checks)
 
 
 # The Triton kernel replaces only the attention core of a decode step (softmax(q k^T * scale) v
@@ -42,59 +44,67 @@ class FieldRule:
 # reads most fields through the layer. A field that changes *which positions* a row attends to or
 # how scores are formed (a window, soft-capping, alibi) must say so in its triton rule.
 FIELDS: dict[str, FieldRule] = {
-    "family": FieldRule(native=("decoder",), triton=("decoder", "encoder-decoder")),
-    "vocab_size": FieldRule(native=READ),
-    "d_model": FieldRule(native=READ),
-    "n_heads": FieldRule(native=READ),
-    "n_kv_heads": FieldRule(native=READ),
-    "n_encoder_layers": FieldRule(native=IGNORED),  # the decoder family has none
-    "n_decoder_layers": FieldRule(native=READ),
-    "d_ff": FieldRule(native=READ),
-    "activation": FieldRule(native=("silu", "swish", "gelu_new")),  # the C++ gate: SiLU or tanh GELU
-    "dropout": FieldRule(native=IGNORED, triton=IGNORED),  # training only
-    "attention_dropout": FieldRule(native=IGNORED, triton=IGNORED),
-    "activation_dropout": FieldRule(native=IGNORED, triton=IGNORED),
-    "max_positions": FieldRule(native=READ),  # the length of the rotary table it is given
-    "positional": FieldRule(native=("rope",)),
-    "rope_theta": FieldRule(native=READ),  # through the rotary table the model built
-    "rope_scaling": FieldRule(native=READ),  # likewise (LongRoPE's attention factor is in the table too)
-    "sinusoidal_layout": FieldRule(native=IGNORED),  # only for sinusoidal positions, refused above
-    "norm": FieldRule(native=("rmsnorm",)),
-    "mlp": FieldRule(native=("gated",)),
-    "norm_placement": FieldRule(native=("pre",)),
-    "final_norm": FieldRule(native=(True,)),
-    "embedding_norm": FieldRule(native=(False,)),
-    "layer_norm_eps": FieldRule(native=READ),
-    "bias": FieldRule(native=(False,)),  # the int8 projections carry no bias in the C++ step
-    "fused_qkv": FieldRule(native=(True,)),  # it reads one qkv projection per layer
-    "attention_scale": FieldRule(native=READ),
-    "scale_embedding": FieldRule(native=READ),  # the embedding scale it is given
-    "tie_word_embeddings": FieldRule(native=READ),  # the head is read from lm_head either way
+    "family": FieldRule(native=("decoder",), triton=("decoder", "encoder-decoder"),
+                        native_encdec=("encoder-decoder",)),
+    "vocab_size": FieldRule(native=READ, native_encdec=READ),
+    "d_model": FieldRule(native=READ, native_encdec=READ),
+    "n_heads": FieldRule(native=READ, native_encdec=READ),
+    # the encoder-decoder step: the cross-attention memory keeps every head (no grouped K/V)
+    "n_kv_heads": FieldRule(native=READ, native_encdec=(None,)),
+    "n_encoder_layers": FieldRule(native=IGNORED, native_encdec=IGNORED),  # the decoder family has none
+    "n_decoder_layers": FieldRule(native=READ, native_encdec=READ),
+    "d_ff": FieldRule(native=READ, native_encdec=READ),
+    # the C++ gate: SiLU or tanh GELU; the encoder-decoder step calls torch's activations
+    "activation": FieldRule(native=("silu", "swish", "gelu_new"),
+                            native_encdec=("relu", "gelu", "gelu_new", "silu", "swish")),
+    "dropout": FieldRule(native=IGNORED, triton=IGNORED, native_encdec=IGNORED),  # training only
+    "attention_dropout": FieldRule(native=IGNORED, triton=IGNORED, native_encdec=IGNORED),
+    "activation_dropout": FieldRule(native=IGNORED, triton=IGNORED, native_encdec=IGNORED),
+    "max_positions": FieldRule(native=READ, native_encdec=READ),  # the length of the rotary table it is given
+    "positional": FieldRule(native=("rope",), native_encdec=("sinusoidal", "learned")),
+    "rope_theta": FieldRule(native=READ, native_encdec=IGNORED),  # through the rotary table the model built
+    # likewise (LongRoPE's attention factor is in the table too)
+    "rope_scaling": FieldRule(native=READ, native_encdec=IGNORED),
+    "sinusoidal_layout": FieldRule(native=IGNORED, native_encdec=READ),  # only for sinusoidal positions, refused above
+    "norm": FieldRule(native=("rmsnorm",), native_encdec=("layernorm",)),
+    "mlp": FieldRule(native=("gated",), native_encdec=("standard",)),
+    "norm_placement": FieldRule(native=("pre",), native_encdec=READ),
+    "final_norm": FieldRule(native=(True,), native_encdec=READ),
+    "embedding_norm": FieldRule(native=(False,), native_encdec=READ),
+    "layer_norm_eps": FieldRule(native=READ, native_encdec=READ),
+    "bias": FieldRule(native=(False,), native_encdec=READ),  # the int8 projections carry no bias in the C++ step
+    "fused_qkv": FieldRule(native=(True,), native_encdec=READ),  # it reads one qkv projection per layer
+    "attention_scale": FieldRule(native=READ, native_encdec=READ),
+    "scale_embedding": FieldRule(native=READ, native_encdec=READ),  # the embedding scale it is given
+    "tie_word_embeddings": FieldRule(native=READ, native_encdec=READ),  # the head is read from lm_head either way
     # The lineages after Llama (Qwen2, Qwen3, Gemma 3, Phi-3, Mistral), as data the C++ step reads.
-    "head_dim_override": FieldRule(native=READ),  # its widths are n_heads * head_dim, d from the embeddings
-    "qkv_bias": FieldRule(native=READ),  # the bias rides in the qkv projection (float or fbgemm int8)
-    "qk_norm": FieldRule(native=READ),  # per-layer q/k norm weights
-    "post_sublayer_norm": FieldRule(native=READ),  # per-layer post-norm weights
+    # its widths are n_heads * head_dim, d from the embeddings
+    "head_dim_override": FieldRule(native=READ, native_encdec=READ),
+    # the bias rides in the qkv projection (float or fbgemm int8)
+    "qkv_bias": FieldRule(native=READ, native_encdec=READ),
+    "qk_norm": FieldRule(native=READ, native_encdec=(False,)),  # per-layer q/k norm weights
+    "post_sublayer_norm": FieldRule(native=READ, native_encdec=(False,)),  # per-layer post-norm weights
     # A window changes which positions a row attends to: the C++ step and the Triton kernel start
     # each row's attention at position - window + 1 in the layers that have one.
-    "sliding_window": FieldRule(native=READ, triton=READ),
-    "sliding_window_layers": FieldRule(native=READ, triton=READ),
-    "local_rope_theta": FieldRule(native=READ),  # the second rotary table the model built
-    "type_vocab_size": FieldRule(native=(0,)),
-    "lm_head_bias": FieldRule(native=(False,)),
-    "mlm_transform": FieldRule(native=(False,)),
-    "pooling": FieldRule(native=IGNORED, triton=IGNORED),  # encoder family only
-    "normalize_embeddings": FieldRule(native=IGNORED, triton=IGNORED),
-    "max_input_tokens": FieldRule(native=IGNORED, triton=IGNORED),
-    "mlm_head": FieldRule(native=IGNORED, triton=IGNORED),
-    "mask_placeholders": FieldRule(native=IGNORED, triton=IGNORED),  # how callers prepare text
-    "source_language": FieldRule(native=IGNORED, triton=IGNORED),  # metadata: which engine serves a pair
-    "target_language": FieldRule(native=IGNORED, triton=IGNORED),
-    "pad_token_id": FieldRule(native=IGNORED, triton=IGNORED),
-    "bos_token_id": FieldRule(native=IGNORED, triton=IGNORED),
-    "eos_token_id": FieldRule(native=IGNORED, triton=IGNORED),
-    "decoder_start_token_id": FieldRule(native=IGNORED, triton=IGNORED),
-    "mask_token_id": FieldRule(native=IGNORED, triton=IGNORED),
+    "sliding_window": FieldRule(native=READ, triton=READ, native_encdec=(None,)),
+    "sliding_window_layers": FieldRule(native=READ, triton=READ, native_encdec=IGNORED),
+    "local_rope_theta": FieldRule(native=READ, native_encdec=IGNORED),  # the second rotary table the model built
+    "type_vocab_size": FieldRule(native=(0,), native_encdec=(0,)),
+    "lm_head_bias": FieldRule(native=(False,), native_encdec=READ),
+    "mlm_transform": FieldRule(native=(False,), native_encdec=(False,)),
+    "pooling": FieldRule(native=IGNORED, triton=IGNORED, native_encdec=IGNORED),  # encoder family only
+    "normalize_embeddings": FieldRule(native=IGNORED, triton=IGNORED, native_encdec=IGNORED),
+    "max_input_tokens": FieldRule(native=IGNORED, triton=IGNORED, native_encdec=IGNORED),
+    "mlm_head": FieldRule(native=IGNORED, triton=IGNORED, native_encdec=IGNORED),
+    "mask_placeholders": FieldRule(native=IGNORED, triton=IGNORED, native_encdec=IGNORED),  # how callers prepare text
+    # metadata: which engine serves a pair
+    "source_language": FieldRule(native=IGNORED, triton=IGNORED, native_encdec=IGNORED),
+    "target_language": FieldRule(native=IGNORED, triton=IGNORED, native_encdec=IGNORED),
+    "pad_token_id": FieldRule(native=IGNORED, triton=IGNORED, native_encdec=IGNORED),
+    "bos_token_id": FieldRule(native=IGNORED, triton=IGNORED, native_encdec=IGNORED),
+    "eos_token_id": FieldRule(native=IGNORED, triton=IGNORED, native_encdec=IGNORED),
+    "decoder_start_token_id": FieldRule(native=IGNORED, triton=IGNORED, native_encdec=IGNORED),
+    "mask_token_id": FieldRule(native=IGNORED, triton=IGNORED, native_encdec=IGNORED),
 }
 
 

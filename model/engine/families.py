@@ -103,8 +103,9 @@ class DecoderPrompts:
 class SourcePrompts:
     encodes_source = True
 
-    def __init__(self, model: EncoderDecoder):
+    def __init__(self, model: EncoderDecoder, step=None):
         self.model = model
+        self.step = step  # the decode step, which feeds the decoder start token (None: the model's forward)
 
     def context(self, prompt: list[int]) -> list[int]:
         return []  # the output is another language: the source is no context for it
@@ -132,7 +133,7 @@ class SourcePrompts:
             return None, []
         seqs = plan.sources
         logits = self.model.prefill(cache, [s.req.prompt_ids for s in seqs], [x for s in seqs for x in s.slots],
-                                    group_sizes=[len(s.slots) for s in seqs])
+                                    group_sizes=[len(s.slots) for s in seqs], step=self.step)
         return logits, [s for s in seqs for _ in s.slots]
 
     def first_position(self, seq: Sequence) -> int:
@@ -140,4 +141,4 @@ class SourcePrompts:
 
 
 def prompts_for(model: DecoderLM | EncoderDecoder, step=None) -> DecoderPrompts | SourcePrompts:
-    return SourcePrompts(model) if isinstance(model, EncoderDecoder) else DecoderPrompts(model, step)
+    return SourcePrompts(model, step) if isinstance(model, EncoderDecoder) else DecoderPrompts(model, step)

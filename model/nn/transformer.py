@@ -321,10 +321,12 @@ class EncoderDecoder(_CachedDecoder):
         return self.lm_head(self.decode(self.encode(src, src_mask), src_mask, tgt))  # (B, T, V)
 
     def prefill(self, cache: PagedKVCache, sources: Sequence[Sequence[int]], slots: Sequence[int],
-                group_sizes: Sequence[int] | None = None) -> Tensor:
+                group_sizes: Sequence[int] | None = None, step=None) -> Tensor:
         """Encode the sources once, keep their cross-attention K/V in the slots and feed the
         decoder start token. Source i fills ``group_sizes[i]`` consecutive entries of ``slots``
-        (its beams; default: an even split). Returns the first-step logits (len(slots), V)."""
+        (its beams; default: an even split). Returns the first-step logits (len(slots), V).
+        ``step``: a decode step (``model.decode``) that feeds the start token, one token per row at
+        position 0 as every later token; None: this model's cached forward."""
         if group_sizes is None:
             group, rest = divmod(len(slots), len(sources))
             if rest or group < 1:
@@ -345,6 +347,8 @@ class EncoderDecoder(_CachedDecoder):
             cache.write_cross(i, batch, k.repeat_interleave(repeats, 0), v.repeat_interleave(repeats, 0))
         cache.set_src_lengths(batch, [n for n, g in zip(lengths, group_sizes) for _ in range(g)])
         start = torch.full((len(slots), 1), self.cfg.decoder_start_token_id, dtype=torch.long, device=self.device)
+        if step is not None:
+            return step(cache, start.view(-1), slots, [0] * len(slots))
         return self.forward_cached(cache, start, slots, [0] * len(slots), [1] * len(slots))
 
 

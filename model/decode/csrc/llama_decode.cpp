@@ -352,6 +352,17 @@ void q4_tiles(const uint8_t* w, const Q8Rows& a, int64_t B, int64_t K, int64_t N
 
 // One projection y = W (x * inv_scale) + b: 4-bit runs when `q4` is set (q4_tiles), fbgemm int8 when
 // `packed` is set, else float.
+// One row of rowwise_int8_linear's correction, out = s ((out - b) - z W1) + b, with every product
+// rounded on its own (no fused multiply-add): the arithmetic of its tensor operations, bit for bit.
+__attribute__((optimize("fp-contract=off"))) void correct_row_unfused(float* out, int64_t m, float s, float z,
+                                                                      const float* row_sum, const float* bias) {
+  if (bias == nullptr) {
+    for (int64_t j = 0; j < m; ++j) out[j] = s * (out[j] - z * row_sum[j]);
+    return;
+  }
+  for (int64_t j = 0; j < m; ++j) out[j] = s * ((out[j] - bias[j]) - z * row_sum[j]) + bias[j];
+}
+
 struct Projection {
   c10::intrusive_ptr<LinearPackedParamsBase> packed;
   // The same weights as two packs of output features [0, split) and [split, N), for a step
@@ -367,6 +378,7 @@ struct Projection {
   Partner* q4_partner = nullptr;  // shares the 4-bit tiles (the int8 halves have their own `partner`)
   std::vector<float> inv_scale;  // SmoothQuant's 1 / s per input channel; empty: none
   std::vector<float> row_sum, int8_bias;  // int8: W 1 (dequantized weights summed over inputs), b (or empty)
+  int64_t int8_in = 0;  // int8: input features
 
   // `prompt`: rows of prompts, which take the int8 weights where the projection has both: at tens
   // to thousands of rows fbgemm's int8 GEMM is 2-3x faster than the 4-bit kernel, whose float
@@ -383,7 +395,9 @@ struct Projection {
   // model.quant.int8.rowwise_int8_linear does (its docstring has the algebra): a row's result
   // never depends on the rows beside it. fbgemm takes one activation scale per call, so each
   // row goes onto the shared grid u = x / s + z in [0, 127] and is corrected back afterwards.
-  Tensor int8_rows(const Tensor& x) const {
+  // `unfused`: the correction rounds each product on its own, as rowwise_int8_linear's tensor
+  // operations do (Int8Linear: the Python step's projections, which must give its bits).
+  Tensor int8_rows(const Tensor& x, bool unfused = false) const {
     const int64_t B = x.size(0), n = x.size(1);
     Tensor u = at::empty_like(x);
     std::vector<float> scale(B), zero(B);
@@ -416,13 +430,22 @@ struct Projection {
     const int64_t m = y.size(1);
     float* yp = y.data_ptr<float>();
     const bool has_bias = !int8_bias.empty();
-    for (int64_t b = 0; b < B; ++b) {
-      float* out = yp + b * m;
-      for (int64_t j = 0; j < m; ++j) {
-        const float bj = has_bias ? int8_bias[j] : 0.0f;
-        out[j] = scale[b] * ((out[j] - bj) - zero[b] * row_sum[j]) + bj;
+    // Rows in pieces of at least ~32k outputs: a vocabulary-wide head's correction is shared
+    // between the threads, a layer's stays in one piece (each output's arithmetic is the same
+    // whichever thread does it).
+    at::parallel_for(0, B, std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(m, 1)), [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        float* out = yp + b * m;
+        const float* bias = has_bias ? int8_bias.data() : nullptr;
+        if (unfused)
+          correct_row_unfused(out, m, scale[b], zero[b], row_sum.data(), bias);
+        else
+          for (int64_t j = 0; j < m; ++j) {
+            const float bj = has_bias ? bias[j] : 0.0f;
+            out[j] = scale[b] * ((out[j] - bj) - zero[b] * row_sum[j]) + bj;
+          }
       }
-    }
+    });
     return y;
   }
   float scale(int64_t j) const { return inv_scale.empty() ? 1.0f : inv_scale[j]; }
@@ -782,6 +805,18 @@ class LlamaDecoder : public torch::CustomClassHolder {
 
   // Projections in the order qkv, o, gate, up, down of each layer, then the head once.
   void add_int8(c10::IValue packed, c10::optional<Tensor> inv_scale) {
+    Projection p = int8_projection(packed);
+    if (partner_) {
+      auto unpacked = p.packed->unpack();
+      split_for_partner(p, std::get<0>(unpacked), std::get<1>(unpacked));
+    }
+    finish(std::move(p), inv_scale);
+  }
+
+  // An int8 projection of fbgemm's packed weights, given as their script object
+  // (torch.classes.quantized.LinearPackedParamsBase): the pack, W 1 and the bias.
+  static Projection int8_projection(const c10::IValue& packed) {
+    TORCH_CHECK(packed.isObject(), "packed must be fbgemm's packed linear parameters");
     Projection p;
     // A script object holds its C++ instance in its first slot (a capsule).
     auto holder = packed.toObjectRef().getSlot(0).toCapsule();
@@ -790,8 +825,8 @@ class LlamaDecoder : public torch::CustomClassHolder {
     Tensor row_sum = std::get<0>(unpacked).dequantize().to(at::kFloat).sum(1);
     p.row_sum = to_vector(row_sum, row_sum.numel(), "row_sum");
     if (std::get<1>(unpacked)) p.int8_bias = to_vector(*std::get<1>(unpacked), row_sum.numel(), "bias");
-    if (partner_) split_for_partner(p, std::get<0>(unpacked), std::get<1>(unpacked));
-    finish(std::move(p), inv_scale);
+    p.int8_in = std::get<0>(unpacked).size(1);
+    return p;
   }
 
   // 4-bit weights for the projection added last, an int8 one: decode steps read these, prompts the
@@ -1258,6 +1293,264 @@ class LlamaDecoder : public torch::CustomClassHolder {
   int next_ = 0;
 };
 
+// One int8 projection on its own: the int8 path of the Python decode step's projections
+// (model.quant.int8.DecodeInt8Linear on the CPU, where the library is built), which is
+// model.quant.int8.rowwise_int8_linear bit for bit in one call. In Python that is some fifteen
+// tensor operations around fbgemm's product, each a pass over the rows: ~100 us a layer at 32
+// rows of 512, and five passes over 32 x 58k floats for a translator's vocabulary-wide head. Here
+// it is one loop before the product and one after (Projection::int8_rows, the native step's).
+class Int8Linear : public torch::CustomClassHolder {
+ public:
+  // inv_scale (in,) float32 or None: SmoothQuant's explicit scale, x * inv_scale goes in
+  Int8Linear(c10::IValue packed, c10::optional<Tensor> inv_scale) : p_(LlamaDecoder::int8_projection(packed)) {
+    if (inv_scale) {
+      TORCH_CHECK(inv_scale->device().is_cpu() && inv_scale->scalar_type() == at::kFloat && inv_scale->dim() == 1 &&
+                      inv_scale->size(0) == p_.int8_in,
+                  "inv_scale must be a (", p_.int8_in, ",) float32 CPU tensor");
+      inv_scale_ = inv_scale->detach().contiguous();
+    }
+  }
+
+  // x (B, in) float32 -> (B, out) float32; each row quantized over its own range
+  Tensor forward(Tensor x) const {
+    TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu() && x.size(1) == p_.int8_in,
+                "x must be (B, ", p_.int8_in, ") float32 on the CPU");
+    if (inv_scale_.defined()) return p_.int8_rows((x * inv_scale_).contiguous(), true);
+    return p_.int8_rows(x.contiguous(), true);
+  }
+
+  int64_t in_features() const { return p_.int8_in; }
+  int64_t out_features() const { return static_cast<int64_t>(p_.row_sum.size()); }
+
+ private:
+  Projection p_;
+  Tensor inv_scale_;
+};
+
+// One decode step of an encoder-decoder's decoder (a translator: Marian and its like), int8
+// projections, in C++. The Python step runs the same layers as some forty Python-dispatched
+// operations a layer; at 32 rows that dispatch, not arithmetic, was most of a step. Here every
+// operation is the one the Python step calls (at::embedding, at::layer_norm, the activations,
+// the adds; Projection::int8_rows unfused, which is RowwiseInt8Linear's int8 path; the decode
+// attention kernels below), on the same values in the same order, so a step gives the Python
+// step's logits bit for bit (tested), with one call from Python instead of hundreds.
+//
+// Per layer: self-attention (q, k, v; the new K/V written into the paged pool; each row over its
+// own positions), cross-attention (q; each row over its source's memory), the feed-forward
+// (up -> activation -> down), each wrapped in residual + LayerNorm, pre or post.
+Tensor paged_decode_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor tables, Tensor lengths, double scale,
+                              int64_t window);
+Tensor cross_decode_attention(Tensor q, Tensor k_mem, Tensor v_mem, Tensor slots, Tensor lengths, double scale);
+
+class EncDecDecoder : public torch::CustomClassHolder {
+ public:
+  // activation: 0 relu, 1 gelu (erf), 2 gelu (tanh), 3 silu
+  EncDecDecoder(int64_t n_heads, int64_t head_dim, double self_scale, double cross_scale, bool pre_norm,
+                int64_t activation, double eps)
+      : nh_(n_heads), hs_(head_dim), self_scale_(self_scale), cross_scale_(cross_scale), pre_norm_(pre_norm),
+        activation_(activation), eps_(eps) {
+    TORCH_CHECK(n_heads > 0 && head_dim > 0 && head_dim <= 512, "n_heads > 0 and 0 < head_dim <= 512");
+    TORCH_CHECK(activation >= 0 && activation <= 3, "activation code ", activation, " not in [0, 3]");
+  }
+
+  // tokens (V, d); scale: the embedding scale (1: none); positions (P, d): added by position
+  // (a sinusoid table or learned embeddings); norm: the embedding LayerNorm's weight and bias
+  void set_embedding(Tensor tokens, double scale, Tensor positions, c10::optional<Tensor> norm_w,
+                     c10::optional<Tensor> norm_b) {
+    TORCH_CHECK(tokens.dim() == 2 && positions.dim() == 2 && positions.size(1) == tokens.size(1),
+                "tokens (V, d) and positions (P, d)");
+    tokens_ = tokens.detach();
+    positions_ = positions.detach();
+    embed_scale_ = scale;
+    d_ = tokens.size(1);
+    if (norm_w) embed_norm_ = {norm_w->detach(), norm_b ? norm_b->detach() : Tensor()};
+  }
+
+  // norms: (weight, bias) of the self-attention, cross-attention and feed-forward LayerNorms.
+  // Then its projections, in order: q, k, v (or one fused qkv), out; cross q, cross out; up, down.
+  void add_layer(std::vector<Tensor> norms, bool fused_qkv) {
+    TORCH_CHECK(norms.size() == 6, "a layer takes six norm tensors");
+    TORCH_CHECK(layers_.empty() || complete(layers_.back()), "a layer needs all its projections before the next");
+    TORCH_CHECK(!head_set_, "layers come before the head");
+    Layer L;
+    for (int i = 0; i < 3; ++i) L.norms[i] = {norms[2 * i].detach(), norms[2 * i + 1].detach()};
+    L.fused = fused_qkv;
+    layers_.push_back(std::move(L));
+  }
+
+  // the next projection: fbgemm's packed int8 weights (RowwiseInt8Linear's) and its optional
+  // smoothing scale; after the last layer's, the output head's
+  void add_projection(c10::IValue packed, c10::optional<Tensor> inv_scale) {
+    Proj p;
+    p.q = LlamaDecoder::int8_projection(packed);
+    if (inv_scale) p.inv_scale = inv_scale->detach().to(at::kFloat).contiguous();
+    if (!layers_.empty() && !complete(layers_.back())) {
+      layers_.back().proj.push_back(std::move(p));
+      return;
+    }
+    TORCH_CHECK(!head_set_, "every projection is already set");
+    head_ = std::move(p);
+    head_set_ = true;
+  }
+
+  // final: the decoder's final LayerNorm (weight, bias), or none
+  void set_final_norm(c10::optional<Tensor> w, c10::optional<Tensor> b) {
+    if (w) final_norm_ = {w->detach(), b ? b->detach() : Tensor()};
+  }
+
+  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+
+  // tokens (B,) at positions (B,); k_pool, v_pool (layers, nkv, blocks, BL, hs) the cache's pools;
+  // tables (B, n) long; cross_k, cross_v (layers, slots, nh, S, hs); slots (B,) long: each row's
+  // memory row; src_lengths (B,) long -> logits (B, V) float32
+  Tensor step(Tensor tokens, Tensor positions, Tensor k_pool, Tensor v_pool, Tensor tables, Tensor cross_k,
+              Tensor cross_v, Tensor slots, Tensor src_lengths) {
+    TORCH_CHECK(head_set_ && !layers_.empty() && complete(layers_.back()), "the decoder is not fully built");
+    const int64_t n_layers = static_cast<int64_t>(layers_.size());
+    TORCH_CHECK(k_pool.dim() == 5 && k_pool.size(0) == n_layers && cross_k.dim() == 5 && cross_k.size(0) == n_layers,
+                "k_pool (layers, nkv, blocks, BL, hs) and cross_k (layers, slots, nh, S, hs) for ", n_layers,
+                " layers");
+    TORCH_CHECK(k_pool.sizes() == v_pool.sizes() && cross_k.sizes() == cross_v.sizes(),
+                "K and V must have one shape");
+    TORCH_CHECK(k_pool.scalar_type() == at::kFloat || k_pool.scalar_type() == at::kBFloat16,
+                "the pool must be float32 or bfloat16");
+    Tensor ids = tokens.to(at::kLong).contiguous().view({-1});
+    Tensor pos = positions.to(at::kLong).contiguous().view({-1});
+    const int64_t B = ids.size(0);
+    TORCH_CHECK(B > 0 && pos.size(0) == B && tables.dim() == 2 && tables.size(0) == B,
+                "tokens, positions and tables need one entry per row");
+    TORCH_CHECK(pos.min().item<int64_t>() >= 0 && pos.max().item<int64_t>() < positions_.size(0),
+                "a position is past the position table (", positions_.size(0), ")");
+    const int64_t V = tokens_.size(0);
+    TORCH_CHECK(ids.min().item<int64_t>() >= 0 && ids.max().item<int64_t>() < V, "a token id is out of [0, ", V, ")");
+    Tensor table_rows = tables.contiguous();
+    const int64_t nkv = k_pool.size(1), n_blocks = k_pool.size(2), BL = k_pool.size(3);
+    TORCH_CHECK(k_pool.size(4) == hs_ && nkv > 0 && nh_ % nkv == 0, "the pool's heads do not fit the model's");
+    TORCH_CHECK(BL > 0 && (BL & (BL - 1)) == 0, "the block length must be a power of two");
+    const int64_t width = table_rows.size(1);
+    const int64_t* table = table_rows.data_ptr<int64_t>();
+    const int64_t* p = pos.data_ptr<int64_t>();
+    for (int64_t b = 0; b < B; ++b) {
+      TORCH_CHECK(p[b] < width * BL, "position ", p[b], " is past row ", b, "'s block table");
+      const int64_t blk = table[b * width + p[b] / BL];
+      TORCH_CHECK(blk >= 0 && blk < n_blocks, "block ", blk, " out of range [0, ", n_blocks, ")");
+    }
+    Tensor lengths = pos + 1;
+
+    // the embeddings, as model.nn.layers.Embeddings computes them
+    Tensor x = at::embedding(tokens_, ids);
+    if (embed_scale_ != 1.0) x = x * embed_scale_;
+    x = x + positions_.index_select(0, pos).to(x.scalar_type());
+    if (embed_norm_.first.defined()) x = norm(x, embed_norm_);
+
+    for (int64_t l = 0; l < n_layers; ++l) {
+      const Layer& L = layers_[l];
+      Tensor kp = k_pool.select(0, l), vp = v_pool.select(0, l);
+      x = residual(x, L.norms[0], [&](const Tensor& h) { return self_attention(L, h, kp, vp, table_rows, p, lengths); });
+      x = residual(x, L.norms[1], [&](const Tensor& h) {
+        const size_t c = L.fused ? 2 : 4;  // cross q, cross out
+        Tensor q = L.proj[c](h).view({B, nh_, hs_});
+        Tensor y = cross_decode_attention(q, cross_k.select(0, l), cross_v.select(0, l), slots, src_lengths, cross_scale_);
+        return L.proj[c + 1](y.view({B, nh_ * hs_}));
+      });
+      x = residual(x, L.norms[2], [&](const Tensor& h) { return feed_forward(L, h); });
+    }
+    if (final_norm_.first.defined()) x = norm(x, final_norm_);
+    return head_(x).to(at::kFloat);
+  }
+
+ private:
+  struct Proj {
+    Projection q;
+    Tensor inv_scale;
+    Tensor operator()(const Tensor& x) const {
+      return q.int8_rows(inv_scale.defined() ? (x * inv_scale).contiguous() : x.contiguous(), true);
+    }
+  };
+  using Norm = std::pair<Tensor, Tensor>;
+  struct Layer {
+    std::array<Norm, 3> norms;  // self, cross, feed-forward
+    bool fused = false;
+    std::vector<Proj> proj;
+  };
+  static size_t wanted(const Layer& L) { return (L.fused ? 1 : 3) + 1 + 2 + 2; }
+  static bool complete(const Layer& L) { return L.proj.size() == wanted(L); }
+
+  Tensor norm(const Tensor& x, const Norm& n) const {
+    return at::layer_norm(x, {d_}, n.first, n.second.defined() ? c10::optional<Tensor>(n.second) : c10::nullopt, eps_);
+  }
+
+  template <typename F>
+  Tensor residual(const Tensor& x, const Norm& n, const F& fn) const {
+    if (pre_norm_) return x + fn(norm(x, n));
+    return norm(x + fn(x), n);
+  }
+
+  Tensor activate(const Tensor& x) const {
+    switch (activation_) {
+      case 0: return at::relu(x);
+      case 1: return at::gelu(x);
+      case 2: return at::gelu(x, "tanh");
+      default: return at::silu(x);
+    }
+  }
+
+  Tensor feed_forward(const Layer& L, const Tensor& h) const {
+    const size_t f = (L.fused ? 1 : 3) + 3;  // up, then down
+    return L.proj[f + 1](activate(L.proj[f](h)));
+  }
+
+  Tensor self_attention(const Layer& L, const Tensor& h, const Tensor& kp, const Tensor& vp, const Tensor& tables,
+                        const int64_t* p, const Tensor& lengths) const {
+    const int64_t B = h.size(0), nkv = kp.size(0);
+    Tensor q, k, v;
+    if (L.fused) {
+      Tensor qkv = L.proj[0](h);
+      q = qkv.narrow(1, 0, nh_ * hs_);
+      k = qkv.narrow(1, nh_ * hs_, nkv * hs_);
+      v = qkv.narrow(1, (nh_ + nkv) * hs_, nkv * hs_);
+    } else {
+      q = L.proj[0](h);
+      k = L.proj[1](h);
+      v = L.proj[2](h);
+    }
+    // the new K/V into the pool: row b's position p[b] lies in block tables[b, p / BL] at p % BL
+    const int64_t n_blocks = kp.size(1), BL = kp.size(2), width = tables.size(1);
+    const int64_t* table = tables.data_ptr<int64_t>();
+    Tensor kc = k.contiguous(), vc = v.contiguous();
+    const float* ks = kc.data_ptr<float>();
+    const float* vs = vc.data_ptr<float>();
+    with_kv_bits(kp, vp, [&](auto* k_base, auto* v_base) {
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t blk = table[b * width + p[b] / BL], off = p[b] % BL;
+        for (int64_t g = 0; g < nkv; ++g) {
+          const int64_t dst = ((g * n_blocks + blk) * BL + off) * hs_;
+          const float* src_k = ks + (b * nkv + g) * hs_;
+          const float* src_v = vs + (b * nkv + g) * hs_;
+          for (int64_t i = 0; i < hs_; ++i) {
+            store(src_k[i], k_base + dst + i);
+            store(src_v[i], v_base + dst + i);
+          }
+        }
+      }
+    });
+    Tensor y = paged_decode_attention(q.reshape({B, nh_, hs_}), kp, vp, tables, lengths, self_scale_, 0);
+    return L.proj[L.fused ? 1 : 3](y.view({B, nh_ * hs_}));
+  }
+
+  int64_t nh_, hs_, d_ = 0;
+  double self_scale_, cross_scale_;
+  bool pre_norm_;
+  int64_t activation_;
+  double eps_;
+  Tensor tokens_, positions_;
+  double embed_scale_ = 1.0;
+  Norm embed_norm_, final_norm_;
+  std::vector<Layer> layers_;
+  Proj head_;
+  bool head_set_ = false;
+};
+
 // The 4-bit kernel on its own, for tests and measurements: x (B, k) float32 -> (B, n);
 // `portable`: the plain loops, whatever the CPU has.
 Tensor q4_linear(Tensor x, Tensor runs, int64_t n, int64_t k, c10::optional<Tensor> bias, bool portable) {
@@ -1381,6 +1674,19 @@ TORCH_LIBRARY(tserve_native, m) {
   m.def("cross_decode_attention", &cross_decode_attention);
   m.def("q4_linear", &q4_linear);
   m.def("paged_decode_attention", &paged_decode_attention);
+  m.class_<Int8Linear>("Int8Linear")
+      .def(torch::init<c10::IValue, c10::optional<Tensor>>())
+      .def("forward", &Int8Linear::forward)
+      .def("in_features", &Int8Linear::in_features)
+      .def("out_features", &Int8Linear::out_features);
+  m.class_<EncDecDecoder>("EncDecDecoder")
+      .def(torch::init<int64_t, int64_t, double, double, bool, int64_t, double>())
+      .def("set_embedding", &EncDecDecoder::set_embedding)
+      .def("add_layer", &EncDecDecoder::add_layer)
+      .def("add_projection", &EncDecDecoder::add_projection)
+      .def("set_final_norm", &EncDecDecoder::set_final_norm)
+      .def("num_layers", &EncDecDecoder::num_layers)
+      .def("step", &EncDecDecoder::step);
   m.class_<LlamaDecoder>("LlamaDecoder")
       .def(torch::init<int64_t, int64_t, int64_t, double, double>())
       .def("set_model", &LlamaDecoder::set_model)
