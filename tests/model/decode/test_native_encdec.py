@@ -14,8 +14,14 @@ from torch.ao.quantization import per_channel_dynamic_qconfig
 
 from model import SamplingParams, beam_search, generate
 from model.decode import DecodeOptions, prepare
-from model.decode.native import (NativeEncDecStep, attach_int8_kernels, build, encdec_unsupported_reason,
-                                 native_attention, wants_native)
+from model.decode.native import (
+    NativeEncDecStep,
+    attach_int8_kernels,
+    build,
+    encdec_unsupported_reason,
+    native_attention,
+    wants_native,
+)
 from model.decode.step import PythonStep
 from model.quant.int8 import RowwiseInt8Linear, quantize_checkpoint_, quantize_int8_, rowwise_int8_linear
 from tests.conftest import tiny_model
