@@ -1,11 +1,15 @@
-"""Translation served through HTTP, one decode attention against another: ``python -m service``
-with ``translate-en-de`` alone, started with each ``TSERVE_DECODE_ATTENTION`` value in turn
-(alternated ``--rounds`` times, one server at a time), ``--clients`` concurrent clients sending
-one sentence per ``/v1/translate`` request, greedy and beam 4. Output tokens/s (the responses'
-``usage.completion_tokens`` over the wall time), medians over the rounds, and whether each
-sentence's translation came out the same under both.
+"""Translation served through HTTP, one server setup against another: ``python -m service`` with
+``translate-en-de`` alone, started under each ``--setup``'s settings in turn (alternated
+``--rounds`` times, one server at a time), ``--clients`` concurrent clients sending one sentence
+per ``/v1/translate`` request, greedy and beam 4. Output tokens/s (the responses'
+``usage.completion_tokens`` over the wall time), medians over the rounds, and how many sentences
+came out the same under both.
 
-    python -m benchmarks.served_translation [--modes sdpa auto] [--clients 32] [--requests 96]
+    python -m benchmarks.served_translation [--setup NAME:VAR=VALUE,...] [--setup ...] [--clients 32]
+
+The default setups: ``before`` (float32 weights, the Python step, SDPA: the translator as served
+before its native step) and ``default`` (the service's defaults). A setup's settings are
+environment variables of the server (``TSERVE_QUANTIZE=none``, ``TSERVE_NATIVE_DECODE=off``, ...).
 
 The sentences: the held-out prose ``benchmarks.chat_model.heldout_text`` reads (the start of
 the standard library's docstrings), 20-160 characters each, numbered to fill ``--requests``.
@@ -55,34 +59,49 @@ async def load(url: str, texts: list[str], beam: int, clients: int) -> tuple[flo
         return tokens / (time.perf_counter() - start_s), out
 
 
+DEFAULT_SETUPS = ["before:TSERVE_QUANTIZE=none,TSERVE_NATIVE_DECODE=off,TSERVE_DECODE_ATTENTION=sdpa", "default:"]
+
+
+def setup(text: str) -> tuple[str, dict[str, str]]:
+    """``NAME:VAR=VALUE,VAR=VALUE`` -> (name, environment)."""
+    name, sep, spec = text.partition(":")
+    pairs = [p.partition("=") for p in spec.split(",") if p]
+    if not sep or not name or any(not eq or not var for var, eq, _ in pairs):
+        raise argparse.ArgumentTypeError(f"--setup must be NAME:VAR=VALUE,..., got {text!r}")
+    return name, {var: value for var, _, value in pairs}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.served_translation", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--modes", nargs=2, default=["sdpa", "auto"], help="two TSERVE_DECODE_ATTENTION values")
+    parser.add_argument("--setup", action="append", type=setup, help="NAME:VAR=VALUE,... (give two)")
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--requests", type=int, default=96)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args(argv)
+    setups = dict(args.setup or [setup(s) for s in DEFAULT_SETUPS])
+    if len(setups) != 2:
+        parser.error("give two --setup (distinct names)")
     texts = sentences(args.requests)
     rates: dict[tuple[str, int], list[float]] = {}
     outs: dict[tuple[str, int], dict[str, str]] = {}
     cfg, logs = BenchConfig(), Path(tempfile.mkdtemp(prefix="served-translation-"))
     for rnd in range(args.rounds):
-        for mode in args.modes:
-            server = ServiceProcess(REPO / "weights" / "translate-en-de", cfg, logs / f"{mode}-{rnd}.log",
-                                    env={"TSERVE_DECODE_ATTENTION": mode})
+        for name, env in setups.items():
+            server = ServiceProcess(REPO / "weights" / "translate-en-de", cfg, logs / f"{name}-{rnd}.log", env=env)
             url = server.url
             try:
                 server.wait_ready()
-                step = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0].get("decode_step")
+                card = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]
                 asyncio.run(load(url, texts[:8], 1, 8))  # warm-up
                 for beam in (1, 4):
-                    rate, outs[(mode, beam)] = asyncio.run(load(url, texts, beam, args.clients))
-                    rates.setdefault((mode, beam), []).append(rate)
-                    print(f"round {rnd}: {mode} ({step}), beam {beam}: {rate:.0f} tokens/s", flush=True)
+                    rate, outs[(name, beam)] = asyncio.run(load(url, texts, beam, args.clients))
+                    rates.setdefault((name, beam), []).append(rate)
+                    print(f"round {rnd}: {name} ({card.get('decode_step')}, {card.get('quantization')}), "
+                          f"beam {beam}: {rate:.0f} tokens/s", flush=True)
             finally:
                 server.stop()
-    a, b = args.modes
+    a, b = setups
     for beam in (1, 4):
         ra, rb = statistics.median(rates[(a, beam)]), statistics.median(rates[(b, beam)])
         same = sum(outs[(a, beam)][t] == outs[(b, beam)][t] for t in texts)

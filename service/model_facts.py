@@ -15,7 +15,7 @@ from model import ModelConfig
 from model.formats.gguf_header import read_header
 from model.formats.gguf_import import is_gguf_file
 from model.formats.manifest import ManifestError, is_manifest_dir, locate, read_manifest
-from model.quant.int8 import DecodeInt8Linear
+from model.quant.int8 import DecodeInt8Linear, RowwiseInt8Linear
 
 log = logging.getLogger("tserve.registry")
 
@@ -79,5 +79,7 @@ def quantization(model, source: str | None) -> dict[str, str | None]:
     """``weights``: the dtype prompts run in; ``decode``: what decode steps multiply with (int8 where
     ``model.decode`` made int8 copies); ``source``: the quantization of the file it came from."""
     weights = str(next(model.parameters()).dtype).removeprefix("torch.")
+    if any(isinstance(m, RowwiseInt8Linear) for m in model.modules()):  # an encoder-decoder's: int8 throughout
+        return {"weights": "int8", "decode": "int8", "source": source}
     int8 = any(isinstance(m, DecodeInt8Linear) for m in model.modules())
     return {"weights": weights, "decode": "int8" if int8 else weights, "source": source}

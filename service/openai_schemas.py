@@ -120,7 +120,7 @@ class ModelMemory(BaseModel):
 
 
 class Quantization(BaseModel):
-    weights: str  # dtype prompts run in (float32, bfloat16, float16)
+    weights: str  # what prompts run in: float32, bfloat16, float16; int8 (an int8 encoder-decoder, sources too)
     decode: str  # what decode steps multiply with: int8, or the weights' dtype
     source: str | None = None  # the source file's quantization (a GGUF file type: Q4_1, Q4_K_M, ...)
 

@@ -29,7 +29,7 @@ from model.decode.triton_attention import DECODE_ATTENTION_MODES, attention_kern
 from model.nn.kv_cache import PagedKVCache
 from model.nn.layers import DecodeAttentionKernel
 from model.nn.transformer import DecoderLM, EncoderDecoder, TransformerModel
-from model.quant.int8 import DecodeInt8Linear, decode_step_context, quantize_checkpoint_, wants_int8
+from model.quant.int8 import RowwiseInt8, decode_step_context, quantize_checkpoint_, wants_int8
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def prepare_weights(model: TransformerModel, options: DecodeOptions, tokenizer=N
     the calibration text through ``tokenizer``) where quantization applies, then prepacked float
     projections. Returns whether the model decodes in int8. Idempotent: a model quantized
     before keeps its copies."""
-    quantized = any(isinstance(m, DecodeInt8Linear) for m in model.modules())
+    quantized = any(isinstance(m, RowwiseInt8) for m in model.modules())
     if not quantized and wants_int8(options.quantize, model.cfg, model.device.type):
         quantize_checkpoint_(model, tokenizer)
         quantized = True

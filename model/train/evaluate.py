@@ -55,17 +55,18 @@ class Glossary:
 
 
 def translate_all(model: EncoderDecoder, tok: Tokenizer, sources: Sequence[str], max_new_tokens: int,
-                  beam_size: int = 1, batch_size: int = 64) -> list[str]:
+                  beam_size: int = 1, batch_size: int = 64, step=None) -> list[str]:
     """Translations of ``sources``, through the placeholder-safe sequence the service runs too
     (``model.text.translate``): a checkpoint trained on masked placeholders sees them masked;
     an output that lost a sentinel is decoded again with beam search (4) when the first
     decoding was greedy, and if that fails too the first output's placeholders are restored as
-    far as they survived (the greedy metrics stay those of greedy output)."""
+    far as they survived (the greedy metrics stay those of greedy output). ``step``: the decode
+    step (``model.decode.prepare``); None: the model's own float Python step."""
     masking = bool(model.cfg.mask_placeholders)
 
     def decode(attempt: Attempt) -> list[Decoded[None]]:
         beams = RETRY_BEAMS if attempt.retry else beam_size
-        outs = _translate(model, tok, attempt.texts, max_new_tokens, beams, batch_size)
+        outs = _translate(model, tok, attempt.texts, max_new_tokens, beams, batch_size, step)
         return [Decoded([out], None) for out in outs]
 
     done = translate(placeholder_sources(sources, masking), decode, masking, retry=beam_size == 1,
@@ -74,7 +75,7 @@ def translate_all(model: EncoderDecoder, tok: Tokenizer, sources: Sequence[str],
 
 
 def _translate(model: EncoderDecoder, tok: Tokenizer, sources: Sequence[str], max_new_tokens: int,
-               beam_size: int, batch_size: int) -> list[str]:
+               beam_size: int, batch_size: int, step=None) -> list[str]:
     limit = min(max_new_tokens, model.cfg.max_positions - 1)
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))  # similar lengths batch well
     texts: dict[int, str] = {}
@@ -83,9 +84,9 @@ def _translate(model: EncoderDecoder, tok: Tokenizer, sources: Sequence[str], ma
         idx = order[start: start + step]
         ids = [tok.encode(sources[i])[: model.cfg.max_positions] for i in idx]
         if beam_size == 1:
-            results = generate(model, ids, SamplingParams(max_new_tokens=limit, temperature=0.0), tok)
+            results = generate(model, ids, SamplingParams(max_new_tokens=limit, temperature=0.0), tok, step=step)
         else:
-            results = beam_search(model, ids, beam_size=beam_size, max_new_tokens=limit, tokenizer=tok)
+            results = beam_search(model, ids, beam_size=beam_size, max_new_tokens=limit, tokenizer=tok, step=step)
         for i, r in zip(idx, results):
             texts[i] = tok.decode(r.token_ids, skip_special_tokens=True).strip()
     return [texts[i] for i in range(len(sources))]

@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,18 +34,25 @@ def _pair(text: str, what: str) -> tuple[str, str]:
 
 
 def score(sets: dict[str, list[dict]], systems: dict[str, str], max_new_tokens: int = 96,
-          log=print) -> dict[str, Any]:
+          log=print, int8: Sequence[str] = ()) -> dict[str, Any]:
+    """``int8``: systems quantized as the service's ``TSERVE_QUANTIZE=int8`` does (row-wise int8
+    everywhere) and decoded through the step the service then runs (``model.decode.prepare``)."""
     import sacrebleu
 
-    out: dict[str, Any] = {"systems": systems, "sets": {}}
+    from model.decode import DecodeOptions, prepare
+
+    out: dict[str, Any] = {"systems": systems, "int8": list(int8), "sets": {}}
     loaded = {name: load_checkpoint(path) for name, path in systems.items()}
+    steps = {}
+    for name in int8:
+        steps[name] = prepare(loaded[name].model.eval(), DecodeOptions(quantize="int8"), loaded[name].tokenizer)
     for set_name, records in sets.items():
         sources, refs = [r["source"] for r in records], [r["target"] for r in records]
         entry: dict[str, Any] = {"sentences": len(records), "copy_source": bleu_chrf(sources, refs)}
         for name, ckpt in loaded.items():
             ckpt.model.eval()
             start = time.perf_counter()
-            hyps = translate_all(ckpt.model, ckpt.tokenizer, sources, max_new_tokens)
+            hyps = translate_all(ckpt.model, ckpt.tokenizer, sources, max_new_tokens, step=steps.get(name))
             seconds = time.perf_counter() - start
             tokens = sum(len(ckpt.tokenizer.encode(h)) for h in hyps)
             entry[name] = {**bleu_chrf(hyps, refs), "placeholders": placeholder_preservation(sources, hyps),
@@ -67,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="NAME=CORPUS_DIR:SPLIT (repeatable)")
     parser.add_argument("--system", action="append", required=True, type=lambda t: _pair(t, "--system"),
                         help="NAME=CHECKPOINT_DIR (repeatable)")
+    parser.add_argument("--int8", action="append", default=[], metavar="NAME",
+                        help="score system NAME quantized to int8 as the service does (repeatable)")
     parser.add_argument("--limit", type=int, default=2000, help="records per set (by source hash)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, help="write the results here as JSON")
@@ -76,7 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     for name, spec in args.set:
         corpus, _, split = spec.rpartition(":")
         sets[name] = eval_subset(load_split(corpus, split), args.limit)
-    result = score(sets, dict(args.system))
+    systems = dict(args.system)
+    unknown = [n for n in args.int8 if n not in systems]
+    if unknown:
+        parser.error(f"--int8 names no --system: {unknown}")
+    result = score(sets, systems, int8=args.int8)
     result["command"] = "python -m model.train.score " + " ".join(sys.argv[1:] if argv is None else argv)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
