@@ -48,12 +48,11 @@ class BeamSearch:
     def step(self, logprobs: Tensor) -> BeamStep:
         """logprobs (len(live) * k, V) for the live sources in order -> the cache moves and
         next tokens. Updates ``live``."""
+        return steps_together([self], [logprobs])[0]
+
+    def _advance(self, top_scores: list[list[float]], top_idx: list[list[int]], vocab: int) -> BeamStep:
+        """The host's part of a step: each live source's 2k best (score, flat index) candidates."""
         k = self.beam_size
-        vocab = logprobs.size(-1)
-        prior = torch.tensor([self.sum_logprobs[s] for s in self.live], device=logprobs.device)  # (L, k)
-        scores = (prior[:, :, None] + logprobs.view(len(self.live), k, vocab)).view(len(self.live), k * vocab)
-        top_scores, top_idx = scores.topk(2 * k, dim=-1)  # (L, 2k): enough for k non-EOS candidates
-        top_scores, top_idx = top_scores.tolist(), top_idx.tolist()
         self.steps += 1
         copy_src, copy_dst, tokens, still_live = [], [], [], []
         for row, src in enumerate(self.live):
@@ -97,3 +96,26 @@ class BeamSearch:
 
     def best(self, src: int) -> tuple[float, list[int], str]:
         return self.finished[src][0]
+
+
+def steps_together(searches: list[BeamSearch], logprobs: list[Tensor]) -> list[BeamStep]:
+    """``search.step(lp)`` for each pair, with one top-k for all the live sources of the searches
+    of each beam width (the engine runs one search per request: at batch 32 that was 32 top-k
+    calls a step). Each row's scores are the same sums as alone and top-k picks per row, so
+    every search takes the steps it would take alone."""
+    steps: list[BeamStep | None] = [None] * len(searches)
+    for k in dict.fromkeys(s.beam_size for s in searches):
+        group = [i for i, s in enumerate(searches) if s.beam_size == k]
+        vocab = logprobs[group[0]].size(-1)
+        prior = torch.tensor([searches[i].sum_logprobs[src] for i in group for src in searches[i].live],
+                             device=logprobs[group[0]].device)  # (sources, k)
+        stacked = torch.cat([logprobs[i] for i in group]) if len(group) > 1 else logprobs[group[0]]
+        scores = (prior[:, :, None] + stacked.view(len(prior), k, vocab)).view(len(prior), k * vocab)
+        top_scores, top_idx = scores.topk(2 * k, dim=-1)  # (sources, 2k): enough for k non-EOS candidates
+        top_scores, top_idx = top_scores.tolist(), top_idx.tolist()
+        row = 0
+        for i in group:
+            n = len(searches[i].live)
+            steps[i] = searches[i]._advance(top_scores[row: row + n], top_idx[row: row + n], vocab)
+            row += n
+    return steps

@@ -22,7 +22,7 @@ from model.decode.step import DecodeStep, PythonStep
 from model.engine.families import prompts_for
 from model.engine.grammar import GrammarCompiler
 from model.engine.prefix_cache import PrefixCache
-from model.engine.requests import EngineEvent, EngineRequest
+from model.engine.requests import BeamDecoding, EngineEvent, EngineRequest
 from model.engine.runner import ModelRunner, StepOutput
 from model.engine.scheduler import Scheduler
 from model.engine.speculative import SpeculativeConfig
@@ -197,8 +197,8 @@ class EngineCore:
             events.append(event)
             if event.finished:
                 self.scheduler.retire(seq)
-        for seq, logprobs in output.beam_logprobs.items():
-            event = seq.decoding.apply(seq, logprobs)
+        beams = list(output.beam_logprobs.items())
+        for (seq, _), event in zip(beams, BeamDecoding.apply_all(beams) if beams else []):
             if event is not None:
                 events.append(event)
                 self.scheduler.retire(seq)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from model.engine.beam_search import BeamSearch
+from model.engine.beam_search import BeamSearch, BeamStep, steps_together
 from model.engine.generation import FINISH_STOP, SequenceTracker
 from model.engine.grammar import CompiledGrammar
 from model.engine.sampling import SamplingParams, make_generator
@@ -101,7 +101,15 @@ class BeamDecoding:
 
     def apply(self, seq: Sequence, logprobs: torch.Tensor) -> EngineEvent | None:
         """logprobs (beam_size, V) -> the final event, or None while the search goes on."""
-        step = self.search.step(logprobs)
+        return self.take(seq, self.search.step(logprobs))
+
+    @staticmethod
+    def apply_all(items: list[tuple[Sequence, torch.Tensor]]) -> list[EngineEvent | None]:
+        """``apply`` for several beam sequences of one step, their searches' top-k calls batched."""
+        steps = steps_together([seq.decoding.search for seq, _ in items], [lp for _, lp in items])
+        return [seq.decoding.take(seq, step) for (seq, _), step in zip(items, steps)]
+
+    def take(self, seq: Sequence, step: BeamStep) -> EngineEvent | None:
         seq.generated += 1
         if not self.search.live:
             score, tokens, reason = self.search.best(0)

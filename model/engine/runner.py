@@ -112,9 +112,14 @@ class ModelRunner:
                 self.seen[slots[which], sample.tokens[which]] = True
                 self.counts[slots[which], sample.tokens[which]] += 1.0  # one token per row: no duplicate indices
             out.samples = dict(zip(seqs, split_sample(sample, params)))
-        for seq in dict.fromkeys(s for s in owners if isinstance(s.decoding, BeamDecoding)):  # never constrained
-            first = owners.index(seq)  # a beam search's rows are adjacent
-            out.beam_logprobs[seq] = logits[first: first + len(seq.slots)].float().log_softmax(dim=-1)
+        beams = list(dict.fromkeys(s for s in owners if isinstance(s.decoding, BeamDecoding)))  # never constrained
+        if beams:  # one log-softmax over every beam row (per row, as alone); a search's rows are adjacent
+            rows = [r for seq in beams for first in (owners.index(seq),) for r in range(first, first + len(seq.slots))]
+            picked = logits if rows == list(range(len(owners))) else logits[to_device(rows, torch.long, self.device)]
+            logprobs, start = picked.float().log_softmax(dim=-1), 0
+            for seq in beams:
+                out.beam_logprobs[seq] = logprobs[start: start + len(seq.slots)]
+                start += len(seq.slots)
         return out
 
     def _verify(self, logits: Tensor, owners: list[Sequence], drafts: dict[Sequence, list[int]]

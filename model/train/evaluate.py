@@ -79,9 +79,9 @@ def _translate(model: EncoderDecoder, tok: Tokenizer, sources: Sequence[str], ma
     limit = min(max_new_tokens, model.cfg.max_positions - 1)
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))  # similar lengths batch well
     texts: dict[int, str] = {}
-    step = batch_size if beam_size == 1 else max(1, batch_size // beam_size)
-    for start in range(0, len(order), step):
-        idx = order[start: start + step]
+    chunk = batch_size if beam_size == 1 else max(1, batch_size // beam_size)
+    for start in range(0, len(order), chunk):
+        idx = order[start: start + chunk]
         ids = [tok.encode(sources[i])[: model.cfg.max_positions] for i in idx]
         if beam_size == 1:
             results = generate(model, ids, SamplingParams(max_new_tokens=limit, temperature=0.0), tok, step=step)

@@ -30,9 +30,9 @@ def spy_on_translate(monkeypatch) -> list[tuple[list[str], int]]:
     calls = []
     real = evaluate._translate
 
-    def spy(model, tok, sources, max_new_tokens, beam_size, batch_size):
+    def spy(model, tok, sources, max_new_tokens, beam_size, batch_size, step=None):
         calls.append((list(sources), beam_size))
-        return real(model, tok, sources, max_new_tokens, beam_size, batch_size)
+        return real(model, tok, sources, max_new_tokens, beam_size, batch_size, step)
 
     monkeypatch.setattr(evaluate, "_translate", spy)
     return calls
@@ -61,7 +61,7 @@ def test_translate_all_unmasks_retries_and_restores(masked_checkpoint, monkeypat
     beam = {"Delete ⟪1⟫ files": "⟪1⟫ Dateien löschen", "Copy ⟪1⟫ to ⟪2⟫": "kopieren", "Open": "Öffnen"}
     calls = []
 
-    def scripted(model, tok, sources, max_new_tokens, beam_size, batch_size):
+    def scripted(model, tok, sources, max_new_tokens, beam_size, batch_size, step=None):
         calls.append((list(sources), beam_size))
         return [(greedy if beam_size == 1 else beam)[s] for s in sources]
 
@@ -83,7 +83,8 @@ def test_translate_all_unmasks_retries_and_restores(masked_checkpoint, monkeypat
 def test_translate_all_without_masking_sends_raw_text(masked_checkpoint, monkeypatch):
     model, tok = masked_checkpoint
     calls = []
-    monkeypatch.setattr(evaluate, "_translate", lambda m, t, s, n, b, bs: calls.append(list(s)) or ["⟪1⟫"] * len(s))
+    monkeypatch.setattr(evaluate, "_translate",
+                        lambda m, t, s, n, b, bs, step=None: calls.append(list(s)) or ["⟪1⟫"] * len(s))
     monkeypatch.setattr(model.cfg, "mask_placeholders", False)
     assert translate_all(model, tok, ["Delete %s files"], 8) == ["⟪1⟫"]  # passed through untouched
     assert calls == [["Delete %s files"]]
