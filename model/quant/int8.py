@@ -327,10 +327,14 @@ def load_decode_copies_(model: nn.Module, file: Path) -> int:
 
 def wants_int8(mode: str, config, device: str) -> bool:
     """The service's ``TSERVE_QUANTIZE``: ``int8`` for every model, ``none`` for none, ``auto``
-    (the default) for the Llama architecture (decoder-only, gated feed-forward) on the CPU, where
-    decoding is bound by reading weights and int8 halves what a step reads."""
+    (the default) on the CPU for the Llama architecture (decoder-only, gated feed-forward), where
+    decoding is bound by reading weights and int8 halves what a step reads, and for
+    encoder-decoders (row-wise int8 everywhere: translate-en-de scored the same as float32 on its
+    three held-out sets, within 0.1 chrF, at 2.4-2.6x the speed; docs/benchmarks.md)."""
     if mode == "auto":
-        return device == "cpu" and config.family == "decoder" and config.mlp == "gated"
+        if device != "cpu":
+            return False
+        return config.family == "encoder-decoder" or (config.family == "decoder" and config.mlp == "gated")
     return mode == "int8"
 
 

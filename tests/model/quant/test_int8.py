@@ -116,6 +116,9 @@ def test_which_models_the_service_quantizes():
     gpt = ModelConfig(family="decoder", vocab_size=64, d_model=32, n_heads=4, n_decoder_layers=1, d_ff=64)
     assert wants_int8("auto", llama, "cpu") and not wants_int8("auto", llama, "cuda")
     assert not wants_int8("auto", gpt, "cpu")  # our small GPT-style models stay float by default
+    translator = ModelConfig(family="encoder-decoder", vocab_size=64, d_model=32, n_heads=4, d_ff=64,
+                             decoder_start_token_id=0)
+    assert wants_int8("auto", translator, "cpu") and not wants_int8("auto", translator, "cuda")
     assert wants_int8("int8", gpt, "cpu") and not wants_int8("none", llama, "cpu")
 
 
