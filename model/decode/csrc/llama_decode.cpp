@@ -403,20 +403,24 @@ struct Projection {
     std::vector<float> scale(B), zero(B);
     const float* xp = x.data_ptr<float>();
     float* up = u.data_ptr<float>();
-    for (int64_t b = 0; b < B; ++b) {
-      const float* row = xp + b * n;
-      float lo = 0.0f, hi = 0.0f;
-      for (int64_t k = 0; k < n; ++k) {
-        lo = std::min(lo, row[k]);
-        hi = std::max(hi, row[k]);
+    // rows in pieces of at least ~32k inputs (an encoder's thousands of rows shared between the
+    // threads; a decode step's few rows in one piece)
+    at::parallel_for(0, B, std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(n, 1)), [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        const float* row = xp + b * n;
+        float lo = 0.0f, hi = 0.0f;
+        for (int64_t k = 0; k < n; ++k) {
+          lo = std::min(lo, row[k]);
+          hi = std::max(hi, row[k]);
+        }
+        float s = (hi - lo) / 127.0f;
+        if (!(s > 0.0f)) s = 1.0f;
+        const float z = std::nearbyint(-lo / s);
+        scale[b] = s;
+        zero[b] = z;
+        for (int64_t k = 0; k < n; ++k) up[b * n + k] = row[k] / s + z;
       }
-      float s = (hi - lo) / 127.0f;
-      if (!(s > 0.0f)) s = 1.0f;
-      const float z = std::nearbyint(-lo / s);
-      scale[b] = s;
-      zero[b] = z;
-      for (int64_t k = 0; k < n; ++k) up[b * n + k] = row[k] / s + z;
-    }
+    });
     Tensor y;
     if (partner != nullptr && at::get_num_threads() == 1) {  // a step of a few rows: half each
       Tensor y1, y2;
