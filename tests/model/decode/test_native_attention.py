@@ -96,10 +96,11 @@ def _sources(model, seed: int, lengths: tuple[int, ...]) -> list[list[int]]:
 
 
 def test_prepare_gives_the_python_step_the_kernel_on_the_cpu(kernel):
-    model = _translator()
-    assert isinstance(prepare(model, DecodeOptions()).attention, NativeDecodeAttention)
-    assert isinstance(prepare(model, DecodeOptions(attention="native")).attention, NativeDecodeAttention)
-    assert prepare(model, DecodeOptions(attention="sdpa")).attention is None
+    model = _translator()  # float32 (an int8 translator gets the native encoder-decoder step)
+    assert isinstance(prepare(model, DecodeOptions(quantize="none")).attention, NativeDecodeAttention)
+    assert isinstance(prepare(model, DecodeOptions(quantize="none", attention="native")).attention,
+                      NativeDecodeAttention)
+    assert prepare(model, DecodeOptions(quantize="none", attention="sdpa")).attention is None
     decoder = tiny_model("decoder", seed=3)  # a model the native step does not take keeps the Python step
     assert isinstance(prepare(decoder, DecodeOptions(native="off")).attention, NativeDecodeAttention)
 
@@ -111,8 +112,8 @@ def test_translations_through_the_kernel_equal_the_sdpa_steps(kernel, fresh_seed
     model = _translator()
     sources = _sources(model, fresh_seed, (3, 17, 9, 30, 1))
     params = SamplingParams(max_new_tokens=20, temperature=0.0, ignore_eos=True, logprobs=0)
-    sdpa = generate(model, sources, params, step=prepare(model, DecodeOptions(attention="sdpa")))
-    ours = generate(model, sources, params, step=prepare(model, DecodeOptions(attention="native")))
+    sdpa = generate(model, sources, params, step=prepare(model, DecodeOptions(quantize="none", attention="sdpa")))
+    ours = generate(model, sources, params, step=prepare(model, DecodeOptions(quantize="none", attention="native")))
     assert [r.token_ids for r in ours] == [r.token_ids for r in sdpa]
     for a, b in zip(ours, sdpa):
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)
@@ -120,7 +121,7 @@ def test_translations_through_the_kernel_equal_the_sdpa_steps(kernel, fresh_seed
 
 def test_translations_through_the_kernel_are_batch_invariant(kernel, fresh_seed):
     model = _translator()
-    step = prepare(model, DecodeOptions(attention="native"))
+    step = prepare(model, DecodeOptions(quantize="none", attention="native"))
     sources = _sources(model, fresh_seed + 1, (12, 4, 25, 7))
     params = SamplingParams(max_new_tokens=16, temperature=0.0, ignore_eos=True)
     together = [r.token_ids for r in generate(model, sources, params, step=step)]
@@ -128,7 +129,7 @@ def test_translations_through_the_kernel_are_batch_invariant(kernel, fresh_seed)
     assert together == alone
     beams = beam_search(model, sources, beam_size=3, max_new_tokens=10, step=step)
     sdpa_beams = beam_search(model, sources, beam_size=3, max_new_tokens=10,
-                             step=prepare(model, DecodeOptions(attention="sdpa")))
+                             step=prepare(model, DecodeOptions(quantize="none", attention="sdpa")))
     for a, b in zip(beams, sdpa_beams):  # beam forks share blocks: tables change under the kernel every step
         assert a.token_ids == b.token_ids
         assert a.score == pytest.approx(b.score, abs=1e-4)
