@@ -437,7 +437,7 @@ class NativeEncDecStep:
         rows = torch.tensor([int(s) for s in slots], dtype=torch.long)
         with decode_threads(len(positions)):
             return self.plan.step(tokens.view(-1), torch.tensor(positions, dtype=torch.long), cache.k, cache.v,
-                                  tables, cache.cross_k, cache.cross_v, rows, cache.src_lengths[rows])
+                                  tables, cache.cross_k, cache.cross_v, cache.cross_rows[rows], cache.src_lengths[rows])
 
 
 def _add_projection(plan, layer: nn.Module, partner: bool) -> int:

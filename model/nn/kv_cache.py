@@ -26,9 +26,12 @@ blocks, up to the furthest row's end), gathered block by block, with a mask for 
 a row may see. The decode steps that read blocks in place (the C++ step,
 the Triton kernel) get the pool and the tables (``update_in_place``).
 
-For the encoder-decoder each row also keeps the cross-attention K/V of its source, computed
+For the encoder-decoder each row also reads the cross-attention K/V of its source, computed
 once at admission, and the source length used to mask it (per row, not paged: a source is
-short and read whole at every step).
+short and read whole at every step). The K/V lie in one memory row per source: a beam
+search's rows all read the row of its first beam (``cross_rows``), so a step reads each
+source's memory once per beam width fewer times than with a copy per beam (at 4 beams x 32
+sources the copies no longer fit the caches, and cross-attention waited on memory).
 """
 
 from __future__ import annotations
@@ -198,7 +201,10 @@ class PagedKVCache(nn.Module):
             self.register_buffer("cross_v", torch.zeros(cross_shape, dtype=dtype, device=device), persistent=False)
             self.register_buffer("src_lengths", torch.zeros(n_slots, dtype=torch.long, device=device),
                                  persistent=False)
+            # the memory row each row reads (its own, or its beam group's first row)
+            self.register_buffer("cross_rows", torch.arange(n_slots, device=device), persistent=False)
         self.src_lengths_host = [0] * n_slots  # host copy, so batch shapes need no device sync
+        self.cross_rows_host = list(range(n_slots))
 
     @property
     def device(self) -> torch.device:
@@ -374,8 +380,21 @@ class PagedKVCache(nn.Module):
         for slot, n in zip(batch.slots, lengths):
             self.src_lengths_host[slot] = int(n)
 
+    def set_cross_rows(self, batch: SlotBatch, rows: Sequence[int]) -> None:
+        """Row ``batch.slots[i]`` reads the memory written in row ``rows[i]`` (a beam's first row)."""
+        self.cross_rows[batch.ids] = to_device(rows, torch.long, self.device)
+        for slot, row in zip(batch.slots, rows):
+            self.cross_rows_host[slot] = int(row)
+
+    def memory_rows(self, batch: SlotBatch) -> slice | Tensor:
+        """Where ``batch``'s rows read their memory: ``batch.index`` where each reads its own row."""
+        if all(self.cross_rows_host[s] == s for s in batch.slots):
+            return batch.index
+        return self.cross_rows[batch.ids]
+
     def read_cross(self, layer: int, batch: SlotBatch, length: int) -> tuple[Tensor, Tensor]:
-        return self.cross_k[layer][batch.index, :, :length], self.cross_v[layer][batch.index, :, :length]
+        rows = self.memory_rows(batch)
+        return self.cross_k[layer][rows, :, :length], self.cross_v[layer][rows, :, :length]
 
     def cross_mask(self, batch: SlotBatch, length: int) -> Tensor:
         """(B, 1, 1, length): True on the real source tokens of each row."""
@@ -393,11 +412,23 @@ class PagedKVCache(nn.Module):
         self.tables[src].zero_()
 
     def move_cross(self, src: int, dst: int) -> None:
-        """Move row ``src``'s cross-attention memory to row ``dst`` (encoder-decoder)."""
+        """Move row ``src``'s cross-attention memory to row ``dst`` (encoder-decoder): where
+        ``src`` holds its source's memory, the memory moves and every row reading it follows;
+        where it reads another row's, ``dst`` reads that row's."""
         if self.max_src_len:
-            n = self.src_lengths_host[src]
-            self.cross_k[:, dst, :, :n] = self.cross_k[:, src, :, :n]
-            self.cross_v[:, dst, :, :n] = self.cross_v[:, src, :, :n]
+            n, owner = self.src_lengths_host[src], self.cross_rows_host[src]
+            if owner == src:
+                self.cross_k[:, dst, :, :n] = self.cross_k[:, src, :, :n]
+                self.cross_v[:, dst, :, :n] = self.cross_v[:, src, :, :n]
+                owner = dst
+                readers = [x for x, row in enumerate(self.cross_rows_host) if row == src]
+            else:
+                readers = []
+            for x in (*readers, dst):
+                self.cross_rows_host[x] = owner
+                self.cross_rows[x] = owner
+            self.cross_rows_host[src] = src
+            self.cross_rows[src] = src
             self.src_lengths[dst] = self.src_lengths[src]
             self.src_lengths_host[dst] = n
 
@@ -451,8 +482,12 @@ class CacheView:
     def cross_in_place(self, layer: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """For a kernel that reads the cross-attention memory where it lies: the layer's memory
         k, v (slots, nkv, max_src_len, hs), the rows' slots (B,) and source lengths (B,)."""
-        return self.cache.cross_k[layer], self.cache.cross_v[layer], self.batch.ids, self._src_lengths
+        return self.cache.cross_k[layer], self.cache.cross_v[layer], self._memory_rows, self._src_lengths
 
     @functools.cached_property
     def _src_lengths(self) -> Tensor:  # once per forward pass, not per layer
         return self.cache.src_lengths[self.batch.ids]
+
+    @functools.cached_property
+    def _memory_rows(self) -> Tensor:
+        return self.cache.cross_rows[self.batch.ids]

@@ -9,6 +9,7 @@ Two ways to run a decoder:
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -341,11 +342,14 @@ class EncoderDecoder(_CachedDecoder):
         src_mask = torch.arange(src.size(1), device=self.device)[None, :] < src_lengths[:, None]  # (B, S)
         memory = self.encode(src, src_mask)  # (B, S, d)
         batch = cache.batch(slots)
-        repeats = to_device(group_sizes, torch.long, self.device)
+        firsts = [0, *itertools.accumulate(group_sizes)][:-1]
+        owners = [slots[f] for f in firsts]  # each source's memory, once, in its first row
+        owner_batch = cache.batch(owners)
         for i, layer in enumerate(self.decoder_layers):
             k, v = layer.cross_attn.project_kv(memory)  # (B, nh, S, hs) each
-            cache.write_cross(i, batch, k.repeat_interleave(repeats, 0), v.repeat_interleave(repeats, 0))
+            cache.write_cross(i, owner_batch, k, v)
         cache.set_src_lengths(batch, [n for n, g in zip(lengths, group_sizes) for _ in range(g)])
+        cache.set_cross_rows(batch, [o for o, g in zip(owners, group_sizes) for _ in range(g)])
         start = torch.full((len(slots), 1), self.cfg.decoder_start_token_id, dtype=torch.long, device=self.device)
         if step is not None:
             return step(cache, start.view(-1), slots, [0] * len(slots))

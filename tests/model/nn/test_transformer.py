@@ -235,3 +235,28 @@ def test_moved_slot_decodes_exactly_as_before(family, decoder_lm, encoder_decode
     assert cache.rows[3] == [] and cache.rows[1]
     moved = model.decode_step(cache, torch.tensor([13]), [1], [pos])
     torch.testing.assert_close(moved, expected, rtol=0, atol=1e-6)
+
+
+def test_beam_rows_read_their_sources_memory_once_wherever_rows_move(encoder_decoder):
+    """A source's cross-attention memory is written once, in its first row, and every beam row
+    reads it there (``cross_rows``): the rows decode exactly as rows holding their own copy do,
+    and go on doing so after moves of the row holding the memory and of a row reading it."""
+    model = encoder_decoder
+    g = torch.Generator().manual_seed(11)
+    sources = [torch.randint(4, 60, (n,), generator=g).tolist() for n in (9, 5)]
+    shared = model.new_cache(8, 32, max_src_len=16)
+    model.prefill(shared, sources, [0, 1, 2, 4, 5], group_sizes=[3, 2])
+    assert [shared.cross_rows_host[s] for s in (0, 1, 2, 4, 5)] == [0, 0, 0, 4, 4]
+    own = model.new_cache(8, 32, max_src_len=16)  # each row its own copy: one source per row
+    model.prefill(own, [sources[0]] * 3 + [sources[1]] * 2, [0, 1, 2, 4, 5])
+    tokens = torch.tensor([11, 12, 13, 14, 15])
+    expected = model.decode_step(own, tokens, [0, 1, 2, 4, 5], [1] * 5)
+    torch.testing.assert_close(model.decode_step(shared, tokens, [0, 1, 2, 4, 5], [1] * 5), expected, rtol=0, atol=0)
+    for src, dst in ((0, 6), (5, 3)):  # the row holding the first source's memory, then a row reading another's
+        shared.move_table(src, dst)
+        shared.move_cross(src, dst)
+    assert [shared.cross_rows_host[s] for s in (6, 1, 2, 4, 3)] == [6, 6, 6, 4, 4]
+    model.prefill(shared, [[5, 6, 7], [8, 9]], [0, 5])  # the rows left behind hold other sources now
+    follow = torch.tensor([21, 22, 23, 24, 25])
+    after = model.decode_step(shared, follow, [6, 1, 2, 4, 3], [2] * 5)
+    torch.testing.assert_close(after, model.decode_step(own, follow, [0, 1, 2, 4, 5], [2] * 5), rtol=0, atol=0)
