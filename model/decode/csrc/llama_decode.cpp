@@ -1521,16 +1521,18 @@ class EncDecDecoder : public torch::CustomClassHolder {
     // the new K/V into the pool: row b's position p[b] lies in block tables[b, p / BL] at p % BL
     const int64_t n_blocks = kp.size(1), BL = kp.size(2), width = tables.size(1);
     const int64_t* table = tables.data_ptr<int64_t>();
-    Tensor kc = k.contiguous(), vc = v.contiguous();
+    // rows read where they lie (a fused qkv's k and v are column slices of its output)
+    Tensor kc = k.stride(1) == 1 ? k : k.contiguous(), vc = v.stride(1) == 1 ? v : v.contiguous();
     const float* ks = kc.data_ptr<float>();
     const float* vs = vc.data_ptr<float>();
+    const int64_t k_row = kc.stride(0), v_row = vc.stride(0);
     with_kv_bits(kp, vp, [&](auto* k_base, auto* v_base) {
       for (int64_t b = 0; b < B; ++b) {
         const int64_t blk = table[b * width + p[b] / BL], off = p[b] % BL;
         for (int64_t g = 0; g < nkv; ++g) {
           const int64_t dst = ((g * n_blocks + blk) * BL + off) * hs_;
-          const float* src_k = ks + (b * nkv + g) * hs_;
-          const float* src_v = vs + (b * nkv + g) * hs_;
+          const float* src_k = ks + b * k_row + g * hs_;
+          const float* src_v = vs + b * v_row + g * hs_;
           for (int64_t i = 0; i < hs_; ++i) {
             store(src_k[i], k_base + dst + i);
             store(src_v[i], v_base + dst + i);
@@ -1538,7 +1540,7 @@ class EncDecDecoder : public torch::CustomClassHolder {
         }
       }
     });
-    Tensor y = paged_decode_attention(q.reshape({B, nh_, hs_}), kp, vp, tables, lengths, self_scale_, 0);
+    Tensor y = paged_decode_attention(q.view({B, nh_, hs_}), kp, vp, tables, lengths, self_scale_, 0);
     return L.proj[L.fused ? 1 : 3](y.view({B, nh_ * hs_}));
   }
 
@@ -1595,7 +1597,10 @@ Tensor paged_decode_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor tab
               "tables must be a (B, n) long CPU tensor");
   TORCH_CHECK(lengths.dim() == 1 && lengths.size(0) == B && lengths.scalar_type() == at::kLong && lengths.device().is_cpu(),
               "lengths must be a (B,) long CPU tensor");
-  Tensor qc = q.contiguous(), table_rows = tables.contiguous(), ends = lengths.contiguous();
+  // q's rows may lie apart (a fused qkv's q is a column slice of its output): read in place
+  Tensor qc = q.stride(2) == 1 && q.stride(1) == q.size(2) ? q : q.contiguous();
+  Tensor table_rows = tables.contiguous(), ends = lengths.contiguous();
+  const int64_t q_row = qc.stride(0);
   const int64_t width = table_rows.size(1), group = nh / nkv;
   const int64_t* table = table_rows.data_ptr<int64_t>();
   const int64_t* end = ends.data_ptr<int64_t>();
@@ -1621,7 +1626,7 @@ Tensor paged_decode_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor tab
         PagedRows<T> values = keys;
         values.base = v_base;
         scores.resize(group * n);
-        attend_item(qp + (b * nh + g * group) * hs, keys, values, n, group, hs, static_cast<float>(scale),
+        attend_item(qp + b * q_row + g * group * hs, keys, values, n, group, hs, static_cast<float>(scale),
                     scores.data(), total.data(), op + (b * nh + g * group) * hs);
       }
     });
