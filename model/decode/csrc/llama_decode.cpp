@@ -1484,18 +1484,20 @@ class EncDecDecoder : public torch::CustomClassHolder {
     return at::layer_norm(x, {d_}, n.first, n.second.defined() ? c10::optional<Tensor>(n.second) : c10::nullopt, eps_);
   }
 
+  // x + f(x) written into f(x)'s own (fresh) output: an add is the same either way round
   template <typename F>
   Tensor residual(const Tensor& x, const Norm& n, const F& fn) const {
-    if (pre_norm_) return x + fn(norm(x, n));
-    return norm(x + fn(x), n);
+    if (pre_norm_) return fn(norm(x, n)).add_(x);
+    return norm(fn(x).add_(x), n);
   }
 
-  Tensor activate(const Tensor& x) const {
+  // in place on the up projection's fresh output: the same values as torch's functions
+  Tensor activate(Tensor x) const {
     switch (activation_) {
-      case 0: return at::relu(x);
+      case 0: return at::relu_(x);
       case 1: return at::gelu(x);
       case 2: return at::gelu(x, "tanh");
-      default: return at::silu(x);
+      default: return at::silu_(x);
     }
   }
 
