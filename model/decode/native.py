@@ -386,10 +386,17 @@ def encdec_unsupported_reason(model: nn.Module) -> str | None:
         return why
     if model.device.type != "cpu" or model.dtype != torch.float32:
         return f"the model is {model.dtype} on {model.device} (float32 on the CPU only)"
-    projections = [m for layer in model.decoder_layers for m in layer.modules() if isinstance(m, nn.Linear)]
-    if projections or not isinstance(model.lm_head.proj, RowwiseInt8Linear):
+    if not all(isinstance(p, RowwiseInt8Linear) for layer in model.decoder_layers for p in _encdec_projections(layer)) \
+            or not isinstance(model.lm_head.proj, RowwiseInt8Linear):
         return "its decoder's projections are not row-wise int8 (TSERVE_QUANTIZE)"
     return None
+
+
+def _encdec_projections(layer: nn.Module) -> list[nn.Module]:
+    """A decoder layer's projections in the order ``EncDecDecoder`` takes them."""
+    attn, cross, ffn = layer.self_attn, layer.cross_attn, layer.ffn
+    qkv = [attn.qkv_proj] if attn.fused else [attn.q_proj, attn.k_proj, attn.v_proj]
+    return [*qkv, attn.out_proj, cross.q_proj, cross.out_proj, ffn.up, ffn.down]
 
 
 class NativeEncDecStep:
@@ -418,12 +425,10 @@ class NativeEncDecStep:
             plan.set_embedding(embed.tokens.weight, float(embed.scale), table,
                                *((embed.norm.weight, embed.norm.bias) if embed.norm is not None else (None, None)))
             for layer in model.decoder_layers:
-                attn, cross, ffn = layer.self_attn, layer.cross_attn, layer.ffn
                 norms = [t for n in (layer.self_attn_norm, layer.cross_attn_norm, layer.ffn_norm)
                          for t in (n.weight, n.bias)]
-                plan.add_layer(norms, attn.fused)
-                qkv = [attn.qkv_proj] if attn.fused else [attn.q_proj, attn.k_proj, attn.v_proj]
-                for proj in (*qkv, attn.out_proj, cross.q_proj, cross.out_proj, ffn.up, ffn.down):
+                plan.add_layer(norms, layer.self_attn.fused)
+                for proj in _encdec_projections(layer):
                     plan.add_projection(proj.quantized._packed_params._packed_params, proj.inv_scale)
             head = model.lm_head.proj
             plan.add_projection(head.quantized._packed_params._packed_params, head.inv_scale)

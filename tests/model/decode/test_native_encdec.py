@@ -124,6 +124,9 @@ def test_prepare_chooses_the_native_step_where_it_can_run():
                                                           model.decoder_layers[0].cross_attn.out_proj))
     assert isinstance(prepare(model, DecodeOptions()), NativeEncDecStep)
     assert isinstance(prepare(model, DecodeOptions(native="off")), PythonStep)
+    per_call = tiny_model("encoder-decoder", seed=2, d_model=128, n_heads=2, d_ff=128, max_positions=64)
+    quantize_int8_(per_call)  # fbgemm's one range per call: not the step's arithmetic
+    assert "not row-wise int8" in encdec_unsupported_reason(per_call)
 
 
 @pytest.mark.parametrize("field, value", [("norm", "rmsnorm"), ("positional", "rope"), ("n_kv_heads", 1),
