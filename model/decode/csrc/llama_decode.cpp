@@ -354,13 +354,98 @@ void q4_tiles(const uint8_t* w, const Q8Rows& a, int64_t B, int64_t K, int64_t N
 // `packed` is set, else float.
 // One row of rowwise_int8_linear's correction, out = s ((out - b) - z W1) + b, with every product
 // rounded on its own (no fused multiply-add): the arithmetic of its tensor operations, bit for bit.
-__attribute__((optimize("fp-contract=off"))) void correct_row_unfused(float* out, int64_t m, float s, float z,
-                                                                      const float* row_sum, const float* bias) {
+__attribute__((optimize("fp-contract=off"))) void correct_row_unfused_plain(float* out, int64_t m, float s, float z,
+                                                                            const float* row_sum, const float* bias) {
   if (bias == nullptr) {
     for (int64_t j = 0; j < m; ++j) out[j] = s * (out[j] - z * row_sum[j]);
     return;
   }
   for (int64_t j = 0; j < m; ++j) out[j] = s * ((out[j] - bias[j]) - z * row_sum[j]) + bias[j];
+}
+
+// A row's int8 range, lo = min(0, min x), hi = max(0, max x) (NaN skipped, as std::min / std::max
+// skip it), and its values on the shared grid, u = x / s + z.
+void row_range_plain(const float* row, int64_t n, float& lo, float& hi) {
+  lo = hi = 0.0f;
+  for (int64_t k = 0; k < n; ++k) {
+    lo = std::min(lo, row[k]);
+    hi = std::max(hi, row[k]);
+  }
+}
+void to_grid_plain(const float* row, int64_t n, float s, float z, float* u) {
+  for (int64_t k = 0; k < n; ++k) u[k] = row[k] / s + z;
+}
+
+#if defined(TSERVE_AVX512)
+// The same three on 16-float vectors, every operation the scalar one (min / max pick what
+// std::min / std::max pick, NaN included; division, products and sums each rounded on their
+// own), so the same bits: at an encoder's thousands of rows these passes cost as much as the
+// product, and the compiler leaves the range's min / max and the unfused correction scalar.
+TSERVE_TARGET_AVX512 void row_range_avx512(const float* row, int64_t n, float& lo, float& hi) {
+  __m512 l = _mm512_setzero_ps(), h = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= n; k += 16) {
+    const __m512 x = _mm512_loadu_ps(row + k);
+    l = _mm512_min_ps(x, l);  // (x < l) ? x : l, as std::min(l, x)
+    h = _mm512_max_ps(x, h);  // (x > h) ? x : h, as std::max(h, x)
+  }
+  lo = _mm512_reduce_min_ps(l);
+  hi = _mm512_reduce_max_ps(h);
+  for (; k < n; ++k) {
+    lo = std::min(lo, row[k]);
+    hi = std::max(hi, row[k]);
+  }
+}
+__attribute__((target("avx512f"), optimize("fp-contract=off"))) void to_grid_avx512(const float* row, int64_t n, float s,
+                                                                                    float z, float* u) {
+  const __m512 sv = _mm512_set1_ps(s), zv = _mm512_set1_ps(z);
+  int64_t k = 0;
+  for (; k + 16 <= n; k += 16) _mm512_storeu_ps(u + k, _mm512_add_ps(_mm512_div_ps(_mm512_loadu_ps(row + k), sv), zv));
+  for (; k < n; ++k) u[k] = row[k] / s + z;
+}
+// (the compiler would fuse the intrinsics' product and difference into one rounding otherwise)
+__attribute__((target("avx512f"), optimize("fp-contract=off"))) void correct_row_unfused_avx512(
+    float* out, int64_t m, float s, float z, const float* row_sum, const float* bias) {
+  const __m512 sv = _mm512_set1_ps(s), zv = _mm512_set1_ps(z);
+  int64_t j = 0;
+  for (; j + 16 <= m; j += 16) {
+    __m512 y = _mm512_loadu_ps(out + j);
+    const __m512 b = bias != nullptr ? _mm512_loadu_ps(bias + j) : _mm512_setzero_ps();
+    if (bias != nullptr) y = _mm512_sub_ps(y, b);
+    y = _mm512_mul_ps(sv, _mm512_sub_ps(y, _mm512_mul_ps(zv, _mm512_loadu_ps(row_sum + j))));
+    if (bias != nullptr) y = _mm512_add_ps(y, b);
+    _mm512_storeu_ps(out + j, y);
+  }
+  if (j < m) correct_row_unfused_plain(out + j, m - j, s, z, row_sum + j, bias != nullptr ? bias + j : nullptr);
+}
+#endif
+
+inline bool has_avx512() {
+#if defined(TSERVE_AVX512)
+  static const bool yes = __builtin_cpu_supports("avx512f");
+  return yes;
+#else
+  return false;
+#endif
+}
+
+void row_range(const float* row, int64_t n, float& lo, float& hi) {
+#if defined(TSERVE_AVX512)
+  if (has_avx512()) return row_range_avx512(row, n, lo, hi);
+#endif
+  row_range_plain(row, n, lo, hi);
+}
+void to_grid(const float* row, int64_t n, float s, float z, float* u) {
+#if defined(TSERVE_AVX512)
+  if (has_avx512()) return to_grid_avx512(row, n, s, z, u);
+#endif
+  to_grid_plain(row, n, s, z, u);
+}
+void correct_row_unfused(float* out, int64_t m, float s, float z, const float* row_sum, const float* bias) {
+#if defined(TSERVE_AVX512)
+  if (has_avx512()) return correct_row_unfused_avx512(out, m, s, z, row_sum, bias);
+#endif
+  correct_row_unfused_plain(out, m, s, z, row_sum, bias);
 }
 
 struct Projection {
@@ -408,17 +493,14 @@ struct Projection {
     at::parallel_for(0, B, std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(n, 1)), [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; ++b) {
         const float* row = xp + b * n;
-        float lo = 0.0f, hi = 0.0f;
-        for (int64_t k = 0; k < n; ++k) {
-          lo = std::min(lo, row[k]);
-          hi = std::max(hi, row[k]);
-        }
+        float lo, hi;
+        row_range(row, n, lo, hi);
         float s = (hi - lo) / 127.0f;
         if (!(s > 0.0f)) s = 1.0f;
         const float z = std::nearbyint(-lo / s);
         scale[b] = s;
         zero[b] = z;
-        for (int64_t k = 0; k < n; ++k) up[b * n + k] = row[k] / s + z;
+        to_grid(row, n, s, z, up + b * n);
       }
     });
     Tensor y;
