@@ -59,8 +59,10 @@ class SamplingParams:
             (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "in [-2, 2]"),
             (len(self.stop) <= MAX_STOP_STRINGS, "stop", f"at most {MAX_STOP_STRINGS} strings"),
             (all(isinstance(s, str) and s for s in self.stop), "stop", "non-empty strings"),
-            (self.logprobs is None or 0 <= self.logprobs <= MAX_TOP_LOGPROBS, "logprobs",
-             f"in [0, {MAX_TOP_LOGPROBS}]"),
+            # a bool is an int to Python, and True would have passed as 1 to fail later in top-k
+            (self.logprobs is None or (isinstance(self.logprobs, int) and not isinstance(self.logprobs, bool)
+                                       and 0 <= self.logprobs <= MAX_TOP_LOGPROBS), "logprobs",
+             f"None or an integer in [0, {MAX_TOP_LOGPROBS}]"),
             (self.beam_size >= 1, "beam_size", ">= 1"),
             (1 <= self.n_best <= self.beam_size, "n_best", "in [1, beam_size]"),
         ]

@@ -95,7 +95,8 @@ def test_logprobs_are_the_models_distribution(decoder_lm):
 
 @pytest.mark.parametrize("field,value", [
     ("temperature", -0.1), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -1), ("max_new_tokens", 0),
-    ("repetition_penalty", 0.0), ("stop", ["a", "b", "c", "d", "e"]), ("logprobs", 21), ("beam_size", 0),
+    ("repetition_penalty", 0.0), ("stop", ["a", "b", "c", "d", "e"]), ("logprobs", 21), ("logprobs", True),
+    ("logprobs", 2.5), ("beam_size", 0),
 ])
 def test_invalid_params_name_the_field(field, value):
     with pytest.raises(ValueError, match=field):
