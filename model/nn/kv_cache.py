@@ -392,8 +392,8 @@ class PagedKVCache(nn.Module):
             return batch.index
         return self.cross_rows[batch.ids]
 
-    def read_cross(self, layer: int, batch: SlotBatch, length: int) -> tuple[Tensor, Tensor]:
-        rows = self.memory_rows(batch)
+    def read_cross(self, layer: int, rows: slice | Tensor, length: int) -> tuple[Tensor, Tensor]:
+        """The memory rows ``rows`` (``memory_rows``) of one layer, their first ``length`` positions."""
         return self.cross_k[layer][rows, :, :length], self.cross_v[layer][rows, :, :length]
 
     def cross_mask(self, batch: SlotBatch, length: int) -> Tensor:
@@ -477,7 +477,7 @@ class CacheView:
                 self.positions[:, 0] + 1)
 
     def cross(self, layer: int) -> tuple[Tensor, Tensor, Tensor | None]:
-        return (*self.cache.read_cross(layer, self.batch, self.cross_len), self.cross_mask)
+        return (*self.cache.read_cross(layer, self._memory_index, self.cross_len), self.cross_mask)
 
     def cross_in_place(self, layer: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """For a kernel that reads the cross-attention memory where it lies: the layer's memory
@@ -487,6 +487,10 @@ class CacheView:
     @functools.cached_property
     def _src_lengths(self) -> Tensor:  # once per forward pass, not per layer
         return self.cache.src_lengths[self.batch.ids]
+
+    @functools.cached_property
+    def _memory_index(self) -> slice | Tensor:  # once per forward pass, not per layer
+        return self.cache.memory_rows(self.batch)
 
     @functools.cached_property
     def _memory_rows(self) -> Tensor:

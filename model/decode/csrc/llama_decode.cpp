@@ -821,7 +821,7 @@ void attend_item(const float* q, const PagedRows<T>& keys, const PagedRows<T>& v
                  int64_t hs, float scale,
                  float* scores, float* total, float* out) {
 #if defined(TSERVE_AVX512)
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  const bool avx512 = has_avx512();
   if (avx512 && hs == 64) return attend_one_avx512<4>(q, keys, values, n, group, scale, scores, total, out);
   if (avx512 && hs == 128) return attend_one_avx512<8>(q, keys, values, n, group, scale, scores, total, out);
   if (avx512 && hs == 256) return attend_one_avx512<16>(q, keys, values, n, group, scale, scores, total, out);  // Gemma 3
@@ -1505,10 +1505,7 @@ class EncDecDecoder : public torch::CustomClassHolder {
     const int64_t B = ids.size(0);
     TORCH_CHECK(B > 0 && pos.size(0) == B && tables.dim() == 2 && tables.size(0) == B,
                 "tokens, positions and tables need one entry per row");
-    TORCH_CHECK(pos.min().item<int64_t>() >= 0 && pos.max().item<int64_t>() < positions_.size(0),
-                "a position is past the position table (", positions_.size(0), ")");
     const int64_t V = tokens_.size(0);
-    TORCH_CHECK(ids.min().item<int64_t>() >= 0 && ids.max().item<int64_t>() < V, "a token id is out of [0, ", V, ")");
     Tensor table_rows = tables.contiguous();
     const int64_t nkv = k_pool.size(1), n_blocks = k_pool.size(2), BL = k_pool.size(3);
     TORCH_CHECK(k_pool.size(4) == hs_ && nkv > 0 && nh_ % nkv == 0, "the pool's heads do not fit the model's");
@@ -1516,7 +1513,11 @@ class EncDecDecoder : public torch::CustomClassHolder {
     const int64_t width = table_rows.size(1);
     const int64_t* table = table_rows.data_ptr<int64_t>();
     const int64_t* p = pos.data_ptr<int64_t>();
+    const int64_t* id = ids.data_ptr<int64_t>();
     for (int64_t b = 0; b < B; ++b) {
+      TORCH_CHECK(id[b] >= 0 && id[b] < V, "token id ", id[b], " out of range [0, ", V, ")");
+      TORCH_CHECK(p[b] >= 0 && p[b] < positions_.size(0), "position ", p[b], " is past the position table (",
+                  positions_.size(0), ")");
       TORCH_CHECK(p[b] < width * BL, "position ", p[b], " is past row ", b, "'s block table");
       const int64_t blk = table[b * width + p[b] / BL];
       TORCH_CHECK(blk >= 0 && blk < n_blocks, "block ", blk, " out of range [0, ", n_blocks, ")");
@@ -1650,6 +1651,10 @@ Tensor q4_linear(Tensor x, Tensor runs, int64_t n, int64_t k, c10::optional<Tens
   return LlamaDecoder::make_q4(runs.contiguous(), n, k, b).q4_rows(x.contiguous(), portable);
 }
 
+// q (B, nh, hs) as the decode-attention ops read it: each row's heads contiguous, the rows
+// wherever they lie (a fused qkv's q is a column slice of its output), else a contiguous copy.
+Tensor rows_in_place(const Tensor& q) { return q.stride(2) == 1 && q.stride(1) == q.size(2) ? q : q.contiguous(); }
+
 // The K/V pair a decode-attention op reads (a layer's pool, or its cross-attention memory):
 // contiguous CPU tensors of one shape and dtype, float32 or bfloat16, (·, ·, ·, hs) with q's hs.
 void check_kv_pair(const Tensor& q, const Tensor& k, const Tensor& v, const char* layout) {
@@ -1681,9 +1686,7 @@ Tensor paged_decode_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor tab
               "tables must be a (B, n) long CPU tensor");
   TORCH_CHECK(lengths.dim() == 1 && lengths.size(0) == B && lengths.scalar_type() == at::kLong && lengths.device().is_cpu(),
               "lengths must be a (B,) long CPU tensor");
-  // q's rows may lie apart (a fused qkv's q is a column slice of its output): read in place
-  Tensor qc = q.stride(2) == 1 && q.stride(1) == q.size(2) ? q : q.contiguous();
-  Tensor table_rows = tables.contiguous(), ends = lengths.contiguous();
+  Tensor qc = rows_in_place(q), table_rows = tables.contiguous(), ends = lengths.contiguous();
   const int64_t q_row = qc.stride(0);
   const int64_t width = table_rows.size(1), group = nh / nkv;
   const int64_t* table = table_rows.data_ptr<int64_t>();
@@ -1731,7 +1734,8 @@ Tensor cross_decode_attention(Tensor q, Tensor k_mem, Tensor v_mem, Tensor slots
                   lengths.size(0) == B && lengths.scalar_type() == at::kLong && slots.device().is_cpu() &&
                   lengths.device().is_cpu(),
               "slots and lengths must be (B,) long CPU tensors");
-  Tensor qc = q.contiguous(), rows = slots.contiguous(), ends = lengths.contiguous();
+  Tensor qc = rows_in_place(q), rows = slots.contiguous(), ends = lengths.contiguous();
+  const int64_t q_row = qc.stride(0);
   const int64_t* slot = rows.data_ptr<int64_t>();
   const int64_t* end = ends.data_ptr<int64_t>();
   for (int64_t b = 0; b < B; ++b) {
@@ -1753,7 +1757,7 @@ Tensor cross_decode_attention(Tensor q, Tensor k_mem, Tensor v_mem, Tensor slots
         PagedRows<T> values = keys;
         values.base = v_base;
         scores.resize(end[b]);
-        attend_item(qp + item * hs, keys, values, end[b], 1, hs, static_cast<float>(scale), scores.data(), &total,
+        attend_item(qp + b * q_row + h * hs, keys, values, end[b], 1, hs, static_cast<float>(scale), scores.data(), &total,
                     op + item * hs);
       }
     });
