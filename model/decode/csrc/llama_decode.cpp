@@ -170,6 +170,24 @@ class Partner {
   std::thread thread_;
 };
 
+// fn(b0, b1) over rows [0, B) in pieces of at least ~16k values (`per_row` values a row): shared
+// with `partner` where there is one and torch runs on one thread (a step's own work), else over
+// torch's threads. A decode step's few rows stay in one piece, on this thread; a prompt's hundreds
+// of rows are split, so the partner is not idle through the step's row-wise passes (norms, RoPE,
+// activations, quantizing). Each row's arithmetic is the same whichever thread runs it.
+template <typename F>
+void over_rows(Partner* partner, int64_t B, int64_t per_row, const F& fn) {
+  const int64_t rows_per = std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(per_row, 1));
+  if (partner != nullptr && at::get_num_threads() == 1) {
+    if (B <= rows_per) return fn(0, B);
+    const int64_t pieces = std::min<int64_t>((B + rows_per - 1) / rows_per, 64);
+    const int64_t per = (B + pieces - 1) / pieces;
+    partner->run((B + per - 1) / per, [&](int64_t c) { fn(c * per, std::min(B, (c + 1) * per)); });
+    return;
+  }
+  at::parallel_for(0, B, rows_per, fn);
+}
+
 // 4-bit weights as GGUF's Q4_0 / Q4_1 store them: each run of 32 inputs of an output row has its
 // own scale d and offset m (float16), w = d q + m with q in [0, 15]. Activations go in as 8-bit
 // integers with one scale per run of 32 of the row (a = s_a r, r in [-127, 127]), so a run's
@@ -186,6 +204,8 @@ class Partner {
 // nibbles and its high nibbles are each one VNNI operand (16 outputs x 4 consecutive inputs).
 constexpr int64_t Q4_TILE = 16, Q4_RUN = 32, Q4_RUN_BYTES = 320;
 constexpr int64_t Q4_CHUNK = 4;  // tiles per chunk shared with the partner thread
+// From this many rows an int8 projection shared with the partner splits its rows, not its outputs.
+constexpr int64_t kRowSplit = 64;
 
 // One row of activations, quantized run by run: r (K int8), and per run its scale s_a and
 // s_a * sum(r) (for the offsets).
@@ -451,7 +471,8 @@ void correct_row_unfused(float* out, int64_t m, float s, float z, const float* r
 struct Projection {
   c10::intrusive_ptr<LinearPackedParamsBase> packed;
   // The same weights as two packs of output features [0, split) and [split, N), for a step
-  // shared with the partner thread (set when the decoder has one).
+  // shared with the partner thread (set when the decoder has one and the projection is wide
+  // enough to split; `partner` is set whenever the decoder has one).
   c10::intrusive_ptr<LinearPackedParamsBase> first, second;
   int64_t split = 0;
   Partner* partner = nullptr;
@@ -488,9 +509,9 @@ struct Projection {
     std::vector<float> scale(B), zero(B);
     const float* xp = x.data_ptr<float>();
     float* up = u.data_ptr<float>();
-    // rows in pieces of at least ~32k inputs (an encoder's thousands of rows shared between the
-    // threads; a decode step's few rows in one piece)
-    at::parallel_for(0, B, std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(n, 1)), [&](int64_t b0, int64_t b1) {
+    // rows in pieces (an encoder's or a prompt's hundreds of rows shared between the threads; a
+    // decode step's few rows in one piece)
+    over_rows(partner, B, n, [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; ++b) {
         const float* row = xp + b * n;
         float lo, hi;
@@ -503,25 +524,51 @@ struct Projection {
         to_grid(row, n, s, z, up + b * n);
       }
     });
+    // Shared with the partner (torch on one thread): a step of a few rows as the two packs'
+    // output halves; a prompt's rows in pieces through the whole pack (each piece quantized once,
+    // where the halves would each quantize every row). fbgemm sums each output in int32 and
+    // rescales it on its own, so the bits do not depend on the split. The pieces are copied into
+    // one output by the correction pass below.
+    std::vector<Tensor> parts;
+    int64_t piece_rows = 0;  // > 0: parts are row pieces of this many rows; 0: output halves
     Tensor y;
-    if (partner != nullptr && at::get_num_threads() == 1) {  // a step of a few rows: half each
-      Tensor y1, y2;
-      partner->run(2, [&](int64_t c) {
-        (c == 0 ? y1 : y2) = (c == 0 ? first : second)->apply_with_input_q_dq_qweight_dq_output_fp32(u, 1.0, 0);
-      });
-      y = at::cat({y1, y2}, 1);
+    if (partner != nullptr && at::get_num_threads() == 1 && (B >= kRowSplit || first)) {
+      if (B >= kRowSplit) {
+        const int64_t pieces = std::min<int64_t>(4, B / (kRowSplit / 2));
+        piece_rows = (B + pieces - 1) / pieces;
+        parts.resize((B + piece_rows - 1) / piece_rows);
+        partner->run(static_cast<int64_t>(parts.size()), [&](int64_t c) {
+          const int64_t r0 = c * piece_rows;
+          parts[c] = packed->apply_with_input_q_dq_qweight_dq_output_fp32(
+              u.narrow(0, r0, std::min(B, r0 + piece_rows) - r0), 1.0, 0);
+        });
+      } else {
+        parts.resize(2);
+        partner->run(2, [&](int64_t c) {
+          parts[c] = (c == 0 ? first : second)->apply_with_input_q_dq_qweight_dq_output_fp32(u, 1.0, 0);
+        });
+      }
+      y = at::empty({B, piece_rows > 0 ? parts[0].size(1) : parts[0].size(1) + parts[1].size(1)}, x.options());
     } else {
       y = packed->apply_with_input_q_dq_qweight_dq_output_fp32(u, 1.0, 0);
     }
     const int64_t m = y.size(1);
     float* yp = y.data_ptr<float>();
     const bool has_bias = !int8_bias.empty();
-    // Rows in pieces of at least ~32k outputs: a vocabulary-wide head's correction is shared
-    // between the threads, a layer's stays in one piece (each output's arithmetic is the same
+    // Rows in pieces: a prompt's or a vocabulary-wide head's correction is shared between the
+    // threads, a decode step's layer stays in one piece (each output's arithmetic is the same
     // whichever thread does it).
-    at::parallel_for(0, B, std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(m, 1)), [&](int64_t b0, int64_t b1) {
+    over_rows(partner, B, m, [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; ++b) {
         float* out = yp + b * m;
+        if (piece_rows > 0) {
+          const Tensor& part = parts[b / piece_rows];
+          std::copy_n(part.data_ptr<float>() + (b % piece_rows) * m, m, out);
+        } else if (!parts.empty()) {
+          const int64_t m0 = parts[0].size(1);
+          std::copy_n(parts[0].data_ptr<float>() + b * m0, m0, out);
+          std::copy_n(parts[1].data_ptr<float>() + b * (m - m0), m - m0, out + m0);
+        }
         const float* bias = has_bias ? int8_bias.data() : nullptr;
         if (unfused)
           correct_row_unfused(out, m, scale[b], zero[b], row_sum.data(), bias);
@@ -1043,17 +1090,19 @@ class LlamaDecoder : public torch::CustomClassHolder {
       const bool prompt = logit_rows != nullptr;
       Tensor qkv = L.qkv(h, prompt).contiguous();  // (B, q_w + 2 kv_w)
       const Tensor& table = L.local_rope ? rope_local_ : rope_;
-      for (int64_t b = 0; b < B; ++b) {  // (q/k norms, then) RoPE on q and k
-        float* row = qkv.data_ptr<float>() + b * (q_w + 2 * kv_w);
-        if (!L.q_norm.empty()) {
-          rms_heads(row, L.q_norm.data(), eps_, nh_, hs_);
-          rms_heads(row + q_w, L.k_norm.data(), eps_, nkv_, hs_);
+      over_rows(partner_.get(), B, q_w + 2 * kv_w, [&](int64_t b0, int64_t b1) {
+        for (int64_t b = b0; b < b1; ++b) {  // (q/k norms, then) RoPE on q and k
+          float* row = qkv.data_ptr<float>() + b * (q_w + 2 * kv_w);
+          if (!L.q_norm.empty()) {
+            rms_heads(row, L.q_norm.data(), eps_, nh_, hs_);
+            rms_heads(row + q_w, L.k_norm.data(), eps_, nkv_, hs_);
+          }
+          const float* cos = table.data_ptr<float>() + positions[b] * hs_;
+          const float* sin = cos + table.size(1) * hs_;
+          rope_row(row, cos, sin, nh_, hs_);
+          rope_row(row + q_w, cos, sin, nkv_, hs_);
         }
-        const float* cos = table.data_ptr<float>() + positions[b] * hs_;
-        const float* sin = cos + table.size(1) * hs_;
-        rope_row(row, cos, sin, nh_, hs_);
-        rope_row(row + q_w, cos, sin, nkv_, hs_);
-      }
+      });
       const int64_t layer_at = static_cast<int64_t>(l) * n_blocks * nkv_ * BL * hs_;
       auto cache_layer = [&](auto* k_base, auto* v_base) {  // float or bfloat16 bits
         write_kv(qkv.data_ptr<float>(), k_base, v_base, block_table, width, positions, n_blocks, BL, B);
@@ -1071,15 +1120,17 @@ class LlamaDecoder : public torch::CustomClassHolder {
       const float* us = u.data_ptr<float>();
       // act(gate) * up, scaled for the down projection where it is smoothed
       const float* down_scale = L.down.inv_scale.empty() ? nullptr : L.down.inv_scale.data();
-      for (int64_t b = 0; b < B; ++b) {
-        float* row = gs + b * ff;
-        const float* up = us + b * ff;
-        if (activation_ == kSilu)
-          down_scale ? act_row<kSilu, true>(row, up, down_scale, ff) : act_row<kSilu, false>(row, up, nullptr, ff);
-        else
-          down_scale ? act_row<kGeluTanh, true>(row, up, down_scale, ff)
-                     : act_row<kGeluTanh, false>(row, up, nullptr, ff);
-      }
+      over_rows(partner_.get(), B, ff, [&](int64_t b0, int64_t b1) {
+        for (int64_t b = b0; b < b1; ++b) {
+          float* row = gs + b * ff;
+          const float* up = us + b * ff;
+          if (activation_ == kSilu)
+            down_scale ? act_row<kSilu, true>(row, up, down_scale, ff) : act_row<kSilu, false>(row, up, nullptr, ff);
+          else
+            down_scale ? act_row<kGeluTanh, true>(row, up, down_scale, ff)
+                       : act_row<kGeluTanh, false>(row, up, nullptr, ff);
+        }
+      });
       add_output(xs, L.down(g, prompt), L.post_ffn_norm, B);
     }
     if (logit_rows != nullptr) {  // the rows whose logits are wanted, gathered first
@@ -1127,6 +1178,7 @@ class LlamaDecoder : public torch::CustomClassHolder {
   // The projection's weights as two packs, output features [0, N/2) and [N/2, N) (rounded to
   // 64 features), quantized exactly as the whole: the int8 values and per-channel scales sliced.
   void split_for_partner(Projection& p, const Tensor& qweight, const c10::optional<Tensor>& bias) {
+    p.partner = partner_.get();  // a prompt's rows are shared through the whole pack
     const int64_t n = qweight.size(0);
     const int64_t half = (n / 2 + 63) / 64 * 64;
     if (n < 128 || half >= n || qweight.qscheme() != at::kPerChannelAffine) return;
@@ -1145,7 +1197,6 @@ class LlamaDecoder : public torch::CustomClassHolder {
     p.first = part(0, half);
     p.second = part(half, n);
     p.split = half;
-    p.partner = partner_.get();
   }
 
   void check_cache(const Tensor& c, const char* name) const {
@@ -1157,25 +1208,27 @@ class LlamaDecoder : public torch::CustomClassHolder {
   }
 
   void norm_rows(const float* x, const float* w, const Projection& next, int64_t B, float* out) const {
-    for (int64_t b = 0; b < B; ++b) rms_row(x + b * d_, w, next, eps_, d_, out + b * d_);
-  }
-
-  static void add_rows(float* x, const Tensor& delta, int64_t n) {
-    Tensor c = delta.contiguous();
-    const float* dp = c.data_ptr<float>();
-    for (int64_t i = 0; i < n; ++i) x[i] += dp[i];
+    over_rows(partner_.get(), B, d_, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) rms_row(x + b * d_, w, next, eps_, d_, out + b * d_);
+    });
   }
 
   // x += N(delta) row by row where the layer has a post-norm `w`, else x += delta.
   void add_output(float* x, const Tensor& delta, const std::vector<float>& w, int64_t B) const {
-    if (w.empty()) return add_rows(x, delta, B * d_);
     Tensor c = delta.contiguous();
-    std::vector<float> normed(d_);
+    const float* dp = c.data_ptr<float>();
     static const Projection unscaled;
-    for (int64_t b = 0; b < B; ++b) {
-      rms_row(c.data_ptr<float>() + b * d_, w.data(), unscaled, eps_, d_, normed.data());
-      for (int64_t j = 0; j < d_; ++j) x[b * d_ + j] += normed[j];
-    }
+    over_rows(partner_.get(), B, d_, [&](int64_t b0, int64_t b1) {
+      if (w.empty()) {
+        for (int64_t i = b0 * d_; i < b1 * d_; ++i) x[i] += dp[i];
+        return;
+      }
+      std::vector<float> normed(d_);
+      for (int64_t b = b0; b < b1; ++b) {
+        rms_row(dp + b * d_, w.data(), unscaled, eps_, d_, normed.data());
+        for (int64_t j = 0; j < d_; ++j) x[b * d_ + j] += normed[j];
+      }
+    });
   }
 
   // g[j] = act(g[j]) * u[j] * s[j] over one row. tanh GELU through tanh(z) = 1 - 2 / (1 + e^{2z})
@@ -1202,17 +1255,19 @@ class LlamaDecoder : public torch::CustomClassHolder {
   void write_kv(const float* qkv, T* k_base, T* v_base, const int64_t* table, int64_t width,
                 const std::vector<int64_t>& positions, int64_t n_blocks, int64_t BL, int64_t B) const {
     const int64_t q_w = nh_ * hs_, kv_w = nkv_ * hs_;
-    for (int64_t b = 0; b < B; ++b) {
-      const float* row = qkv + b * (q_w + 2 * kv_w);
-      const int64_t block = table[b * width + positions[b] / BL], offset = positions[b] % BL;
-      for (int64_t g = 0; g < nkv_; ++g) {
-        const int64_t at_pos = ((g * n_blocks + block) * BL + offset) * hs_;
-        for (int64_t i = 0; i < hs_; ++i) {
-          store(row[q_w + g * hs_ + i], k_base + at_pos + i);
-          store(row[q_w + kv_w + g * hs_ + i], v_base + at_pos + i);
+    over_rows(partner_.get(), B, 2 * kv_w, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        const float* row = qkv + b * (q_w + 2 * kv_w);
+        const int64_t block = table[b * width + positions[b] / BL], offset = positions[b] % BL;
+        for (int64_t g = 0; g < nkv_; ++g) {
+          const int64_t at_pos = ((g * n_blocks + block) * BL + offset) * hs_;
+          for (int64_t i = 0; i < hs_; ++i) {
+            store(row[q_w + g * hs_ + i], k_base + at_pos + i);
+            store(row[q_w + kv_w + g * hs_ + i], v_base + at_pos + i);
+          }
         }
       }
-    }
+    });
   }
 
   // y (B, nh * hs) = softmax(q k^T * scale) v for each row over its own positions

@@ -364,13 +364,16 @@ def assert_rows_alone_equal_rows_in_a_batch(model, seed: int) -> None:
 
 
 def assert_the_partner_changes_no_bit(model, seed: int) -> tuple:
-    """Decode rows, rows of one sequence and a prompt through the step with and without its
-    partner thread: the same logits and K/V, bit for bit. Returns the two steps."""
+    """Decode rows, rows of one sequence, a short prompt and a long one through the step with
+    and without its partner thread: the same logits and K/V, bit for bit. The long prompt (150
+    rows from position 0) takes the paths of many rows: its row-wise passes split in pieces
+    between the threads, its int8 projections split by rows through the whole pack, and its
+    attention as blocks. Returns the two steps."""
     alone, shared = NativeStep(model, partner=False), NativeStep(model, partner=True)
     assert shared.partner and not alone.partner
     cache, first, slots, starts = _ragged(model, seed, (21, 5, 40, 1), (4, 0, 2, 5), torch.bfloat16)
     before = cache.k.clone(), cache.v.clone()
-    prompt = random_prompts(model, seed + 1, (37,))[0]
+    prompt, long_prompt = random_prompts(model, seed + 1, (37, 150))
     threads = torch.get_num_threads()
     outs = []
     try:
@@ -378,15 +381,18 @@ def assert_the_partner_changes_no_bit(model, seed: int) -> tuple:
         for step in (alone, shared):
             cache.k.copy_(before[0])
             cache.v.copy_(before[1])
+            long_cache = model.new_cache(1, len(long_prompt) + 1, dtype=torch.bfloat16)
+            long_cache.ensure(0, len(long_prompt))
             with torch.inference_mode():
                 rows = [step(cache, first[:n], slots[:n], starts[:n]) for n in (1, 4)]
                 rows.append(step.prefill(cache, [prompt], [6]))
-            outs.append((rows, cache.k.clone(), cache.v.clone()))
+                rows.append(step.prefill(long_cache, [long_prompt], [0]))
+            outs.append((rows, cache.k.clone(), cache.v.clone(), long_cache.k.clone(), long_cache.v.clone()))
     finally:
         torch.set_num_threads(threads)
-    (a, ak, av), (b, bk, bv) = outs
+    (a, *a_kv), (b, *b_kv) = outs
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
-    assert torch.equal(ak, bk) and torch.equal(av, bv)
+    assert all(torch.equal(x, y) for x, y in zip(a_kv, b_kv, strict=True))
     return alone, shared
 
 
