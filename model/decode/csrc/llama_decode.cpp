@@ -863,6 +863,163 @@ TSERVE_TARGET_AVX512 void attend_one_avx512(const float* q, const PagedRows<T>& 
 }
 #endif
 
+#if defined(TSERVE_AVX512)
+#define TSERVE_TARGET_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+inline bool has_avx512_bf16() {
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512bf16");
+  return yes;
+}
+
+// Prompt rows attending as a block over a bfloat16 cache with the CPU's bfloat16 dot products
+// (AVX512-BF16's vdpbf16ps: 32 products a vector into 16 float32 sums, twice float32 FMA's rate),
+// flash style: keys in tiles of 32, an online softmax per query row, nothing the size of
+// rows x keys in memory. What is rounded to bfloat16: q (times the softmax scale) and each
+// tile's probabilities before they weight V; K and V already are. Scores, the softmax and the
+// sums stay float32. So it is close to, not bit for bit, the float32 path (torch's flash
+// attention over the keys widened to float32), which it replaces where the CPU has the
+// instructions.
+//
+// The unit: `n` rows of one sequence at positions p0 .. p0 + n - 1 (row i: its `group` query
+// heads at q(i, h) = qkv + i * row_w + h * HS), one K/V head (keys/values, PagedRows with
+// first = 0: row(p) is position p). Row i sees key positions [lo_i, p0 + i], lo_i = 0 or, with a
+// window, p0 + i - window + 1. Out: y + i * y_w + h * HS, times out_scale (HS per head) where
+// given. Scratch is the calling thread's own.
+template <int HS>
+TSERVE_TARGET_BF16 void attend_block_bf16(const float* qkv, int64_t row_w, int64_t group, const PagedRows<uint16_t>& keys,
+                                          const PagedRows<uint16_t>& values, int64_t p0, int64_t n, int64_t window,
+                                          float scale, float* y, int64_t y_w, const float* out_scale) {
+  constexpr int64_t PAIRS = HS / 2, TILE = 32, RB = 4, OV = HS / 16;  // OV: float vectors per output row
+  const int64_t lo_all = window > 0 ? std::max<int64_t>(0, p0 - window + 1) : 0, end = p0 + n;
+  const int64_t tiles = (end - lo_all + TILE - 1) / TILE;
+  // K as VNNI pairs: tile t, pair d2 -> 32 keys' (k[2 d2], k[2 d2 + 1]) words; V as key pairs:
+  // tile t, pair j -> HS words (v_{2j}[d], v_{2j+1}[d]). Keys past the end are zero.
+  thread_local std::vector<uint32_t> kp, vp, qb;
+  kp.assign(tiles * PAIRS * TILE, 0u);
+  vp.assign(tiles * (TILE / 2) * HS, 0u);
+  for (int64_t p = lo_all; p < end; ++p) {
+    const int64_t t = (p - lo_all) / TILE, c = (p - lo_all) % TILE;
+    const uint32_t* kr = reinterpret_cast<const uint32_t*>(keys.row(p));
+    uint32_t* kd = kp.data() + t * PAIRS * TILE + c;
+    for (int64_t d2 = 0; d2 < PAIRS; ++d2) kd[d2 * TILE] = kr[d2];
+    const uint16_t* vr = values.row(p);
+    uint16_t* vd = reinterpret_cast<uint16_t*>(vp.data() + (t * (TILE / 2) + c / 2) * HS) + (c & 1);
+    for (int64_t d = 0; d < HS; ++d) vd[2 * d] = vr[d];
+  }
+  // q rows (i, h) in order r = i * group + h, times the scale, as bfloat16 pairs
+  const int64_t R = n * group;
+  qb.resize(R * PAIRS);
+  for (int64_t r = 0; r < R; ++r) {
+    const float* q = qkv + (r / group) * row_w + (r % group) * HS;
+    for (int64_t c = 0; c < HS; c += 32) {
+      const __m512 a = _mm512_mul_ps(_mm512_loadu_ps(q + c), _mm512_set1_ps(scale));
+      const __m512 b = _mm512_mul_ps(_mm512_loadu_ps(q + c + 16), _mm512_set1_ps(scale));
+      _mm512_storeu_si512(qb.data() + r * PAIRS + c / 2, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+    }
+  }
+  const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t r0 = 0; r0 < R; r0 += RB) {
+    const int64_t rb = std::min<int64_t>(RB, R - r0);
+    int64_t lo[RB], hi[RB];
+    float m[RB], l[RB];
+    alignas(64) float o[RB][HS];
+    alignas(64) uint32_t pp[RB][TILE / 2];
+    int64_t first_key = end, last_key = 0;
+    const uint32_t* qrow[RB];  // a short last block repeats its last row
+    for (int64_t r = 0; r < RB; ++r) {
+      qrow[r] = qb.data() + (r0 + std::min(r, rb - 1)) * PAIRS;
+      const int64_t i = (r0 + std::min(r, rb - 1)) / group;
+      hi[r] = p0 + i;
+      lo[r] = window > 0 ? std::max<int64_t>(0, p0 + i - window + 1) : 0;
+      first_key = std::min(first_key, lo[r]);
+      last_key = std::max(last_key, hi[r]);
+      m[r] = -std::numeric_limits<float>::infinity();
+      l[r] = 0.0f;
+      std::fill(o[r], o[r] + HS, 0.0f);
+    }
+    for (int64_t t = (first_key - lo_all) / TILE; t <= (last_key - lo_all) / TILE; ++t) {
+      const int64_t key0 = lo_all + t * TILE;
+      const uint32_t* kt = kp.data() + t * PAIRS * TILE;
+      __m512 s[RB][2];  // unrolled: the eight sums stay in registers
+#pragma GCC unroll 4
+      for (int r = 0; r < RB; ++r) s[r][0] = s[r][1] = _mm512_setzero_ps();
+      for (int64_t d2 = 0; d2 < PAIRS; ++d2) {
+        const __m512bh k0 = (__m512bh)_mm512_loadu_si512(kt + d2 * TILE);
+        const __m512bh k1 = (__m512bh)_mm512_loadu_si512(kt + d2 * TILE + 16);
+#pragma GCC unroll 4
+        for (int r = 0; r < RB; ++r) {
+          const __m512bh qv = (__m512bh)_mm512_set1_epi32(static_cast<int>(qrow[r][d2]));
+          s[r][0] = _mm512_dpbf16_ps(s[r][0], qv, k0);
+          s[r][1] = _mm512_dpbf16_ps(s[r][1], qv, k1);
+        }
+      }
+      alignas(64) float sc[RB][TILE];  // the softmax below indexes rows at run time: from memory
+#pragma GCC unroll 4
+      for (int r = 0; r < RB; ++r) {
+        _mm512_store_ps(sc[r], s[r][0]);
+        _mm512_store_ps(sc[r] + 16, s[r][1]);
+      }
+      for (int64_t r = 0; r < rb; ++r) {
+        // keys of this tile the row sees: lo <= key0 + c <= hi
+        const __m512i pos0 = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(key0)), iota);
+        const __m512i pos1 = _mm512_add_epi32(pos0, _mm512_set1_epi32(16));
+        const __m512i vlo = _mm512_set1_epi32(static_cast<int>(lo[r])), vhi = _mm512_set1_epi32(static_cast<int>(hi[r]));
+        const __mmask16 in0 = _mm512_cmpge_epi32_mask(pos0, vlo) & _mm512_cmple_epi32_mask(pos0, vhi);
+        const __mmask16 in1 = _mm512_cmpge_epi32_mask(pos1, vlo) & _mm512_cmple_epi32_mask(pos1, vhi);
+        if ((in0 | in1) == 0) {
+          std::fill(pp[r], pp[r] + TILE / 2, 0u);
+          continue;
+        }
+        const __m512 a = _mm512_mask_mov_ps(neg_inf, in0, _mm512_load_ps(sc[r]));
+        const __m512 b = _mm512_mask_mov_ps(neg_inf, in1, _mm512_load_ps(sc[r] + 16));
+        const float top = _mm512_reduce_max_ps(_mm512_max_ps(a, b));
+        const float m_new = std::max(m[r], top);
+        const float alpha = m_new == m[r] ? 1.0f : std::exp(m[r] - m_new);  // 0 on the row's first tile (m = -inf)
+        const __m512 shift = _mm512_set1_ps(m_new);
+        const __m512 e0 = _mm512_maskz_mov_ps(in0, exp_nonpositive(_mm512_sub_ps(a, shift)));
+        const __m512 e1 = _mm512_maskz_mov_ps(in1, exp_nonpositive(_mm512_sub_ps(b, shift)));
+        l[r] = l[r] * alpha + _mm512_reduce_add_ps(_mm512_add_ps(e0, e1));
+        m[r] = m_new;
+        if (alpha != 1.0f)
+          for (int64_t c = 0; c < OV; ++c)
+            _mm512_store_ps(o[r] + 16 * c, _mm512_mul_ps(_mm512_load_ps(o[r] + 16 * c), _mm512_set1_ps(alpha)));
+        _mm512_store_si512(pp[r], (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
+      }
+      const uint32_t* vt = vp.data() + t * (TILE / 2) * HS;
+      for (int64_t r = 0; r < rb; r += 2) {  // two rows at a time share each V load
+        const bool two = r + 1 < rb;
+        __m512 acc0[OV], acc1[OV];
+        for (int64_t c = 0; c < OV; ++c) {
+          acc0[c] = _mm512_load_ps(o[r] + 16 * c);
+          acc1[c] = two ? _mm512_load_ps(o[r + 1] + 16 * c) : _mm512_setzero_ps();
+        }
+        for (int64_t j = 0; j < TILE / 2; ++j) {
+          const __m512bh p0v = (__m512bh)_mm512_set1_epi32(static_cast<int>(pp[r][j]));
+          const __m512bh p1v = (__m512bh)_mm512_set1_epi32(static_cast<int>(two ? pp[r + 1][j] : 0u));
+          for (int64_t c = 0; c < OV; ++c) {
+            const __m512bh v = (__m512bh)_mm512_loadu_si512(vt + j * HS + 16 * c);
+            acc0[c] = _mm512_dpbf16_ps(acc0[c], p0v, v);
+            acc1[c] = _mm512_dpbf16_ps(acc1[c], p1v, v);
+          }
+        }
+        for (int64_t c = 0; c < OV; ++c) {
+          _mm512_store_ps(o[r] + 16 * c, acc0[c]);
+          if (two) _mm512_store_ps(o[r + 1] + 16 * c, acc1[c]);
+        }
+      }
+    }
+    for (int64_t r = 0; r < rb; ++r) {
+      const int64_t i = (r0 + r) / group, h = (r0 + r) % group;
+      float* dst = y + i * y_w + h * HS;
+      const float inv = 1.0f / l[r];
+      for (int64_t d = 0; d < HS; ++d) dst[d] = o[r][d] * inv * (out_scale ? out_scale[h * HS + d] : 1.0f);
+    }
+  }
+}
+#endif
+
 template <typename T>
 void attend_item(const float* q, const PagedRows<T>& keys, const PagedRows<T>& values, int64_t n, int64_t group,
                  int64_t hs, float scale,
@@ -1021,6 +1178,18 @@ class LlamaDecoder : public torch::CustomClassHolder {
   void set_prompt_attention(int64_t min_rows) {
     TORCH_CHECK(min_rows >= 0, "min_rows must be >= 0");
     prompt_attention_rows_ = min_rows;
+  }
+
+  // Whether blocks over a bfloat16 cache use the CPU's bfloat16 dot products (attend_block_bf16;
+  // the default, where the CPU has AVX512-BF16) or torch's flash attention over the keys widened
+  // to float32. Returns whether the bfloat16 kernel can run here at all.
+  bool set_prompt_bf16(bool on) {
+    prompt_bf16_ = on;
+#if defined(TSERVE_AVX512)
+    return has_avx512_bf16();
+#else
+    return false;
+#endif
   }
 
   // tokens (B,) long at `positions` -> next-token logits (B, V) float32. Writes each row's K/V
@@ -1362,6 +1531,23 @@ class LlamaDecoder : public torch::CustomClassHolder {
                     const Projection& out_proj, float* y) const {
     const int64_t group = nh_ / nkv_, q_w = nh_ * hs_, row_w = q_w + 2 * nkv_ * hs_;
     const int64_t n = r1 - r0, before = positions[r0], total = before + n;
+#if defined(TSERVE_AVX512)
+    if constexpr (std::is_same_v<T, uint16_t>) {  // a bfloat16 cache: its own dot products where the CPU has them
+      if (prompt_bf16_ && has_avx512_bf16() && (hs_ == 64 || hs_ == 128 || hs_ == 256)) {
+        const int64_t at = g * group * hs_;
+        const float* os = out_proj.inv_scale.empty() ? nullptr : out_proj.inv_scale.data() + at;
+        const float* q = qkv + r0 * row_w + at;
+        float* out = y + r0 * q_w + at;
+        if (hs_ == 64)
+          attend_block_bf16<64>(q, row_w, group, keys, values, before, n, window, scale_, out, q_w, os);
+        else if (hs_ == 128)
+          attend_block_bf16<128>(q, row_w, group, keys, values, before, n, window, scale_, out, q_w, os);
+        else
+          attend_block_bf16<256>(q, row_w, group, keys, values, before, n, window, scale_, out, q_w, os);
+        return;
+      }
+    }
+#endif
     const int64_t first = window > 0 ? std::max<int64_t>(0, before - window + 1) : 0;  // earliest key seen
     const int64_t span = total - first, earlier_keys = before - first;
     auto opts = at::TensorOptions().dtype(at::kFloat);
@@ -1420,6 +1606,7 @@ class LlamaDecoder : public torch::CustomClassHolder {
   }
 
   int64_t prompt_attention_rows_ = 0;  // 0: prompts attend row by row (set_prompt_attention)
+  bool prompt_bf16_ = true;  // blocks over a bfloat16 cache through attend_block_bf16 where the CPU can
   static constexpr int64_t kBlockRows = 256;  // rows of one block (a piece of a longer run)
   int64_t nh_, nkv_, hs_, d_ = 0;
   float eps_, scale_;
@@ -1851,6 +2038,7 @@ TORCH_LIBRARY(tserve_native, m) {
       .def("num_layers", &LlamaDecoder::num_layers)
       .def("use_partner", &LlamaDecoder::use_partner)
       .def("set_prompt_attention", &LlamaDecoder::set_prompt_attention)
+      .def("set_prompt_bf16", &LlamaDecoder::set_prompt_bf16)
       .def("step", &LlamaDecoder::step)
       .def("prefill", &LlamaDecoder::prefill);
 }

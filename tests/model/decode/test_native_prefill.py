@@ -132,3 +132,50 @@ def test_a_long_prompt_attends_as_blocks_close_to_row_by_row(window, fresh_seed)
     rows = _token_by_token(step, reference, long, 1)
     exact = chunked(step, int8, 0)
     assert torch.equal(exact[0], rows[59]) and torch.equal(exact[1], rows[-1])
+
+
+@pytest.mark.parametrize("window,d_model,n_heads,n_kv_heads", [(None, 128, 2, 1), (300, 384, 6, 2), (None, 256, 2, 1)],
+                         ids=["head 64", "window 300, groups of 3", "head 128"])
+def test_blocks_over_a_bfloat16_cache_use_bfloat16_dot_products_close_to_the_row_walk(
+        window, d_model, n_heads, n_kv_heads, fresh_seed):
+    """Over a bfloat16 cache, prompt blocks attend with the CPU's bfloat16 dot products
+    (csrc attend_block_bf16: q and each tile's probabilities rounded to bfloat16, scores and
+    sums float32), flash style with per-row causal and window limits. Every row's logits (a
+    float model, so nothing but attention differs) stay close to the row walk, which reads the
+    same cache in float32, as close as torch's flash attention over the widened keys is; and the
+    kernel did run (other bits than that path). 641 rows in pieces of 256, 256 and 129 with
+    groups of 3: a last block of query rows shorter than the kernel's four."""
+    from model import build_model
+    from model.decode.native import _tables
+    from tests.model.nn.test_llama import llama_config
+
+    windowed = {} if window is None else dict(sliding_window=window)
+    model = build_model(llama_config(max_positions=720, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                                     **windowed)).init_weights(fresh_seed).eval()
+    step = NativeStep(model, kv_dtype=torch.bfloat16)
+    if not step.plan.set_prompt_bf16(True):
+        pytest.skip("this CPU has no AVX512-BF16: blocks over a bfloat16 cache take torch's flash attention")
+    prompt = random_prompts(model, fresh_seed, (700,))[0]
+
+    def every_row(min_rows: int, bf16: bool) -> torch.Tensor:
+        step.plan.set_prompt_attention(min_rows)
+        step.plan.set_prompt_bf16(bf16)
+        cache = model.new_cache(1, 720, dtype=torch.bfloat16)
+        cache.ensure(0, 700)
+        out = []
+        with torch.inference_mode():  # 59 rows (the row walk either way), then 641 continuing
+            for lo, hi in ((0, 59), (59, 700)):
+                positions, tables = _tables(cache, [0] * (hi - lo), list(range(lo, hi)))
+                out.append(step.plan.prefill(torch.tensor(prompt[lo:hi]), cache.k, cache.v, tables, positions,
+                                             list(range(hi - lo))))
+        step.plan.set_prompt_attention(native_decode.PROMPT_ATTENTION_ROWS)
+        step.plan.set_prompt_bf16(True)
+        return torch.cat(out)
+
+    walk, flash, bf16 = every_row(0, False), every_row(128, False), every_row(128, True)
+    assert torch.equal(bf16[:59], walk[:59])  # under 128 rows: the row walk
+    flash_error = (flash - walk).abs().max().item()
+    bf16_error = (bf16 - walk).abs().max().item()
+    assert 0 < bf16_error < max(4 * flash_error, 2e-3 * walk.abs().max().item()), (bf16_error, flash_error)
+    assert not torch.equal(bf16, flash)
+    assert (bf16.argmax(-1) == walk.argmax(-1)).float().mean() > 0.99
