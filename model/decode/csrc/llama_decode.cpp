@@ -923,7 +923,8 @@ TSERVE_TARGET_BF16 void attend_block_bf16(const float* qkv, int64_t row_w, int64
   for (int64_t r0 = 0; r0 < R; r0 += RB) {
     const int64_t rb = std::min<int64_t>(RB, R - r0);
     int64_t lo[RB], hi[RB];
-    float m[RB], l[RB];
+    float m[RB];
+    alignas(64) float l[RB][16];  // each row's softmax denominator as 16 partial sums, added up at the end
     alignas(64) float o[RB][HS];
     alignas(64) uint32_t pp[RB][TILE / 2];
     int64_t first_key = end, last_key = 0;
@@ -936,7 +937,7 @@ TSERVE_TARGET_BF16 void attend_block_bf16(const float* qkv, int64_t row_w, int64
       first_key = std::min(first_key, lo[r]);
       last_key = std::max(last_key, hi[r]);
       m[r] = -std::numeric_limits<float>::infinity();
-      l[r] = 0.0f;
+      std::fill(l[r], l[r] + 16, 0.0f);
       std::fill(o[r], o[r] + HS, 0.0f);
     }
     for (int64_t t = (first_key - lo_all) / TILE; t <= (last_key - lo_all) / TILE; ++t) {
@@ -980,7 +981,7 @@ TSERVE_TARGET_BF16 void attend_block_bf16(const float* qkv, int64_t row_w, int64
         const __m512 shift = _mm512_set1_ps(m_new);
         const __m512 e0 = _mm512_maskz_mov_ps(in0, exp_nonpositive(_mm512_sub_ps(a, shift)));
         const __m512 e1 = _mm512_maskz_mov_ps(in1, exp_nonpositive(_mm512_sub_ps(b, shift)));
-        l[r] = l[r] * alpha + _mm512_reduce_add_ps(_mm512_add_ps(e0, e1));
+        _mm512_store_ps(l[r], _mm512_fmadd_ps(_mm512_load_ps(l[r]), _mm512_set1_ps(alpha), _mm512_add_ps(e0, e1)));
         m[r] = m_new;
         if (alpha != 1.0f)
           for (int64_t c = 0; c < OV; ++c)
@@ -1013,7 +1014,7 @@ TSERVE_TARGET_BF16 void attend_block_bf16(const float* qkv, int64_t row_w, int64
     for (int64_t r = 0; r < rb; ++r) {
       const int64_t i = (r0 + r) / group, h = (r0 + r) % group;
       float* dst = y + i * y_w + h * HS;
-      const float inv = 1.0f / l[r];
+      const float inv = 1.0f / _mm512_reduce_add_ps(_mm512_load_ps(l[r]));
       for (int64_t d = 0; d < HS; ++d) dst[d] = o[r][d] * inv * (out_scale ? out_scale[h * HS + d] : 1.0f);
     }
   }
