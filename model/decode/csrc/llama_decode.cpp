@@ -920,103 +920,114 @@ TSERVE_TARGET_BF16 void attend_block_bf16(const float* qkv, int64_t row_w, int64
   }
   const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  for (int64_t r0 = 0; r0 < R; r0 += RB) {
-    const int64_t rb = std::min<int64_t>(RB, R - r0);
-    int64_t lo[RB], hi[RB];
-    float m[RB];
-    alignas(64) float l[RB][16];  // each row's softmax denominator as 16 partial sums, added up at the end
-    alignas(64) float o[RB][HS];
-    alignas(64) uint32_t pp[RB][TILE / 2];
-    int64_t first_key = end, last_key = 0;
-    const uint32_t* qrow[RB];  // a short last block repeats its last row
-    for (int64_t r = 0; r < RB; ++r) {
-      qrow[r] = qb.data() + (r0 + std::min(r, rb - 1)) * PAIRS;
-      const int64_t i = (r0 + std::min(r, rb - 1)) / group;
-      hi[r] = p0 + i;
-      lo[r] = window > 0 ? std::max<int64_t>(0, p0 + i - window + 1) : 0;
-      first_key = std::min(first_key, lo[r]);
-      last_key = std::max(last_key, hi[r]);
-      m[r] = -std::numeric_limits<float>::infinity();
-      std::fill(l[r], l[r] + 16, 0.0f);
-      std::fill(o[r], o[r] + HS, 0.0f);
-    }
-    for (int64_t t = (first_key - lo_all) / TILE; t <= (last_key - lo_all) / TILE; ++t) {
-      const int64_t key0 = lo_all + t * TILE;
-      const uint32_t* kt = kp.data() + t * PAIRS * TILE;
-      __m512 s[RB][2];  // unrolled: the eight sums stay in registers
-#pragma GCC unroll 4
-      for (int r = 0; r < RB; ++r) s[r][0] = s[r][1] = _mm512_setzero_ps();
-      for (int64_t d2 = 0; d2 < PAIRS; ++d2) {
-        const __m512bh k0 = (__m512bh)_mm512_loadu_si512(kt + d2 * TILE);
-        const __m512bh k1 = (__m512bh)_mm512_loadu_si512(kt + d2 * TILE + 16);
-#pragma GCC unroll 4
-        for (int r = 0; r < RB; ++r) {
-          const __m512bh qv = (__m512bh)_mm512_set1_epi32(static_cast<int>(qrow[r][d2]));
-          s[r][0] = _mm512_dpbf16_ps(s[r][0], qv, k0);
-          s[r][1] = _mm512_dpbf16_ps(s[r][1], qv, k1);
-        }
+  // Each row's running max, denominator (16 partial sums, added up at the end) and output: kept
+  // across chunks of keys, so every row block walks one chunk (K and V of 512 keys, 128 kB at
+  // head size 64) while it is in this core's cache, not the whole span (768 kB at 3,000 keys).
+  thread_local std::vector<float> st_m, st_l, st_o;
+  st_m.assign(R, -std::numeric_limits<float>::infinity());
+  st_l.assign(R * 16, 0.0f);
+  st_o.assign(R * HS, 0.0f);
+  constexpr int64_t CHUNK_TILES = 16;
+  for (int64_t t_begin = 0; t_begin < tiles; t_begin += CHUNK_TILES) {
+    const int64_t t_end = std::min(tiles, t_begin + CHUNK_TILES);
+    for (int64_t r0 = 0; r0 < R; r0 += RB) {
+      const int64_t rb = std::min<int64_t>(RB, R - r0);
+      int64_t lo[RB], hi[RB];
+      float* m = st_m.data() + r0;
+      float(*l)[16] = reinterpret_cast<float(*)[16]>(st_l.data() + r0 * 16);
+      float(*o)[HS] = reinterpret_cast<float(*)[HS]>(st_o.data() + r0 * HS);
+      alignas(64) uint32_t pp[RB][TILE / 2];
+      int64_t first_key = end, last_key = 0;
+      const uint32_t* qrow[RB];  // a short last block repeats its last row
+      for (int64_t r = 0; r < RB; ++r) {
+        qrow[r] = qb.data() + (r0 + std::min(r, rb - 1)) * PAIRS;
+        const int64_t i = (r0 + std::min(r, rb - 1)) / group;
+        hi[r] = p0 + i;
+        lo[r] = window > 0 ? std::max<int64_t>(0, p0 + i - window + 1) : 0;
+        first_key = std::min(first_key, lo[r]);
+        last_key = std::max(last_key, hi[r]);
       }
-      alignas(64) float sc[RB][TILE];  // the softmax below indexes rows at run time: from memory
-#pragma GCC unroll 4
-      for (int r = 0; r < RB; ++r) {
-        _mm512_store_ps(sc[r], s[r][0]);
-        _mm512_store_ps(sc[r] + 16, s[r][1]);
-      }
-      for (int64_t r = 0; r < rb; ++r) {
-        // keys of this tile the row sees: lo <= key0 + c <= hi
-        const __m512i pos0 = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(key0)), iota);
-        const __m512i pos1 = _mm512_add_epi32(pos0, _mm512_set1_epi32(16));
-        const __m512i vlo = _mm512_set1_epi32(static_cast<int>(lo[r])), vhi = _mm512_set1_epi32(static_cast<int>(hi[r]));
-        const __mmask16 in0 = _mm512_cmpge_epi32_mask(pos0, vlo) & _mm512_cmple_epi32_mask(pos0, vhi);
-        const __mmask16 in1 = _mm512_cmpge_epi32_mask(pos1, vlo) & _mm512_cmple_epi32_mask(pos1, vhi);
-        if ((in0 | in1) == 0) {
-          std::fill(pp[r], pp[r] + TILE / 2, 0u);
-          continue;
-        }
-        const __m512 a = _mm512_mask_mov_ps(neg_inf, in0, _mm512_load_ps(sc[r]));
-        const __m512 b = _mm512_mask_mov_ps(neg_inf, in1, _mm512_load_ps(sc[r] + 16));
-        const float top = _mm512_reduce_max_ps(_mm512_max_ps(a, b));
-        const float m_new = std::max(m[r], top);
-        const float alpha = m_new == m[r] ? 1.0f : std::exp(m[r] - m_new);  // 0 on the row's first tile (m = -inf)
-        const __m512 shift = _mm512_set1_ps(m_new);
-        const __m512 e0 = _mm512_maskz_mov_ps(in0, exp_nonpositive(_mm512_sub_ps(a, shift)));
-        const __m512 e1 = _mm512_maskz_mov_ps(in1, exp_nonpositive(_mm512_sub_ps(b, shift)));
-        _mm512_store_ps(l[r], _mm512_fmadd_ps(_mm512_load_ps(l[r]), _mm512_set1_ps(alpha), _mm512_add_ps(e0, e1)));
-        m[r] = m_new;
-        if (alpha != 1.0f)
-          for (int64_t c = 0; c < OV; ++c)
-            _mm512_store_ps(o[r] + 16 * c, _mm512_mul_ps(_mm512_load_ps(o[r] + 16 * c), _mm512_set1_ps(alpha)));
-        _mm512_store_si512(pp[r], (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
-      }
-      const uint32_t* vt = vp.data() + t * (TILE / 2) * HS;
-      for (int64_t r = 0; r < rb; r += 2) {  // two rows at a time share each V load
-        const bool two = r + 1 < rb;
-        __m512 acc0[OV], acc1[OV];
-        for (int64_t c = 0; c < OV; ++c) {
-          acc0[c] = _mm512_load_ps(o[r] + 16 * c);
-          acc1[c] = two ? _mm512_load_ps(o[r + 1] + 16 * c) : _mm512_setzero_ps();
-        }
-        for (int64_t j = 0; j < TILE / 2; ++j) {
-          const __m512bh p0v = (__m512bh)_mm512_set1_epi32(static_cast<int>(pp[r][j]));
-          const __m512bh p1v = (__m512bh)_mm512_set1_epi32(static_cast<int>(two ? pp[r + 1][j] : 0u));
-          for (int64_t c = 0; c < OV; ++c) {
-            const __m512bh v = (__m512bh)_mm512_loadu_si512(vt + j * HS + 16 * c);
-            acc0[c] = _mm512_dpbf16_ps(acc0[c], p0v, v);
-            acc1[c] = _mm512_dpbf16_ps(acc1[c], p1v, v);
+      const int64_t t0 = std::max(t_begin, (first_key - lo_all) / TILE);
+      const int64_t t1 = std::min(t_end - 1, (last_key - lo_all) / TILE);
+      for (int64_t t = t0; t <= t1; ++t) {
+        const int64_t key0 = lo_all + t * TILE;
+        const uint32_t* kt = kp.data() + t * PAIRS * TILE;
+        __m512 s[RB][2];  // unrolled: the eight sums stay in registers
+  #pragma GCC unroll 4
+        for (int r = 0; r < RB; ++r) s[r][0] = s[r][1] = _mm512_setzero_ps();
+        for (int64_t d2 = 0; d2 < PAIRS; ++d2) {
+          const __m512bh k0 = (__m512bh)_mm512_loadu_si512(kt + d2 * TILE);
+          const __m512bh k1 = (__m512bh)_mm512_loadu_si512(kt + d2 * TILE + 16);
+  #pragma GCC unroll 4
+          for (int r = 0; r < RB; ++r) {
+            const __m512bh qv = (__m512bh)_mm512_set1_epi32(static_cast<int>(qrow[r][d2]));
+            s[r][0] = _mm512_dpbf16_ps(s[r][0], qv, k0);
+            s[r][1] = _mm512_dpbf16_ps(s[r][1], qv, k1);
           }
         }
-        for (int64_t c = 0; c < OV; ++c) {
-          _mm512_store_ps(o[r] + 16 * c, acc0[c]);
-          if (two) _mm512_store_ps(o[r + 1] + 16 * c, acc1[c]);
+        alignas(64) float sc[RB][TILE];  // the softmax below indexes rows at run time: from memory
+  #pragma GCC unroll 4
+        for (int r = 0; r < RB; ++r) {
+          _mm512_store_ps(sc[r], s[r][0]);
+          _mm512_store_ps(sc[r] + 16, s[r][1]);
+        }
+        for (int64_t r = 0; r < rb; ++r) {
+          // keys of this tile the row sees: lo <= key0 + c <= hi
+          const __m512i pos0 = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(key0)), iota);
+          const __m512i pos1 = _mm512_add_epi32(pos0, _mm512_set1_epi32(16));
+          const __m512i vlo = _mm512_set1_epi32(static_cast<int>(lo[r])), vhi = _mm512_set1_epi32(static_cast<int>(hi[r]));
+          const __mmask16 in0 = _mm512_cmpge_epi32_mask(pos0, vlo) & _mm512_cmple_epi32_mask(pos0, vhi);
+          const __mmask16 in1 = _mm512_cmpge_epi32_mask(pos1, vlo) & _mm512_cmple_epi32_mask(pos1, vhi);
+          if ((in0 | in1) == 0) {
+            std::fill(pp[r], pp[r] + TILE / 2, 0u);
+            continue;
+          }
+          const __m512 a = _mm512_mask_mov_ps(neg_inf, in0, _mm512_load_ps(sc[r]));
+          const __m512 b = _mm512_mask_mov_ps(neg_inf, in1, _mm512_load_ps(sc[r] + 16));
+          const float top = _mm512_reduce_max_ps(_mm512_max_ps(a, b));
+          const float m_new = std::max(m[r], top);
+          const float alpha = m_new == m[r] ? 1.0f : std::exp(m[r] - m_new);  // 0 on the row's first tile (m = -inf)
+          const __m512 shift = _mm512_set1_ps(m_new);
+          const __m512 e0 = _mm512_maskz_mov_ps(in0, exp_nonpositive(_mm512_sub_ps(a, shift)));
+          const __m512 e1 = _mm512_maskz_mov_ps(in1, exp_nonpositive(_mm512_sub_ps(b, shift)));
+          _mm512_storeu_ps(l[r], _mm512_fmadd_ps(_mm512_loadu_ps(l[r]), _mm512_set1_ps(alpha), _mm512_add_ps(e0, e1)));
+          m[r] = m_new;
+          if (alpha != 1.0f)
+            for (int64_t c = 0; c < OV; ++c)
+              _mm512_storeu_ps(o[r] + 16 * c, _mm512_mul_ps(_mm512_loadu_ps(o[r] + 16 * c), _mm512_set1_ps(alpha)));
+          _mm512_store_si512(pp[r], (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
+        }
+        const uint32_t* vt = vp.data() + t * (TILE / 2) * HS;
+        for (int64_t r = 0; r < rb; r += 2) {  // two rows at a time share each V load
+          const bool two = r + 1 < rb;
+          __m512 acc0[OV], acc1[OV];
+          for (int64_t c = 0; c < OV; ++c) {
+            acc0[c] = _mm512_loadu_ps(o[r] + 16 * c);
+            acc1[c] = two ? _mm512_loadu_ps(o[r + 1] + 16 * c) : _mm512_setzero_ps();
+          }
+          for (int64_t j = 0; j < TILE / 2; ++j) {
+            const __m512bh p0v = (__m512bh)_mm512_set1_epi32(static_cast<int>(pp[r][j]));
+            const __m512bh p1v = (__m512bh)_mm512_set1_epi32(static_cast<int>(two ? pp[r + 1][j] : 0u));
+            for (int64_t c = 0; c < OV; ++c) {
+              const __m512bh v = (__m512bh)_mm512_loadu_si512(vt + j * HS + 16 * c);
+              acc0[c] = _mm512_dpbf16_ps(acc0[c], p0v, v);
+              acc1[c] = _mm512_dpbf16_ps(acc1[c], p1v, v);
+            }
+          }
+          for (int64_t c = 0; c < OV; ++c) {
+            _mm512_storeu_ps(o[r] + 16 * c, acc0[c]);
+            if (two) _mm512_storeu_ps(o[r + 1] + 16 * c, acc1[c]);
+          }
         }
       }
     }
-    for (int64_t r = 0; r < rb; ++r) {
-      const int64_t i = (r0 + r) / group, h = (r0 + r) % group;
-      float* dst = y + i * y_w + h * HS;
-      const float inv = 1.0f / _mm512_reduce_add_ps(_mm512_load_ps(l[r]));
-      for (int64_t d = 0; d < HS; ++d) dst[d] = o[r][d] * inv * (out_scale ? out_scale[h * HS + d] : 1.0f);
-    }
+  }
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t i = r / group, h = r % group;
+    float* dst = y + i * y_w + h * HS;
+    const float* o = st_o.data() + r * HS;
+    const float inv = 1.0f / _mm512_reduce_add_ps(_mm512_loadu_ps(st_l.data() + r * 16));
+    for (int64_t d = 0; d < HS; ++d) dst[d] = o[d] * inv * (out_scale ? out_scale[h * HS + d] : 1.0f);
   }
 }
 #endif
