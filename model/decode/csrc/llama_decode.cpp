@@ -891,6 +891,7 @@ TSERVE_TARGET_BF16 void attend_block_bf16(const float* qkv, int64_t row_w, int64
                                           const PagedRows<uint16_t>& values, int64_t p0, int64_t n, int64_t window,
                                           float scale, float* y, int64_t y_w, const float* out_scale) {
   constexpr int64_t PAIRS = HS / 2, TILE = 32, RB = 4, OV = HS / 16;  // OV: float vectors per output row
+  static_assert(HS % 64 == 0, "head sizes of 64, 128, 256");
   const int64_t lo_all = window > 0 ? std::max<int64_t>(0, p0 - window + 1) : 0, end = p0 + n;
   const int64_t tiles = (end - lo_all + TILE - 1) / TILE;
   // K as VNNI pairs: tile t, pair d2 -> 32 keys' (k[2 d2], k[2 d2 + 1]) words; V as key pairs:
@@ -1000,23 +1001,25 @@ TSERVE_TARGET_BF16 void attend_block_bf16(const float* qkv, int64_t row_w, int64
         const uint32_t* vt = vp.data() + t * (TILE / 2) * HS;
         for (int64_t r = 0; r < rb; r += 2) {  // two rows at a time share each V load
           const bool two = r + 1 < rb;
-          __m512 acc0[OV], acc1[OV];
-          for (int64_t c = 0; c < OV; ++c) {
-            acc0[c] = _mm512_loadu_ps(o[r] + 16 * c);
-            acc1[c] = two ? _mm512_loadu_ps(o[r + 1] + 16 * c) : _mm512_setzero_ps();
-          }
-          for (int64_t j = 0; j < TILE / 2; ++j) {
-            const __m512bh p0v = (__m512bh)_mm512_set1_epi32(static_cast<int>(pp[r][j]));
-            const __m512bh p1v = (__m512bh)_mm512_set1_epi32(static_cast<int>(two ? pp[r + 1][j] : 0u));
-            for (int64_t c = 0; c < OV; ++c) {
-              const __m512bh v = (__m512bh)_mm512_loadu_si512(vt + j * HS + 16 * c);
-              acc0[c] = _mm512_dpbf16_ps(acc0[c], p0v, v);
-              acc1[c] = _mm512_dpbf16_ps(acc1[c], p1v, v);
+          for (int64_t cg = 0; cg < HS; cg += 64) {  // 64 outputs at a time: 8 sums in registers
+            __m512 acc0[4], acc1[4];
+            for (int64_t c = 0; c < 4; ++c) {
+              acc0[c] = _mm512_loadu_ps(o[r] + cg + 16 * c);
+              acc1[c] = two ? _mm512_loadu_ps(o[r + 1] + cg + 16 * c) : _mm512_setzero_ps();
             }
-          }
-          for (int64_t c = 0; c < OV; ++c) {
-            _mm512_storeu_ps(o[r] + 16 * c, acc0[c]);
-            if (two) _mm512_storeu_ps(o[r + 1] + 16 * c, acc1[c]);
+            for (int64_t j = 0; j < TILE / 2; ++j) {
+              const __m512bh p0v = (__m512bh)_mm512_set1_epi32(static_cast<int>(pp[r][j]));
+              const __m512bh p1v = (__m512bh)_mm512_set1_epi32(static_cast<int>(two ? pp[r + 1][j] : 0u));
+              for (int64_t c = 0; c < 4; ++c) {
+                const __m512bh v = (__m512bh)_mm512_loadu_si512(vt + j * HS + cg + 16 * c);
+                acc0[c] = _mm512_dpbf16_ps(acc0[c], p0v, v);
+                acc1[c] = _mm512_dpbf16_ps(acc1[c], p1v, v);
+              }
+            }
+            for (int64_t c = 0; c < 4; ++c) {
+              _mm512_storeu_ps(o[r] + cg + 16 * c, acc0[c]);
+              if (two) _mm512_storeu_ps(o[r + 1] + cg + 16 * c, acc1[c]);
+            }
           }
         }
       }
