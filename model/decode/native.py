@@ -250,8 +250,9 @@ def wants_native(mode: str, model: nn.Module, library: str | Path | None = None)
 PARTNER_ROWS = 1 << 30
 
 # A prompt chunk of at least this many rows of one sequence attends as a block (csrc:
-# attend_block, torch's CPU flash attention over its keys gathered once; on a layer with a window,
-# one wider than a 256-row block) instead of row by row; 0 = row by row always.
+# attend_block: over a bfloat16 cache with the CPU's AVX512-BF16 dot products, attend_block_bf16,
+# where it has them, else torch's CPU flash attention over its keys gathered once; on a layer with
+# a window, one wider than a 256-row block) instead of row by row; 0 = row by row always.
 PROMPT_ATTENTION_ROWS = 128
 
 # The gate activations the C++ step implements, by its codes (csrc: enum Activation).
@@ -307,8 +308,8 @@ class NativeStep:
                 for proj in (attn.qkv_proj, attn.out_proj, ffn.gate, ffn.up, ffn.down):
                     self.extra_bytes += self._add(plan, proj, weights4)
             self.extra_bytes += self._add(plan, model.lm_head.proj, weights4)
-        # Prompts attend as blocks (torch's flash attention) from PROMPT_ATTENTION_ROWS rows of
-        # one sequence on: bit for bit one decode step per token below that, float rounding above.
+        # Prompts attend as blocks from PROMPT_ATTENTION_ROWS rows of one sequence on: bit for bit
+        # one decode step per token below that, float (or bfloat16 product) rounding above.
         plan.set_prompt_attention(PROMPT_ATTENTION_ROWS)
         self.plan = plan
 

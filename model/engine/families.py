@@ -20,13 +20,15 @@ from model.nn.transformer import DecoderLM, EncoderDecoder
 
 # Up to where the native step's prefill was measured to pay. Its int8 projections cost about
 # half the float forward's per row; its attention walks each row's positions one by one for
-# short chunks and attends as blocks (torch's flash attention, model.decode.native.
-# PROMPT_ATTENTION_ROWS) from 128 rows of one sequence on (on windowed layers too, where the
-# window is wider than a block). Measured (2 cores, `python -m benchmarks.prefill`, 2026-11-26
-# 03:10 UTC), native / float prompt tokens/s: SmolLM2-135M 3.5x at 16 tokens, 1.75x at 256,
-# 1.3x at 1,000 and 3,000, 1.2x at 6,000; Gemma 3 270M 3.1x, 1.5x, 1.5x, 2.4x, 2.7x. A chunk
-# goes native while the mean position of its rows is at most this (a 6,000-token prompt written
-# from position 0); longer ones were not measured and go through the float forward.
+# short chunks and attends as blocks (model.decode.native.PROMPT_ATTENTION_ROWS) from 128 rows
+# of one sequence on (on windowed layers too, where the window is wider than a block): over a
+# bfloat16 cache with the CPU's bfloat16 dot products where it has them (csrc attend_block_bf16),
+# else torch's flash attention. Measured (2 cores, `python -m benchmarks.prefill`, 2026-11-26
+# 10:42 UTC), native / float prompt tokens/s: SmolLM2-135M 4.1x at 16 tokens, 3.0x at 256,
+# 2.6x at 1,000, 2.0x at 3,000 and 6,000, 2.2x at 6,764; Gemma 3 270M 4.1x, 2.8x, 2.9x, 3.4x,
+# 4.3x, 4.6x at 6,937. A chunk goes native while the mean position of its rows is at most this
+# (a 6,000-token prompt written from position 0); longer ones were not measured and go through
+# the float forward.
 NATIVE_PREFILL_MEAN_POSITION = 3000
 
 
