@@ -117,3 +117,50 @@ def test_load_statistics_count_tokens_inside_the_window_and_spread_chunk_gaps():
     assert a.inter_token_gaps() == [0.5, 0.5, 0.5]  # the 2-token chunk's 1 s gap counts as 0.5 s per token
     assert result.ttfts == [0.5, 2.5]
     assert result.errors == 1
+
+
+def test_the_embeddings_load_client_keeps_its_connection_and_reads_whole_answers():
+    """The lean keep-alive client of the embeddings load (benchmarks.embeddings._KeepAlive), against
+    a real socket server: two requests on one connection, each answer's status and whole body read
+    (the second answer is split across writes), the JSON body sent as declared; an answer without
+    Content-Length is refused by name."""
+    import asyncio
+
+    from benchmarks.embeddings import _KeepAlive
+
+    seen: list[bytes] = []
+    connections = 0
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        for status, body in ((200, b'{"ok": 1}'), (429, b'{"error": "busy, come back later"}'), (200, None)):
+            head = await reader.readuntil(b"\r\n\r\n")
+            field = next(x for x in head.split(b"\r\n") if x.lower().startswith(b"content-length:"))
+            length = int(field.split(b":")[1])
+            seen.append(await reader.readexactly(length))
+            if body is None:
+                writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
+            else:
+                writer.write(f"HTTP/1.1 {status} X\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body[:5])
+                await writer.drain()
+                writer.write(body[5:])
+            await writer.drain()
+        writer.close()
+
+    async def main() -> list[int]:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        conn = _KeepAlive("127.0.0.1", port)
+        statuses = [await conn.post("/v1/embeddings", {"input": "a"}),
+                    await conn.post("/v1/embeddings", {"input": "bé"})]
+        with pytest.raises(RuntimeError, match="no Content-Length"):
+            await conn.post("/v1/embeddings", {"input": "c"})
+        await conn.close()
+        server.close()
+        await server.wait_closed()
+        return statuses
+
+    assert asyncio.run(main()) == [200, 429]
+    assert connections == 1
+    assert [json.loads(b) for b in seen] == [{"input": "a"}, {"input": "bé"}, {"input": "c"}]
