@@ -890,7 +890,7 @@ template <int HS>
 TSERVE_TARGET_BF16 void attend_block_bf16(const float* qkv, int64_t row_w, int64_t group, const PagedRows<uint16_t>& keys,
                                           const PagedRows<uint16_t>& values, int64_t p0, int64_t n, int64_t window,
                                           float scale, float* y, int64_t y_w, const float* out_scale) {
-  constexpr int64_t PAIRS = HS / 2, TILE = 32, RB = 4, OV = HS / 16;  // OV: float vectors per output row
+  constexpr int64_t PAIRS = HS / 2, TILE = 64, TV = TILE / 16, RB = 4, OV = HS / 16;  // TV, OV: float vectors per tile, per output row
   static_assert(HS % 64 == 0, "head sizes of 64, 128, 256");
   const int64_t lo_all = window > 0 ? std::max<int64_t>(0, p0 - window + 1) : 0, end = p0 + n;
   const int64_t tiles = (end - lo_all + TILE - 1) / TILE;
@@ -928,7 +928,7 @@ TSERVE_TARGET_BF16 void attend_block_bf16(const float* qkv, int64_t row_w, int64
   st_m.assign(R, -std::numeric_limits<float>::infinity());
   st_l.assign(R * 16, 0.0f);
   st_o.assign(R * HS, 0.0f);
-  constexpr int64_t CHUNK_TILES = 16;
+  constexpr int64_t CHUNK_TILES = 512 / TILE;
   for (int64_t t_begin = 0; t_begin < tiles; t_begin += CHUNK_TILES) {
     const int64_t t_end = std::min(tiles, t_begin + CHUNK_TILES);
     for (int64_t r0 = 0; r0 < R; r0 += RB) {
@@ -953,50 +953,62 @@ TSERVE_TARGET_BF16 void attend_block_bf16(const float* qkv, int64_t row_w, int64
       for (int64_t t = t0; t <= t1; ++t) {
         const int64_t key0 = lo_all + t * TILE;
         const uint32_t* kt = kp.data() + t * PAIRS * TILE;
-        __m512 s[RB][2];  // unrolled: the eight sums stay in registers
-  #pragma GCC unroll 4
-        for (int r = 0; r < RB; ++r) s[r][0] = s[r][1] = _mm512_setzero_ps();
+        __m512 s[RB][TV];  // unrolled: the sixteen sums stay in registers
+#pragma GCC unroll 4
+        for (int r = 0; r < RB; ++r)
+#pragma GCC unroll 4
+          for (int v = 0; v < TV; ++v) s[r][v] = _mm512_setzero_ps();
         for (int64_t d2 = 0; d2 < PAIRS; ++d2) {
-          const __m512bh k0 = (__m512bh)_mm512_loadu_si512(kt + d2 * TILE);
-          const __m512bh k1 = (__m512bh)_mm512_loadu_si512(kt + d2 * TILE + 16);
-  #pragma GCC unroll 4
+          __m512bh k[TV];
+#pragma GCC unroll 4
+          for (int v = 0; v < TV; ++v) k[v] = (__m512bh)_mm512_loadu_si512(kt + d2 * TILE + 16 * v);
+#pragma GCC unroll 4
           for (int r = 0; r < RB; ++r) {
             const __m512bh qv = (__m512bh)_mm512_set1_epi32(static_cast<int>(qrow[r][d2]));
-            s[r][0] = _mm512_dpbf16_ps(s[r][0], qv, k0);
-            s[r][1] = _mm512_dpbf16_ps(s[r][1], qv, k1);
+#pragma GCC unroll 4
+            for (int v = 0; v < TV; ++v) s[r][v] = _mm512_dpbf16_ps(s[r][v], qv, k[v]);
           }
         }
         alignas(64) float sc[RB][TILE];  // the softmax below indexes rows at run time: from memory
-  #pragma GCC unroll 4
-        for (int r = 0; r < RB; ++r) {
-          _mm512_store_ps(sc[r], s[r][0]);
-          _mm512_store_ps(sc[r] + 16, s[r][1]);
-        }
+#pragma GCC unroll 4
+        for (int r = 0; r < RB; ++r)
+#pragma GCC unroll 4
+          for (int v = 0; v < TV; ++v) _mm512_store_ps(sc[r] + 16 * v, s[r][v]);
         for (int64_t r = 0; r < rb; ++r) {
           // keys of this tile the row sees: lo <= key0 + c <= hi
-          const __m512i pos0 = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(key0)), iota);
-          const __m512i pos1 = _mm512_add_epi32(pos0, _mm512_set1_epi32(16));
           const __m512i vlo = _mm512_set1_epi32(static_cast<int>(lo[r])), vhi = _mm512_set1_epi32(static_cast<int>(hi[r]));
-          const __mmask16 in0 = _mm512_cmpge_epi32_mask(pos0, vlo) & _mm512_cmple_epi32_mask(pos0, vhi);
-          const __mmask16 in1 = _mm512_cmpge_epi32_mask(pos1, vlo) & _mm512_cmple_epi32_mask(pos1, vhi);
-          if ((in0 | in1) == 0) {
+          __mmask16 in[TV];
+          __mmask16 any = 0;
+          for (int v = 0; v < TV; ++v) {
+            const __m512i pos = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(key0 + 16 * v)), iota);
+            in[v] = _mm512_cmpge_epi32_mask(pos, vlo) & _mm512_cmple_epi32_mask(pos, vhi);
+            any |= in[v];
+          }
+          if (any == 0) {
             std::fill(pp[r], pp[r] + TILE / 2, 0u);
             continue;
           }
-          const __m512 a = _mm512_mask_mov_ps(neg_inf, in0, _mm512_load_ps(sc[r]));
-          const __m512 b = _mm512_mask_mov_ps(neg_inf, in1, _mm512_load_ps(sc[r] + 16));
-          const float top = _mm512_reduce_max_ps(_mm512_max_ps(a, b));
-          const float m_new = std::max(m[r], top);
+          __m512 a[TV];
+          __m512 top_v = neg_inf;
+          for (int v = 0; v < TV; ++v) {
+            a[v] = _mm512_mask_mov_ps(neg_inf, in[v], _mm512_load_ps(sc[r] + 16 * v));
+            top_v = _mm512_max_ps(top_v, a[v]);
+          }
+          const float m_new = std::max(m[r], _mm512_reduce_max_ps(top_v));
           const float alpha = m_new == m[r] ? 1.0f : std::exp(m[r] - m_new);  // 0 on the row's first tile (m = -inf)
           const __m512 shift = _mm512_set1_ps(m_new);
-          const __m512 e0 = _mm512_maskz_mov_ps(in0, exp_nonpositive(_mm512_sub_ps(a, shift)));
-          const __m512 e1 = _mm512_maskz_mov_ps(in1, exp_nonpositive(_mm512_sub_ps(b, shift)));
-          _mm512_storeu_ps(l[r], _mm512_fmadd_ps(_mm512_loadu_ps(l[r]), _mm512_set1_ps(alpha), _mm512_add_ps(e0, e1)));
+          __m512 sum = _mm512_setzero_ps();
+          for (int v = 0; v < TV; ++v) {
+            a[v] = _mm512_maskz_mov_ps(in[v], exp_nonpositive(_mm512_sub_ps(a[v], shift)));
+            sum = _mm512_add_ps(sum, a[v]);
+          }
+          _mm512_storeu_ps(l[r], _mm512_fmadd_ps(_mm512_loadu_ps(l[r]), _mm512_set1_ps(alpha), sum));
           m[r] = m_new;
           if (alpha != 1.0f)
             for (int64_t c = 0; c < OV; ++c)
               _mm512_storeu_ps(o[r] + 16 * c, _mm512_mul_ps(_mm512_loadu_ps(o[r] + 16 * c), _mm512_set1_ps(alpha)));
-          _mm512_store_si512(pp[r], (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
+          for (int v = 0; v < TV; v += 2)  // 32 probabilities as 16 bfloat16 pairs: keys 16 v .. 16 v + 31
+            _mm512_store_si512(pp[r] + 8 * v, (__m512i)_mm512_cvtne2ps_pbh(a[v + 1], a[v]));
         }
         const uint32_t* vt = vp.data() + t * (TILE / 2) * HS;
         for (int64_t r = 0; r < rb; r += 2) {  // two rows at a time share each V load
