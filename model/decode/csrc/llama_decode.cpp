@@ -874,7 +874,7 @@ inline bool has_avx512_bf16() {
 
 // Prompt rows attending as a block over a bfloat16 cache with the CPU's bfloat16 dot products
 // (AVX512-BF16's vdpbf16ps: 32 products a vector into 16 float32 sums, twice float32 FMA's rate),
-// flash style: keys in tiles of 32, an online softmax per query row, nothing the size of
+// flash style: keys in tiles of 64, an online softmax per query row, nothing the size of
 // rows x keys in memory. What is rounded to bfloat16: q (times the softmax scale) and each
 // tile's probabilities before they weight V; K and V already are. Scores, the softmax and the
 // sums stay float32. So it is close to, not bit for bit, the float32 path (torch's flash
@@ -894,7 +894,7 @@ TSERVE_TARGET_BF16 void attend_block_bf16(const float* qkv, int64_t row_w, int64
   static_assert(HS % 64 == 0, "head sizes of 64, 128, 256");
   const int64_t lo_all = window > 0 ? std::max<int64_t>(0, p0 - window + 1) : 0, end = p0 + n;
   const int64_t tiles = (end - lo_all + TILE - 1) / TILE;
-  // K as VNNI pairs: tile t, pair d2 -> 32 keys' (k[2 d2], k[2 d2 + 1]) words; V as key pairs:
+  // K as VNNI pairs: tile t, pair d2 -> TILE keys' (k[2 d2], k[2 d2 + 1]) words; V as key pairs:
   // tile t, pair j -> HS words (v_{2j}[d], v_{2j+1}[d]). Keys past the end are zero.
   thread_local std::vector<uint32_t> kp, vp, qb;
   kp.assign(tiles * PAIRS * TILE, 0u);
