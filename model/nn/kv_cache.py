@@ -424,11 +424,11 @@ class PagedKVCache(nn.Module):
                 readers = [x for x, row in enumerate(self.cross_rows_host) if row == src]
             else:
                 readers = []
-            for x in (*readers, dst):
-                self.cross_rows_host[x] = owner
-                self.cross_rows[x] = owner
-            self.cross_rows_host[src] = src
-            self.cross_rows[src] = src
+            moved = {x: owner for x in (*readers, dst)} | {src: src}
+            for x, row in moved.items():
+                self.cross_rows_host[x] = row
+            self.cross_rows[to_device(list(moved), torch.long, self.device)] = to_device(
+                list(moved.values()), torch.long, self.device)  # one write, not one per row
             self.src_lengths[dst] = self.src_lengths[src]
             self.src_lengths_host[dst] = n
 

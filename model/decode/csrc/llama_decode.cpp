@@ -548,7 +548,7 @@ struct Projection {
           parts[c] = (c == 0 ? first : second)->apply_with_input_q_dq_qweight_dq_output_fp32(u, 1.0, 0);
         });
       }
-      y = at::empty({B, piece_rows > 0 ? parts[0].size(1) : parts[0].size(1) + parts[1].size(1)}, x.options());
+      y = at::empty({B, static_cast<int64_t>(row_sum.size())}, x.options());  // every output feature
     } else {
       y = packed->apply_with_input_q_dq_qweight_dq_output_fp32(u, 1.0, 0);
     }
