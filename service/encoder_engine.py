@@ -18,10 +18,12 @@ import torch
 import torch.nn.functional as F
 
 from model import Checkpoint
+from model.engine.rescore import FillRescorer
 from model.formats.sentence_transformers import truncating
 from service.engine import BaseEngine, queue_full_message
 from service.engine_errors import EngineStoppedError, InvalidRequestError, QueueFullError, RequestFailedError
 from service.metrics import Metrics
+from service.model_memory import weights_bytes
 from service.settings import Settings
 
 log = logging.getLogger("tserve.engine")
@@ -34,6 +36,7 @@ class _Job:
     top_k: int
     future: asyncio.Future
     arrival: float = field(default_factory=time.monotonic)
+    texts: list[str] | None = None  # fill-mask: the texts as sent, for the rescorer (model.engine.rescore)
 
 
 class EncoderEngine(BaseEngine):
@@ -48,6 +51,11 @@ class EncoderEngine(BaseEngine):
         self._active = 0
         # [CLS], [SEP], [PAD], [MASK]... are never offered as fill-mask candidates
         self._special = torch.tensor(sorted(self.tokenizer.special_ids), dtype=torch.long, device=self.model.device)
+        # A causal LM that re-ranks the masked LM's candidates, where the model's manifest names one
+        # (weights/fill-mask-en: Gemma 3 270M) and the settings allow it.
+        self.rescorer: FillRescorer | None = None
+        if self.mask_id is not None and ckpt.fill_rescore is not None and settings.fill_mask_rescore:
+            self.rescorer = FillRescorer.load(ckpt.fill_rescore, settings.decode_options(), self.model.device)
 
     # --- the async API ------------------------------------------------------------------
     def _input_limit(self) -> int | None:
@@ -74,25 +82,33 @@ class EncoderEngine(BaseEngine):
             raise InvalidRequestError(f"dimensions must be {self.cfg.d_model} for this model (no truncation)",
                                       "dimensions")
 
-    async def fill_mask(self, rows: list[list[int]], top_k: int) -> list[list[list[dict[str, Any]]]]:
-        """Per text, per mask position: the top_k candidates (HF fill-mask fields)."""
+    def step_bytes(self) -> int:
+        """The rescorer's causal LM, which this model holds besides its own weights."""
+        if self.rescorer is None:
+            return 0
+        return weights_bytes(self.rescorer.model) + self.rescorer.extra_bytes
+
+    async def fill_mask(self, rows: list[list[int]], top_k: int,
+                        texts: list[str] | None = None) -> list[list[list[dict[str, Any]]]]:
+        """Per text, per mask position: the top_k candidates (HF fill-mask fields). ``texts``: the
+        texts as sent, which a rescorer reads (a text with one mask is re-ranked)."""
         if self.mask_id is None:
             raise InvalidRequestError(f"model '{self.name}' is an embedding model without a masked-LM head; "
                                       "fill-mask needs a fill-mask model", "model")
         for i, ids in enumerate(rows):
             if self.mask_id not in ids:
                 raise InvalidRequestError(f"text[{i}] must contain the mask token {self.mask_token}", "text")
-        return await self._submit("fill_mask", rows, top_k)
+        return await self._submit("fill_mask", rows, top_k, texts)
 
     async def embed(self, rows: list[list[int]], normalize: bool = True) -> list[list[float]]:
         """Sentence embeddings (the config's pooling over real tokens), L2-normalised unless
         ``normalize`` is false."""
         return await self._submit("embed" if normalize else "embed_raw", rows, 0)
 
-    async def _submit(self, kind: str, rows: list[list[int]], top_k: int):
+    async def _submit(self, kind: str, rows: list[list[int]], top_k: int, texts: list[str] | None = None):
         self._check_accepting()
         future = asyncio.get_running_loop().create_future()
-        job = _Job(kind, rows, top_k, future)
+        job = _Job(kind, rows, top_k, future, texts=texts)
         with self._cv:
             if len(self._jobs) >= self.settings.max_queue + 1:
                 self.metrics.rejected.labels(self.name, "queue_full").inc()
@@ -188,11 +204,17 @@ class EncoderEngine(BaseEngine):
         at_masks = torch.stack([hidden[row][pos] for row, pos in where])  # (n_masks, d)
         logits = self.model.lm_head(at_masks).float()  # (n_masks, V)
         logits[:, self._special] = float("-inf")
-        scores, tokens = logits.softmax(-1).topk(job.top_k, dim=-1)
+        logp = logits.log_softmax(-1)
+        rescored = self._rescored(job, where)
+        wanted = max(job.top_k, self.rescorer.spec.candidates) if rescored else job.top_k
+        top_logp, top_tokens = logp.topk(min(wanted, logp.size(-1)), dim=-1)
+        ranked = [list(zip(sc, tk)) for sc, tk in zip(top_logp.exp().tolist(), top_tokens.tolist())]
+        if rescored:
+            ranked = self._rerank(job, where, rescored, ranked, top_logp)
         out: list[list[list[dict[str, Any]]]] = [[] for _ in job.rows]
-        for (row, pos), sc, tk in zip(where, scores.tolist(), tokens.tolist()):
+        for (row, pos), row_ranked in zip(where, ranked):
             candidates = []
-            for score, token in zip(sc, tk):
+            for score, token in row_ranked[:job.top_k]:
                 filled = list(job.rows[row])
                 filled[pos] = token
                 candidates.append({"score": score, "token": token,
@@ -200,6 +222,29 @@ class EncoderEngine(BaseEngine):
                                    "sequence": self.tokenizer.decode(filled)})
             out[row].append(candidates)
         return out
+
+    def _rescored(self, job: _Job, where: list[tuple[int, int]]) -> list[int]:
+        """Indices into ``where`` of the masks the rescorer re-ranks: each the only mask of its text,
+        the text as sent holding the mask token once."""
+        if self.rescorer is None or job.texts is None:
+            return []
+        per_row = [0] * len(job.rows)
+        for row, _ in where:
+            per_row[row] += 1
+        return [i for i, (row, _) in enumerate(where)
+                if per_row[row] == 1 and job.texts[row].count(self.mask_token) == 1]
+
+    def _rerank(self, job: _Job, where, rescored: list[int], ranked: list[list[tuple[float, int]]],
+                top_logp: torch.Tensor) -> list[list[tuple[float, int]]]:
+        """The rescorer's order and scores for the masks it takes: every candidate ``_fill``
+        drew (the rescorer's number, or ``top_k`` where larger), so the scores still descend."""
+        words = [[self.tokenizer.id_to_token(t) for _, t in ranked[i]] for i in rescored]
+        orders = self.rescorer.rerank([job.texts[where[i][0]] for i in rescored], self.mask_token, words,
+                                      [top_logp[i].tolist() for i in rescored])
+        ranked = list(ranked)
+        for i, order in zip(rescored, orders):
+            ranked[i] = [(score, ranked[i][j][1]) for j, score in order]
+        return ranked
 
 
 def _resolve(future: asyncio.Future, setter, value) -> None:

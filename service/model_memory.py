@@ -89,14 +89,18 @@ def rss_bytes() -> int:
         return 0
 
 
-def source_weight_bytes(path: Path, dtype: torch.dtype) -> int:
+def source_weight_bytes(path: Path, dtype: torch.dtype, rescorer: bool = True) -> int:
     """Bytes a model's weights take once loaded at ``dtype``, read from the source without loading
     it: a GGUF file's tensors dequantized (element count x ``dtype``'s size), else the size of the
-    safetensors files (stored at the dtype they load in)."""
+    safetensors files (stored at the dtype they load in); with the fill-mask rescorer's causal LM
+    where the manifest names one (``rescorer``)."""
     try:
-        file = locate(read_manifest(path)) if is_manifest_dir(path) else path
+        manifest = read_manifest(path) if is_manifest_dir(path) else None
+        file = locate(manifest) if manifest is not None else path
     except ManifestError:
         return 0
+    if rescorer and manifest is not None and manifest.rescore is not None:  # the causal LM a fill-mask model loads too
+        return source_weight_bytes(path, dtype, rescorer=False) + source_weight_bytes(manifest.rescore.model, dtype)
     if file.is_file() and is_gguf_file(file):
         size = torch.empty((), dtype=dtype).element_size()
         try:

@@ -94,6 +94,9 @@ class Settings(BaseSettings):
     speculative_max_batch: int = Field(4, ge=1, description="draft only while at most this many sequences "
                                        "decode (beyond, extra rows cost what they save)")
     max_encoder_batch: int = Field(64, ge=1, description="texts per fill-mask/embedding forward pass")
+    fill_mask_rescore: bool = Field(True, description="let a fill-mask model whose manifest names a rescorer "
+                                                      "(fill-mask-en: Gemma 3 270M) re-rank its candidates; "
+                                                      "false = the masked LM's own answers, without loading it")
     request_timeout_s: float = Field(300.0, gt=0, description="a request still running after this fails with 504")
     warmup: bool = True
 

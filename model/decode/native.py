@@ -339,15 +339,22 @@ class NativeStep:
         continuing at its start) goes in as rows of its slot at consecutive positions, and the
         logits (B, V) after each prompt's last token come back. The rows are quantized one by one
         (per-row int8), so a prompt's cache and logits do not depend on the prompts beside it."""
+        last = list(itertools.accumulate(len(p) for p in prompts))
+        return self.prefill_rows(cache, prompts, slots, [n - 1 for n in last], starts)
+
+    def prefill_rows(self, cache: PagedKVCache, prompts: Sequence[Sequence[int]], slots: Sequence[int],
+                     logit_rows: Sequence[int], starts: Sequence[int] | None = None) -> Tensor:
+        """``prefill``, with the logits of any of the rows (indices into the prompts' tokens laid
+        end to end) coming back, (len(logit_rows), V) float32, in that order: what scoring the
+        tokens of a text needs (``model.engine.rescore``)."""
         starts = list(starts or [0] * len(prompts))
         ids = [t for p in prompts for t in p]
         rows = [s for p, s in zip(prompts, slots) for _ in p]
         positions = [st + i for p, st in zip(prompts, starts) for i in range(len(p))]
-        last = list(itertools.accumulate(len(p) for p in prompts))
         positions, tables = _tables(cache, rows, positions)
         tokens = torch.tensor(ids, dtype=torch.long)
         with decode_threads(len(ids), self.one_thread_rows):
-            return self.plan.prefill(tokens, cache.k, cache.v, tables, positions, [n - 1 for n in last])
+            return self.plan.prefill(tokens, cache.k, cache.v, tables, positions, [int(r) for r in logit_rows])
 
 def _tables(cache: PagedKVCache, slots: Sequence[int], positions: Sequence[int]
             ) -> tuple[list[int], Tensor]:

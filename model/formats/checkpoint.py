@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import safe_open
@@ -20,6 +20,9 @@ from safetensors.torch import save_file
 from model.config import ConfigError, ModelConfig
 from model.nn.transformer import TransformerModel, build_model
 from model.tokenization.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from model.formats.manifest import RescoreSpec
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -43,6 +46,7 @@ class Checkpoint:
     metrics: dict[str, Any] = field(default_factory=dict)
     chat_template: str | None = None  # rendered only by model.tokenization.chat_template's sandbox
     stop_token_ids: list[int] = field(default_factory=list)  # end generation besides config.eos_token_id
+    fill_rescore: RescoreSpec | None = None  # fill-mask: a causal LM re-ranks the candidates (model.engine.rescore)
 
 
 def _stored_keys(model: TransformerModel) -> dict[str, torch.Tensor]:

@@ -39,6 +39,8 @@ FORMATS = ("gguf", "sentence-transformers")  # sentence-transformers: `file` is 
 REQUIRED = ("format", "package", "version", "file", "sha256", "licence")
 PART_FIELDS = ("package", "version", "file", "sha256")
 HEAD_FIELDS = ("file", "sha256")
+RESCORE_FIELDS = {"model": str, "candidates": int, "mlm_weight": (int, float), "context": int}
+MAX_RESCORE_CANDIDATES = 64
 CACHE_ENV = "TSERVE_WEIGHTS_CACHE"
 
 
@@ -57,6 +59,18 @@ class Part:
 
 
 @dataclass(frozen=True)
+class RescoreSpec:
+    """A fill-mask manifest's ``rescore`` field (``model.engine.rescore``): a causal LM re-ranks
+    the masked LM's top ``candidates`` words, ``mlm_weight`` x the masked LM's log-probability
+    plus the causal LM's over the word and ``context`` tokens after it."""
+
+    model: Path  # a decoder-only model directory: ``model`` names a sibling of the manifest's directory
+    candidates: int
+    mlm_weight: float
+    context: int
+
+
+@dataclass(frozen=True)
 class Manifest:
     path: Path  # the manifest.json itself
     format: str  # how the file is read: "gguf", or "sentence-transformers" (the directory holding `file`)
@@ -69,6 +83,7 @@ class Manifest:
     parts: tuple[Part, ...] = ()  # chunks joined into ``file`` in the cache directory, in order
     mlm_head: str | None = None  # sentence-transformers: a masked-LM head file next to the manifest
     mlm_head_sha256: str | None = None
+    rescore: RescoreSpec | None = None
 
     @property
     def install_hint(self) -> str:
@@ -93,7 +108,7 @@ def read_manifest(directory: str | Path) -> Manifest:
     for key in REQUIRED:
         if not isinstance(data.get(key), str) or not data[key]:
             raise ManifestError(f"{path}: field '{key}' is missing or not a non-empty string")
-    unknown = sorted(set(data) - set(REQUIRED) - {"source", "parts", "mlm_head"})
+    unknown = sorted(set(data) - set(REQUIRED) - {"source", "parts", "mlm_head", "rescore"})
     if unknown:
         raise ManifestError(f"{path}: unknown field(s) {unknown}")
     if data["format"] not in FORMATS:
@@ -110,7 +125,29 @@ def read_manifest(directory: str | Path) -> Manifest:
                             f"{data['file']!r}")
     head, head_sha = _mlm_head(path, data)
     return Manifest(path, data["format"], data["package"], data["version"], data["file"], digest, data["licence"],
-                    data.get("source"), parts, head, head_sha)
+                    data.get("source"), parts, head, head_sha, _rescore(path, data, head))
+
+
+def _rescore(path: Path, data: dict, head: str | None) -> RescoreSpec | None:
+    if "rescore" not in data:
+        return None
+    spec = data["rescore"]
+    if head is None:
+        raise ManifestError(f"{path}: field 'rescore' needs a masked-LM head ('mlm_head')")
+    if not isinstance(spec, dict) or sorted(spec) != sorted(RESCORE_FIELDS) or any(
+            isinstance(spec[k], bool) or not isinstance(spec[k], t) for k, t in RESCORE_FIELDS.items()):
+        raise ManifestError(f"{path}: field 'rescore' must be an object with exactly {sorted(RESCORE_FIELDS)}: "
+                            "model a string, candidates and context integers, mlm_weight a number")
+    name = PurePosixPath(spec["model"])
+    if name.name != spec["model"] or name.name in ("", ".", ".."):
+        raise ManifestError(f"{path}: field 'rescore.model' must name a model directory beside this one, got "
+                            f"{spec['model']!r}")
+    if not 2 <= spec["candidates"] <= MAX_RESCORE_CANDIDATES:
+        raise ManifestError(f"{path}: field 'rescore.candidates' must be in [2, {MAX_RESCORE_CANDIDATES}]")
+    if not 0 <= spec["context"] <= 64 or not 0 <= spec["mlm_weight"] <= 10:
+        raise ManifestError(f"{path}: field 'rescore.context' must be in [0, 64] and 'rescore.mlm_weight' in [0, 10]")
+    return RescoreSpec(path.parent.parent / spec["model"], spec["candidates"], float(spec["mlm_weight"]),
+                       spec["context"])
 
 
 def _mlm_head(path: Path, data: dict) -> tuple[str | None, str | None]:

@@ -53,7 +53,9 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
         if manifest.format == "sentence-transformers":
             ckpt = dataclasses.replace(load_sentence_transformer(file.parent, device, dtype), path=path)
             head = locate_mlm_head(manifest)
-            return attach_mlm_head(ckpt, head) if head is not None else ckpt
+            if head is None:
+                return ckpt
+            return dataclasses.replace(attach_mlm_head(ckpt, head), fill_rescore=manifest.rescore)
         # The import is converted once and read back from the cache on later starts (import_cache).
         return load_converted(manifest, lambda: as_checkpoint(load_gguf(file), path), device, dtype)
     if is_sentence_transformer_dir(path):  # before is_hf_model_dir: its config.json is a HF BertModel's

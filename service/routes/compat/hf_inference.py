@@ -117,7 +117,8 @@ async def _fill_mask(body: dict, request: Request, registry: EngineRegistry, set
     if not isinstance(inputs, (str, list)):
         raise InvalidRequestError("inputs must be a string or a list of strings", "inputs")
     rows = input_ids(inputs, "inputs", engine, settings)
-    results = await unless_disconnected(client_gone(request), engine.fill_mask(rows, top_k))
+    texts = [inputs] if isinstance(inputs, str) else list(inputs)
+    results = await unless_disconnected(client_gone(request), engine.fill_mask(rows, top_k, texts))
     mark(request, usage=engine.usage(rows))
     shaped = [per_text[0] if len(per_text) == 1 else per_text for per_text in results]
     return shaped[0] if isinstance(inputs, str) else shaped
