@@ -52,7 +52,8 @@ def weights_bytes(model: nn.Module) -> int:
             if isinstance(value, torch.Tensor):
                 add(value)
         if isinstance(module, DecodeInt8Linear):  # its int8 copy: sizes known without unpacking fbgemm's
-            q, bias = module.quantized, module.dense.bias  # (unpacking took ~2 s per call for Gemma 3)
+            # (unpacking took ~2 s per call for Gemma 3); the bias is the float layer's, where kept
+            q, bias = module.quantized, None if module.dense is None else module.dense.bias
             seen[("packed", id(q))] = q.out_features * q.in_features + (0 if bias is None else bias.numel() * 4)
         packed = getattr(module, "_packed_params", None)  # a dynamic int8 Linear: int8 weight + float bias
         if packed is not None and hasattr(module, "_weight_bias") and ("packed", id(module)) not in seen:

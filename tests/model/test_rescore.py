@@ -150,3 +150,18 @@ def test_a_rescorer_must_be_a_decoder(tmp_path):
     weights = make_weights(tmp_path)
     with pytest.raises(ValueError, match="must be a decoder-only language model"):
         FillRescorer(load_model(weights / "translate-tiny"), RescoreSpec(weights / "translate-tiny", 4, 0.5, 8))
+
+
+def test_lean_rescorer_drops_only_what_the_native_step_never_reads(lm_dir):
+    """int8 under the native step: without the float copies, the same scores, fewer bytes."""
+    from model.quant.int8 import DecodeInt8Linear
+    from service.model_memory import weights_bytes
+
+    spec = RescoreSpec(lm_dir, candidates=4, mlm_weight=0.5, context=8)
+    full = FillRescorer(load_model(lm_dir), spec, DecodeOptions(quantize="int8", native="on"), lean=False)
+    lean = FillRescorer(load_model(lm_dir), spec, DecodeOptions(quantize="int8", native="on"))
+    int8 = [m for m in lean.model.modules() if isinstance(m, DecodeInt8Linear)]
+    assert int8 and all(m.dense is None for m in int8)
+    assert all(m.dense is not None for m in full.model.modules() if isinstance(m, DecodeInt8Linear))
+    assert lean.logprobs([GROUP]) == full.logprobs([GROUP])
+    assert weights_bytes(lean.model) < weights_bytes(full.model)
