@@ -33,8 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from model.formats.checkpoint import Checkpoint
-from model.formats.manifest import RescoreSpec
+from model.formats.checkpoint import Checkpoint, RescoreSpec
 
 LEFT_CONTEXT = 96  # causal-LM tokens kept before the first token that differs between candidates
 ROWS_PER_CALL = 64  # logit rows per forward pass: rows x vocabulary floats (Gemma: 64 MiB)

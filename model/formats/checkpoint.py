@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -20,9 +20,6 @@ from safetensors.torch import save_file
 from model.config import ConfigError, ModelConfig
 from model.nn.transformer import TransformerModel, build_model
 from model.tokenization.tokenizer import Tokenizer
-
-if TYPE_CHECKING:
-    from model.formats.manifest import RescoreSpec
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -35,6 +32,18 @@ TIED_KEY = "lm_head.proj.weight"  # equals embed.tokens.weight when embeddings a
 
 class CheckpointError(RuntimeError):
     """A checkpoint directory that cannot be loaded; the message names file and tensor."""
+
+
+@dataclass(frozen=True)
+class RescoreSpec:
+    """A fill-mask manifest's ``rescore`` field (``model.engine.rescore``): a causal LM re-ranks
+    the masked LM's top ``candidates`` words, ``mlm_weight`` x the masked LM's log-probability
+    plus the causal LM's over the word and ``context`` tokens after it."""
+
+    model: Path  # a decoder-only model directory: ``model`` names a sibling of the manifest's directory
+    candidates: int
+    mlm_weight: float
+    context: int
 
 
 @dataclass

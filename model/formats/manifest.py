@@ -32,7 +32,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from model.formats.checkpoint import CheckpointError
+from model.formats.checkpoint import CheckpointError, RescoreSpec
 
 MANIFEST_FILE = "manifest.json"
 FORMATS = ("gguf", "sentence-transformers")  # sentence-transformers: `file` is the weights in its directory
@@ -56,18 +56,6 @@ class Part:
     version: str
     file: str  # inside the installed package
     sha256: str
-
-
-@dataclass(frozen=True)
-class RescoreSpec:
-    """A fill-mask manifest's ``rescore`` field (``model.engine.rescore``): a causal LM re-ranks
-    the masked LM's top ``candidates`` words, ``mlm_weight`` x the masked LM's log-probability
-    plus the causal LM's over the word and ``context`` tokens after it."""
-
-    model: Path  # a decoder-only model directory: ``model`` names a sibling of the manifest's directory
-    candidates: int
-    mlm_weight: float
-    context: int
 
 
 @dataclass(frozen=True)
