@@ -82,36 +82,28 @@ def _scored_spans(seqs: list[list[int]], context: int) -> list[_Scored]:
     """Per candidate text (token ids, BOS first): the tokens that differ and ``context`` after."""
     start = max(_common_prefix(seqs), 1)
     tail = _common_suffix(seqs, start)
+    cut = max(start - 1 - LEFT_CONTEXT, 0)  # keep BOS and LEFT_CONTEXT tokens before `start`
     out = []
     for s in seqs:
         end = min(len(s), len(s) - tail + context)  # one past the last token scored
-        cut = max(start - 1 - LEFT_CONTEXT, 0)  # keep BOS and LEFT_CONTEXT tokens before `start`
-        ids = s[:1] + s[1 + cut:end - 1] if cut else s[:end - 1]
-        shift = cut
-        out.append(_Scored(ids, start - shift, s[start:end]))
+        out.append(_Scored(s[:1] + s[1 + cut:end - 1], start - cut, s[start:end]))
     return out
 
 
-def drop_float_copies(model: torch.nn.Module) -> int:
+def drop_float_copies(model: torch.nn.Module) -> None:
     """Frees what only the Python path of a model under the native step reads: the float layer
     of each int8 projection (``DecodeInt8Linear.dense``, whose weights the int8 quantization
     copied: Gemma 3's 640 MB output head among them) and the prepacked float copies of the
     rest (``Linear.packed``; the native step reads their own weights). Only for a model that
-    nothing else runs: the rescorer's own copy. Returns the bytes freed."""
+    nothing else runs: the rescorer's own copy."""
     from model.nn.layers import Linear
     from model.quant.int8 import DecodeInt8Linear
 
-    freed = 0
     for module in model.modules():
-        if isinstance(module, DecodeInt8Linear) and module.dense is not None:
-            freed += sum(t.numel() * t.element_size() for t in module.dense.parameters())
-            packed = getattr(module.dense, "packed", None)
-            freed += 0 if packed is None else packed.numel() * packed.element_size()
+        if isinstance(module, DecodeInt8Linear):
             module.dense = None
-        elif isinstance(module, Linear) and module.packed is not None:
-            freed += module.packed.numel() * module.packed.element_size()
+        elif isinstance(module, Linear):
             module.packed = None
-    return freed
 
 
 class FillRescorer:
@@ -239,11 +231,10 @@ class FillRescorer:
                           for b in range(0, len(parts), ROWS_PER_CALL)]).float().log_softmax(-1)
         for row, (i, before) in enumerate(zip(asked, befores)):
             space = " " if before[-1:].isspace() else ""
-            for j, w in enumerate(words[i]):
-                if not w.isalpha() or not w.islower():
-                    continue
-                low = self.lm.tokenizer.encode(space + w, add_special_tokens=False)
-                cap = self.lm.tokenizer.encode(space + w.capitalize(), add_special_tokens=False)
+            asked_words = [(j, w) for j, w in enumerate(words[i]) if w.isalpha() and w.islower()]
+            forms = self.lm.tokenizer.encode_batch([space + f for _, w in asked_words for f in (w, w.capitalize())],
+                                                   add_special_tokens=False)  # one call per text
+            for (j, w), low, cap in zip(asked_words, forms[::2], forms[1::2]):
                 if low and cap and low[0] != cap[0] and logp[row, cap[0]] > logp[row, low[0]]:
                     out[i][j] = w.capitalize()
         return out
