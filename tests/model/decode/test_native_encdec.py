@@ -94,8 +94,12 @@ def test_the_native_step_is_batch_invariant(fresh_seed):
     together = generate(model, sources, params, step=step)
     alone = [generate(model, [s], params, step=step)[0] for s in sources]
     assert [r.token_ids for r in together] == [r.token_ids for r in alone]
-    for a, b in zip(together, alone):  # the encoder's SDPA over padded sources: float rounding, no more
-        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
+    # The encoder's SDPA over padded sources differs from the unpadded one by float rounding
+    # (~1e-7); now and then that moves an activation across an int8 rounding boundary in a
+    # row-wise int8 projection, which moves a log-probability by up to ~3e-3 (the largest seen
+    # over 200 random seeds was 2.6e-3). A row mixed up with another moves it by whole units.
+    for a, b in zip(together, alone):
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-2, rtol=0)
 
 
 def test_int8_cached_decoding_equals_recomputation(fresh_seed):
