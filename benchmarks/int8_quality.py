@@ -54,12 +54,13 @@ def main(argv: list[str] | None = None) -> None:
             served_ckpt = load_model(REPO / "weights" / name)
             served = prepare(served_ckpt.model.eval(), DecodeOptions(weights=weights), served_ckpt.tokenizer)
             four = getattr(served, "weights4", 0)
-            float_prefill = prepare(served_ckpt.model, DecodeOptions(prefill="model", weights=weights),
-                                    served_ckpt.tokenizer)
+            float_ckpt = load_model(REPO / "weights" / name)  # served (auto) let its float weights go
+            float_prefill = prepare(float_ckpt.model.eval(), DecodeOptions(prefill="model", weights=weights),
+                                    float_ckpt.tokenizer)
             p_served = decode_perplexity(served_ckpt.model, ids, served)
             agreement = []
-            for step in (served, float_prefill):
-                b = [r.token_ids for r in generate(served_ckpt.model, prompts, params, step=step)]
+            for ckpt, step in ((served_ckpt, served), (float_ckpt, float_prefill)):
+                b = [r.token_ids for r in generate(ckpt.model, prompts, params, step=step)]
                 agree = [next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), len(x)) / len(x)
                          for x, y in zip(a, b)]
                 agreement.append(f"{sum(agree) / len(agree):.0%}")

@@ -67,7 +67,10 @@ def main(argv: list[str] | None = None) -> None:
         ckpt = load_model(REPO / "weights" / name)
         model = ckpt.model.eval()
         half = load_model(REPO / "weights" / name).model.eval().to(torch.bfloat16) if args.bf16 else None
-        step = prepare(model, DecodeOptions(), ckpt.tokenizer)
+        # prefill=model keeps the float weights the float forward reads (the served default,
+        # auto, lets them go once its native step writes every prompt); the step's own prefill
+        # is the same either way
+        step = prepare(model, DecodeOptions(prefill="model"), ckpt.tokenizer)
         if not hasattr(step, "prefill"):
             raise SystemExit(f"{name}: no native step here ({step.name}); nothing to compare")
         ids = ckpt.tokenizer.encode(heldout_text() * 4)

@@ -318,6 +318,9 @@ class NativeStep:
         an int8 projection whose float weights are 4-bit runs already. Returns the bytes of what
         the step holds beyond the model's tensors."""
         extra = _add_projection(plan, layer, self.partner)
+        if weights4 and isinstance(layer, DecodeInt8Linear) and layer.dense is None:
+            raise ValueError("the 4-bit weights are read from the float weights, which an earlier prepare "
+                             "(prefill='auto' under the native step) dropped; load the model again, or weights='int8'")
         runs = q4.exact(layer.dense.weight) if weights4 and isinstance(layer, DecodeInt8Linear) else None
         if runs is None:
             return extra

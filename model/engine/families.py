@@ -18,29 +18,20 @@ from model.engine.requests import Sequence
 from model.nn.kv_cache import PagedKVCache
 from model.nn.transformer import DecoderLM, EncoderDecoder
 
-# Up to where the native step's prefill was measured to pay. Its int8 projections cost about
-# half the float forward's per row; its attention walks each row's positions one by one for
-# short chunks and attends as blocks (model.decode.native.PROMPT_ATTENTION_ROWS) from 128 rows
-# of one sequence on (on windowed layers too, where the window is wider than a block): over a
-# bfloat16 cache with the CPU's bfloat16 dot products where it has them (csrc attend_block_bf16),
-# else torch's flash attention. Measured (2 cores, `python -m benchmarks.prefill`, 2026-11-26
-# 10:42 UTC), native / float prompt tokens/s: SmolLM2-135M 4.1x at 16 tokens, 3.0x at 256,
-# 2.6x at 1,000, 2.0x at 3,000 and 6,000, 2.2x at 6,764; Gemma 3 270M 4.1x, 2.8x, 2.9x, 3.4x,
-# 4.3x, 4.6x at 6,937. A chunk goes native while the mean position of its rows is at most this
-# (a 6,000-token prompt written from position 0); longer ones were not measured and go through
-# the float forward.
-NATIVE_PREFILL_MEAN_POSITION = 3000
-
 
 class DecoderPrompts:
     encodes_source = False
 
     def __init__(self, model: DecoderLM, step=None):
-        """``step``: the decode step; where it takes prompts (``prefills``: the native step),
-        chunks whose rows sit at a mean position up to ``NATIVE_PREFILL_MEAN_POSITION`` go
-        through its ``prefill`` (int8, row by row), the rest through the model's float forward."""
+        """``step``: the decode step; where it takes prompts (``prefills``: the native step, int8,
+        row by row), every chunk goes through its ``prefill``, else through the model's float
+        forward (``TSERVE_PREFILL=model``, and the Python step). The native step's prompts attend
+        row by row up to 128 rows of a sequence, as blocks beyond (model.decode.native.
+        PROMPT_ATTENTION_ROWS). Measured against the float forward (2 cores, ``python -m
+        benchmarks.prefill``, docs/benchmarks.md): 2.0-4.1x the prompt tokens/s for SmolLM2-135M
+        and 2.8-4.6x for Gemma 3 270M from 16 to ~7,000 tokens."""
         self.model = model
-        self.native_prefill = step.prefill if getattr(step, "prefills", False) else None
+        self.prefill = step.prefill if getattr(step, "prefills", False) else model.prefill
 
     def context(self, prompt: list[int]) -> list[int]:
         return prompt
@@ -83,23 +74,9 @@ class DecoderPrompts:
         return len(seq.input_ids)
 
     def _prefill(self, cache: PagedKVCache, chunks: list[PromptChunk]) -> Tensor:
-        """Logits after each chunk's last token (B, V), each chunk through the cheaper path."""
-        native = [self.native_prefill is not None and c.start + (len(c.tokens) - 1) / 2 <= NATIVE_PREFILL_MEAN_POSITION
-                  for c in chunks]
-        groups = [(run, [i for i, n in enumerate(native) if n == want]) for run, want in
-                  ((self.native_prefill, True), (self.model.prefill, False))]
-        out: Tensor | None = None
-        for run, index in groups:
-            if not index:
-                continue
-            part = run(cache, [chunks[i].tokens for i in index], [chunks[i].seq.slots[0] for i in index],
-                       starts=[chunks[i].start for i in index])
-            if len(index) == len(chunks):
-                return part
-            if out is None:
-                out = part.new_empty((len(chunks), part.size(-1)))
-            out[torch.tensor(index, device=part.device)] = part
-        return out
+        """Logits after each chunk's last token (B, V)."""
+        return self.prefill(cache, [c.tokens for c in chunks], [c.seq.slots[0] for c in chunks],
+                            starts=[c.start for c in chunks])
 
 
 class SourcePrompts:

@@ -140,14 +140,17 @@ class DecodeInt8Linear(RowwiseInt8):
     ``inv_scale`` (in_features,): the int8 path computes ``quantized(x * inv_scale)`` with
     weights whose column j was multiplied by s_j = 1 / inv_scale_j (SmoothQuant with the
     division explicit, one elementwise product per call), since the float path shares this
-    layer's input and its norms cannot absorb the scale."""
+    layer's input and its norms cannot absorb the scale.
+
+    ``dense`` is None once the native step writes every prompt (``model.decode.step.
+    drop_float_copies``): then every call takes the int8 path."""
 
     def __init__(self, dense: nn.Module, quantized: nn.Module, inv_scale: Tensor | None = None):
         super().__init__(quantized, inv_scale)
         self.dense = dense
 
     def forward(self, x: Tensor) -> Tensor:
-        if getattr(_STEP, "decoding", False):
+        if self.dense is None or getattr(_STEP, "decoding", False):  # None: dropped (decode.drop_float_copies)
             return self.int8(x)
         return self.dense(x)
 

@@ -158,7 +158,7 @@ def test_lean_rescorer_drops_only_what_the_native_step_never_reads(lm_dir):
     from service.model_memory import weights_bytes
 
     spec = RescoreSpec(lm_dir, candidates=4, mlm_weight=0.5, context=8)
-    full = FillRescorer(load_model(lm_dir), spec, DecodeOptions(quantize="int8", native="on"), lean=False)
+    full = FillRescorer(load_model(lm_dir), spec, DecodeOptions(quantize="int8", native="on", prefill="model"))
     lean = FillRescorer(load_model(lm_dir), spec, DecodeOptions(quantize="int8", native="on"))
     int8 = [m for m in lean.model.modules() if isinstance(m, DecodeInt8Linear)]
     assert int8 and all(m.dense is None for m in int8)

@@ -1,7 +1,7 @@
 """Prompts through the native step (``NativeStep.prefill``): a prompt's rows at consecutive
 positions of its slot, in one call, against the same prompt fed one token per step, and against
-the model's own float prefill through the engine core (chunked prompts, prefix hits, chunks
-split between the two paths by ``NATIVE_PREFILL_MEAN_POSITION``)."""
+the model's own float prefill through the engine core (chunked prompts, prefix hits); a model
+whose float copies the native prefill let go (``drop_float_copies``) decodes as before."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import torch
 from model import EngineCore, EngineRequest, SamplingParams
 from model.decode import native as native_decode
 from model.decode.native import NativeStep
-from model.engine import families
+from model.nn.layers import Linear
+from model.quant.int8 import DecodeInt8Linear
 from tests.model.decode.test_native_decode import _int8, _model
 from tests.model.decode_steps import random_prompts
 
@@ -74,13 +75,11 @@ def _core_generations(model, step, prompts, max_prefill_tokens: int, prefix_cach
     return [out[str(i)] for i in range(len(prompts))]
 
 
-@pytest.mark.parametrize("limit", [0, 20, 10_000])
-def test_the_engine_gives_the_same_tokens_whichever_path_writes_the_prompts(limit, monkeypatch, fresh_seed):
+def test_the_engine_gives_the_same_tokens_whichever_path_writes_the_prompts(fresh_seed):
     """Greedy tokens through the engine core with the native prefill (float32 weights and cache,
-    so both paths agree to float rounding): prompts chunked over several steps, two sharing a
-    prefix (a prefix-cache hit continues at a later position), and ``limit`` sending every chunk
-    to the model's forward (0), some each way (20), or all to the native step."""
-    monkeypatch.setattr(families, "NATIVE_PREFILL_MEAN_POSITION", limit)
+    so both paths agree to float rounding) and with the model's forward writing the prompts:
+    prompts chunked over several steps, two sharing a prefix (a prefix-cache hit continues at a
+    later position)."""
     model = _model(fresh_seed)
     shared, a, b, c = random_prompts(model, fresh_seed, (32, 9, 41, 3))
     prompts = [shared + a, b, shared + c, c]
@@ -179,3 +178,38 @@ def test_blocks_over_a_bfloat16_cache_use_bfloat16_dot_products_close_to_the_row
     assert 0 < bf16_error < max(4 * flash_error, 2e-3 * walk.abs().max().item()), (bf16_error, flash_error)
     assert not torch.equal(bf16, flash)
     assert (bf16.argmax(-1) == walk.argmax(-1)).float().mean() > 0.99
+
+
+def test_serving_under_the_native_prefill_lets_the_float_copies_go(fresh_seed):
+    """``prepare`` under the native step's prefill drops what only the float forward reads
+    (``drop_float_copies``): fewer bytes, the same greedy tokens through the
+    engine (chunked prompts, a prefix hit), and the model's own forward still runs, in int8, as
+    the float model's forward does inside decode steps. The float prefill asks for the copies
+    and is refused by name."""
+    from model.decode import DecodeOptions, prepare
+    from model.quant.int8 import decode_step_context
+    from service.model_memory import weights_bytes
+
+    full, lean = (_int8(_model(fresh_seed), fresh_seed) for _ in range(2))
+    kept = NativeStep(full, kv_dtype=torch.bfloat16)
+    before = weights_bytes(lean)
+    step = prepare(lean, DecodeOptions(native="on"))
+    int8 = [m for m in lean.modules() if isinstance(m, DecodeInt8Linear)]
+    assert step.prefills and int8 and all(m.dense is None for m in int8)
+    assert all(m.packed is None for m in lean.modules() if isinstance(m, Linear))
+    assert weights_bytes(lean) < 0.7 * before
+    shared, a, b = random_prompts(full, fresh_seed, (30, 7, 50))
+    prompts = [shared + a, b, shared + b[:5]]
+    for chunk in (16, 256):
+        assert _core_generations(lean, step, prompts, chunk, True) == _core_generations(full, kept, prompts, chunk,
+                                                                                          True)
+    ids = torch.tensor([shared + a])
+    with torch.inference_mode():
+        with decode_step_context():
+            want = full(ids)
+        assert torch.equal(lean(ids), want)
+    with pytest.raises(ValueError, match="prefill='model' needs the float weights"):
+        prepare(lean, DecodeOptions(native="on", prefill="model"))
+    with pytest.raises(ValueError, match="4-bit weights are read from the float weights"):
+        NativeStep(lean)
+    assert NativeStep(lean, weights4=False).prefills  # int8 only: nothing to read from them
