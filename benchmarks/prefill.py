@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
         step = prepare(model, DecodeOptions(prefill="model"), ckpt.tokenizer)
         if not hasattr(step, "prefill"):
             raise SystemExit(f"{name}: no native step here ({step.name}); nothing to compare")
-        ids = ckpt.tokenizer.encode(heldout_text() * 4)
+        ids = ckpt.tokenizer.encode(heldout_text() * -(-max(args.lengths) // 1500))  # ~1,700 tokens a copy
         for n in args.lengths:
             prompt = ids[:n]
             t_float = _prefill_seconds(model.prefill, model, model.dtype, prompt, args.reps)

@@ -85,6 +85,27 @@ def test_shutdown_fits_in_the_termination_grace_period(rendered):
     assert pod["terminationGracePeriodSeconds"] > float(pre_stop[1]) + 2 * grace
 
 
+def k8s_bytes(quantity: str) -> int:
+    """A Kubernetes memory quantity (binary suffixes, or plain bytes) in bytes."""
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+    number, suffix = re.fullmatch(r"(\d+)([KMGT]i)?", quantity).groups()
+    return int(number) * units.get(suffix or "", 1)
+
+
+def test_memory_covers_the_budget_on_cpu_replicas(rendered):
+    """A CPU replica's memory limit holds TSERVE_MEMORY_BUDGET (weights + KV caches) x 1.2 for
+    activations under load plus 1.5 GiB of the process's own (deployment.yaml gives the
+    measurement), so a load on demand evicts models before the kubelet kills the pod; the
+    request is at least the budget. (A GPU replica's budget counts device memory.)"""
+    env = settings_env(rendered)
+    if env["TSERVE_DEVICE"] != "cpu":
+        return
+    budget = Settings(_env_file=None, memory_budget=env["TSERVE_MEMORY_BUDGET"]).memory_budget
+    resources = container(rendered)["resources"]
+    assert budget is not None and k8s_bytes(resources["requests"]["memory"]) >= budget
+    assert k8s_bytes(resources["limits"]["memory"]) >= 1.2 * budget + 1.5 * 2**30
+
+
 def test_probes_use_the_service_endpoints(rendered):
     c = container(rendered)
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}

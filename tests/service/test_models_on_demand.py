@@ -263,6 +263,21 @@ async def test_an_unloaded_model_is_freed(weights_dir):
         assert (await request(c, "fill-mask-tiny")).status_code == 200  # the other model still serves
 
 
+async def test_a_load_hands_back_what_it_freed(weights_dir, monkeypatch):
+    """After each load the heap its temporaries left is returned (gc + malloc_trim), once the
+    model is measured and before it is marked loaded."""
+    from service import registry as registry_module
+
+    calls = []
+    real = registry_module.release_memory
+    monkeypatch.setattr(registry_module, "release_memory", lambda: calls.append(sorted(app.state.registry.engines))
+                        or real())
+    app = create_app(settings_for(weights_dir, preload="generate-tiny,fill-mask-tiny"))
+    async with app.router.lifespan_context(app), asgi_client(app) as c:
+        await wait_ready(c)
+        assert len(calls) == 2 and calls[0] == [] and len(calls[1]) == 1  # one per load, before it counts as loaded
+
+
 async def test_drop_in_apis_answer_the_budget_in_their_own_shape(weights_dir):
     app = create_app(settings_for(weights_dir, preload="none", memory_budget="1KiB"))
     async with app.router.lifespan_context(app), asgi_client(app) as c:
