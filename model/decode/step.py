@@ -136,15 +136,16 @@ def prepare(model: TransformerModel, options: DecodeOptions | None = None, token
                 return NativeEncDecStep(model, options.native_library)
             step = NativeStep(model, options.native_library, kv_dtype, prefills=options.prefill == "auto",
                               weights4=options.weights == "auto")
-            if step.prefills:  # every prompt goes through the step: nothing reads the float copies
-                drop_float_copies(model)
-            return step
         except Exception as exc:  # noqa: BLE001 - under auto, any failure means "not here"
             if options.native == "on":
                 raise
             log.warning("the native decode step could not be set up (%s: %s); decoding with the Python step",
                         type(exc).__name__, exc)
             kv_dtype = kv_cache_dtype(options.kv_dtype, model, False)
+        else:
+            if step.prefills:  # every prompt goes through the step: nothing reads the float copies
+                drop_float_copies(model)
+            return step
     # on the CPU, auto means the native library's kernels (None elsewhere and under sdpa/triton):
     # its decode attention, and its row-wise int8 projections (the same bits as the Python ones)
     native_kernel = native_attention(options.attention, model.device, options.native_library)
