@@ -42,6 +42,7 @@ from torch import Tensor, nn
 from model.decode.support import unsupported_reason as config_unsupported_reason
 from model.decode.threads import SMALL_DECODE, decode_threads, passive_wait
 from model.nn.kv_cache import PagedKVCache
+from model.nn.layers import Linear
 from model.nn.transformer import DecoderLM, EncoderDecoder
 from model.quant import q4
 from model.quant.int8 import DecodeInt8Linear, RowwiseInt8, RowwiseInt8Linear
@@ -266,13 +267,15 @@ class NativeStep:
     name = "native"
 
     def __init__(self, model: nn.Module, library: str | Path | None = None, kv_dtype: torch.dtype = torch.bfloat16,
-                 prefills: bool = True, partner: bool | None = None, weights4: bool = True):
+                 prefills: bool = True, partner: bool | None = None, weights4: bool = True, lean: bool = False):
         """``prefills``: the engine writes prompts through ``prefill`` too (else the model's own
         float forward does). ``partner``: steps of a few rows split each int8 projection with a
         second thread; default: under a passive OpenMP wait policy with more than one thread.
         ``weights4``: an int8 projection whose float weights are 4-bit runs already (a GGUF Q4_0 /
         Q4_1 file; ``model.quant.q4``) gets them too: decode steps read the 4-bit weights, prompts
-        the int8 ones."""
+        the int8 ones. ``lean`` (what ``prepare`` asks where this step writes the prompts): once the
+        step is built, the model keeps only what it reads (``drop_float_copies``, then
+        ``halve_embeddings``)."""
         why = unsupported_reason(model)
         if why is not None:
             raise ValueError(f"no native decode step for this model: {why}")
@@ -312,6 +315,11 @@ class NativeStep:
         # one decode step per token below that, float (or bfloat16 product) rounding above.
         plan.set_prompt_attention(PROMPT_ATTENTION_ROWS)
         self.plan = plan
+        if lean:
+            drop_float_copies(model)
+            if halve_embeddings(model):
+                with torch.no_grad():
+                    plan.set_model(model.embed.tokens.weight, model.decoder_norm.weight, model.embed.rope)
 
     def _add(self, plan, layer: nn.Module, weights4: bool) -> int:
         """Hands ``layer`` to the C++ step (``_add_projection``), with its 4-bit runs too where it is
@@ -358,6 +366,85 @@ class NativeStep:
         tokens = torch.tensor(ids, dtype=torch.long)
         with decode_threads(len(ids), self.one_thread_rows):
             return self.plan.prefill(tokens, cache.k, cache.v, tables, positions, [int(r) for r in logit_rows])
+
+def drop_float_copies(model: nn.Module) -> None:
+    """Frees what a decoder-only model under the native step's prefill never reads again: the
+    float layer of each int8 projection (``DecodeInt8Linear.dense``: a float copy the int8
+    quantization kept for float prompts; Gemma 3's cloned 640 MB output head among them) and the
+    prepacked float copies of the other projections (``Linear.packed``). The step holds the int8
+    weights, the norms and the embedding, which stay. The model's own forward still runs
+    afterwards, each projection in int8 (``DecodeInt8Linear.forward``), and the step's logits
+    do not change (tested). Float weights read from a memory-mapped file give their pages back
+    (``_forget_pages``)."""
+    dropped = []
+    for module in model.modules():
+        if isinstance(module, DecodeInt8Linear) and module.dense is not None:
+            dropped.append(module.dense.weight)
+            module.dense = None
+        elif isinstance(module, Linear):
+            module.packed = None
+    live = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
+    # a tied output head's float layer is the embedding table, which stays
+    _forget_pages([t for t in dropped if t.untyped_storage().data_ptr() not in live])
+
+
+def float_copies_dropped(model: nn.Module) -> bool:
+    return any(isinstance(m, DecodeInt8Linear) and m.dense is None for m in model.modules())
+
+
+def halve_embeddings(model: nn.Module) -> bool:
+    """Keeps a float32 model's token embeddings in bfloat16 (``Embeddings.compute_dtype`` float32:
+    rows are widened as they are read, by the step and by the model's forward alike). A step
+    reads one row per token, so the table is memory, not traffic: Gemma 3 270M's 262,144 x 640
+    table is 640 MiB in float32. Only where nothing else holds the table (an output head tied
+    to it and still float is not halved). Returns whether it did."""
+    tokens = model.embed.tokens
+    holders = [p for _, p in model.named_parameters(remove_duplicate=False) if p is tokens.weight]
+    if tokens.weight.dtype != torch.float32 or len(holders) != 1:
+        return False
+    old = tokens.weight
+    tokens.weight = nn.Parameter(old.detach().to(torch.bfloat16), requires_grad=False)
+    model.embed.compute_dtype = torch.float32
+    _forget_pages([old])
+    return True
+
+
+def _file_mappings() -> list[tuple[int, int]]:
+    """The address ranges this process maps from files (Linux: /proc/self/maps); [] elsewhere."""
+    try:
+        lines = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5].startswith("/"):
+            lo, hi = fields[0].split("-")
+            out.append((int(lo, 16), int(hi, 16)))
+    return out
+
+
+def _forget_pages(tensors: list[Tensor]) -> None:
+    """For tensors being dropped whose bytes are a file's memory-mapped pages (a converted
+    checkpoint read from the weights cache, model.formats.import_cache): tells the kernel the
+    pages wholly inside them will not be read again (``madvise(MADV_DONTNEED)``). Otherwise
+    they stay resident as long as any other tensor of that file lives (measured: Gemma 3 270M's
+    process 2,218 MiB -> 1,516 MiB). Only file-backed pages: read again, they would come back from
+    the file unchanged; heap pages are left to the allocator, which frees them with the tensor."""
+    import ctypes
+    import mmap
+
+    mappings = _file_mappings()
+    if not mappings:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    page = mmap.PAGESIZE
+    for t in tensors:
+        start = t.data_ptr()
+        first, last = -(-start // page) * page, (start + t.numel() * t.element_size()) // page * page
+        if last > first and any(lo <= first and last <= hi for lo, hi in mappings):
+            libc.madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), 4)  # MADV_DONTNEED
+
 
 def _tables(cache: PagedKVCache, slots: Sequence[int], positions: Sequence[int]
             ) -> tuple[list[int], Tensor]:

@@ -23,13 +23,20 @@ import torch
 from torch import Tensor
 
 from model.config import DTYPES
-from model.decode.native import NativeEncDecStep, NativeStep, attach_int8_kernels, native_attention, wants_native
+from model.decode.native import (
+    NativeEncDecStep,
+    NativeStep,
+    attach_int8_kernels,
+    float_copies_dropped,
+    native_attention,
+    wants_native,
+)
 from model.decode.threads import decode_threads
 from model.decode.triton_attention import DECODE_ATTENTION_MODES, attention_kernel
 from model.nn.kv_cache import PagedKVCache
-from model.nn.layers import DecodeAttentionKernel, Linear
+from model.nn.layers import DecodeAttentionKernel
 from model.nn.transformer import DecoderLM, EncoderDecoder, TransformerModel
-from model.quant.int8 import DecodeInt8Linear, RowwiseInt8, decode_step_context, quantize_checkpoint_, wants_int8
+from model.quant.int8 import RowwiseInt8, decode_step_context, quantize_checkpoint_, wants_int8
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +142,7 @@ def prepare(model: TransformerModel, options: DecodeOptions | None = None, token
             if isinstance(model, EncoderDecoder):
                 return NativeEncDecStep(model, options.native_library)
             step = NativeStep(model, options.native_library, kv_dtype, prefills=options.prefill == "auto",
-                              weights4=options.weights == "auto")
+                              weights4=options.weights == "auto", lean=options.prefill == "auto")
         except Exception as exc:  # noqa: BLE001 - under auto, any failure means "not here"
             if options.native == "on":
                 raise
@@ -143,8 +150,6 @@ def prepare(model: TransformerModel, options: DecodeOptions | None = None, token
                         type(exc).__name__, exc)
             kv_dtype = kv_cache_dtype(options.kv_dtype, model, False)
         else:
-            if step.prefills:  # every prompt goes through the step: nothing reads the float copies
-                drop_float_copies(model)
             return step
     # on the CPU, auto means the native library's kernels (None elsewhere and under sdpa/triton):
     # its decode attention, and its row-wise int8 projections (the same bits as the Python ones)
@@ -152,25 +157,6 @@ def prepare(model: TransformerModel, options: DecodeOptions | None = None, token
     if native_kernel is not None:
         attach_int8_kernels(model)
     return PythonStep(model, kv_dtype, native_kernel or kernel)
-
-
-def drop_float_copies(model: TransformerModel) -> None:
-    """Frees what a decoder-only model under the native step's prefill never reads again: the
-    float layer of each int8 projection (``DecodeInt8Linear.dense``: a float copy the int8
-    quantization kept for float prompts; Gemma 3's cloned 640 MB output head among them) and the
-    prepacked float copies of the other projections (``Linear.packed``). The native step holds
-    the int8 weights, the norms and the embedding, which stay. Gemma 3 270M: 2.7 GB of tensors
-    become 1.3 GB. The model's own forward still runs afterwards, each projection in int8
-    (``DecodeInt8Linear.forward``), and the logits of the step do not change (tested)."""
-    for module in model.modules():
-        if isinstance(module, DecodeInt8Linear):
-            module.dense = None
-        elif isinstance(module, Linear):
-            module.packed = None
-
-
-def float_copies_dropped(model: TransformerModel) -> bool:
-    return any(isinstance(m, DecodeInt8Linear) and m.dense is None for m in model.modules())
 
 
 def kv_cache_dtype(setting: str, model: TransformerModel, native: bool) -> torch.dtype:

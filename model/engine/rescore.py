@@ -96,7 +96,7 @@ class FillRescorer:
     def __init__(self, lm: Checkpoint, spec: RescoreSpec, options=None):
         """``options``: the decode options of the service (default ``DecodeOptions()``). Under
         the native step the LM scores through its ``prefill_rows``, and ``prepare`` drops the
-        float copies that only the Python path reads (``model.decode.step.drop_float_copies``:
+        float copies that only the Python path reads (``model.decode.native.drop_float_copies``:
         Gemma 3 270M holds 1.3 GB instead of 2.7 GB) unless ``prefill='model'``."""
         from model.decode import DecodeOptions, prepare
         from model.decode.native import NativeStep

@@ -363,7 +363,13 @@ class Embeddings(nn.Module):
     """Token (+ position, + token type) embeddings, optionally scaled and normalised.
 
     With rotary positions the position enters in attention instead: ``rotary(positions)``
-    gives the cos/sin every layer applies to its queries and keys."""
+    gives the cos/sin every layer applies to its queries and keys.
+
+    ``compute_dtype``: set where the token table is kept narrower than the model computes
+    (``model.decode.native.halve_embeddings``: bfloat16 rows of a float32 model), so rows are
+    widened as they are read; None: the table's own dtype."""
+
+    compute_dtype: torch.dtype | None = None
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -406,7 +412,11 @@ class Embeddings(nn.Module):
 
     def forward(self, ids: Tensor, positions: Tensor, token_types: Tensor | None = None) -> Tensor:
         """ids (B, T), positions (B, T) or (T,) -> (B, T, d)."""
-        x = self.tokens(ids) * self.scale if self.scale != 1.0 else self.tokens(ids)
+        x = self.tokens(ids)
+        if self.compute_dtype is not None:
+            x = x.to(self.compute_dtype)
+        if self.scale != 1.0:
+            x = x * self.scale
         if self.cfg.positional == "learned":
             x = x + self.positions(positions)
         elif self.cfg.positional == "sinusoidal":

@@ -129,7 +129,7 @@ class TransformerModel(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed.tokens.weight.dtype
+        return self.embed.compute_dtype or self.embed.tokens.weight.dtype
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())  # tied tensors are counted once

@@ -142,7 +142,7 @@ class DecodeInt8Linear(RowwiseInt8):
     division explicit, one elementwise product per call), since the float path shares this
     layer's input and its norms cannot absorb the scale.
 
-    ``dense`` is None once the native step writes every prompt (``model.decode.step.
+    ``dense`` is None once the native step writes every prompt (``model.decode.native.
     drop_float_copies``): then every call takes the int8 path."""
 
     def __init__(self, dense: nn.Module, quantized: nn.Module, inv_scale: Tensor | None = None):
@@ -150,7 +150,7 @@ class DecodeInt8Linear(RowwiseInt8):
         self.dense = dense
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.dense is None or getattr(_STEP, "decoding", False):  # None: dropped (decode.drop_float_copies)
+        if self.dense is None or getattr(_STEP, "decoding", False):  # None: dropped (drop_float_copies)
             return self.int8(x)
         return self.dense(x)
 

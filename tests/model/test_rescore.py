@@ -153,12 +153,20 @@ def test_a_rescorer_must_be_a_decoder(tmp_path):
 
 
 def test_lean_rescorer_drops_only_what_the_native_step_never_reads(lm_dir):
-    """int8 under the native step: without the float copies, the same scores, fewer bytes."""
+    """int8 under the native step: without the float copies and with a bfloat16 token table,
+    the scores of the full model whose table was rounded alike, fewer bytes."""
     from model.quant.int8 import DecodeInt8Linear
     from service.model_memory import weights_bytes
 
+    from model.decode import prepare_weights
+
     spec = RescoreSpec(lm_dir, candidates=4, mlm_weight=0.5, context=8)
-    full = FillRescorer(load_model(lm_dir), spec, DecodeOptions(quantize="int8", native="on", prefill="model"))
+    keep = DecodeOptions(quantize="int8", native="on", prefill="model")
+    rounded = load_model(lm_dir)
+    prepare_weights(rounded.model, keep, rounded.tokenizer)  # int8 from the float table, as the lean one
+    with torch.no_grad():
+        rounded.model.embed.tokens.weight.copy_(rounded.model.embed.tokens.weight.bfloat16().float())
+    full = FillRescorer(rounded, spec, keep)
     lean = FillRescorer(load_model(lm_dir), spec, DecodeOptions(quantize="int8", native="on"))
     int8 = [m for m in lean.model.modules() if isinstance(m, DecodeInt8Linear)]
     assert int8 and all(m.dense is None for m in int8)

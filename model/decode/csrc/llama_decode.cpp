@@ -1069,8 +1069,11 @@ class LlamaDecoder : public torch::CustomClassHolder {
   }
 
   // Model-level tensors: token embeddings (V, d), the final norm (d,), the rotary table (2, P, hs).
+  // The embeddings may be bfloat16 (a served model's, halved: only a row per token is read).
   void set_model(Tensor embed, Tensor final_norm, Tensor rope) {
-    embed_ = float_contiguous(embed, "embed");
+    TORCH_CHECK(embed.device().is_cpu() && (embed.scalar_type() == at::kFloat || embed.scalar_type() == at::kBFloat16),
+                "embed must be a float32 or bfloat16 CPU tensor");
+    embed_ = embed.detach().contiguous();
     d_ = embed_.size(1);
     final_norm_ = to_vector(final_norm, d_, "final_norm");
     rope_ = float_contiguous(rope, "rope");
@@ -1266,12 +1269,18 @@ class LlamaDecoder : public torch::CustomClassHolder {
     Tensor ids = tokens.to(at::kLong).contiguous().view({-1});
     const int64_t V = embed_.size(0);
     const int64_t* id = ids.data_ptr<int64_t>();
-    auto opts = embed_.options();
+    auto opts = embed_.options().dtype(at::kFloat);
     Tensor x = at::empty({B, d_}, opts);
+    const bool bf16 = embed_.scalar_type() == at::kBFloat16;
     for (int64_t b = 0; b < B; ++b) {
       TORCH_CHECK(id[b] >= 0 && id[b] < V, "token id ", id[b], " out of range [0, ", V, ")");
-      const float* e = embed_.data_ptr<float>() + id[b] * d_;
       float* xb = x.data_ptr<float>() + b * d_;
+      if (bf16) {  // exact in float32, then scaled as the float rows are
+        const uint16_t* e = reinterpret_cast<const uint16_t*>(embed_.data_ptr<at::BFloat16>()) + id[b] * d_;
+        for (int64_t j = 0; j < d_; ++j) xb[j] = embed_scale_ == 1.0f ? to_float(e[j]) : to_float(e[j]) * embed_scale_;
+        continue;
+      }
+      const float* e = embed_.data_ptr<float>() + id[b] * d_;
       if (embed_scale_ == 1.0f)
         std::copy_n(e, d_, xb);
       else

@@ -5,6 +5,8 @@ whose float copies the native prefill let go (``drop_float_copies``) decodes as 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -181,25 +183,33 @@ def test_blocks_over_a_bfloat16_cache_use_bfloat16_dot_products_close_to_the_row
 
 
 def test_serving_under_the_native_prefill_lets_the_float_copies_go(fresh_seed):
-    """``prepare`` under the native step's prefill drops what only the float forward reads
-    (``drop_float_copies``): fewer bytes, the same greedy tokens through the
-    engine (chunked prompts, a prefix hit), and the model's own forward still runs, in int8, as
-    the float model's forward does inside decode steps. The float prefill asks for the copies
-    and is refused by name."""
+    """``prepare`` under the native step's prefill keeps only what the step reads
+    (``drop_float_copies``, ``halve_embeddings``): fewer bytes; against the full model with its
+    token table rounded to bfloat16 alike, the same prompt logits bit for bit and the same
+    greedy tokens through the engine (chunked prompts, a prefix hit); and the model's own
+    forward still runs, in int8, as the full model's forward does inside decode steps. The float
+    prefill asks for the copies and is refused by name."""
     from model.decode import DecodeOptions, prepare
     from model.quant.int8 import decode_step_context
     from service.model_memory import weights_bytes
 
     full, lean = (_int8(_model(fresh_seed), fresh_seed) for _ in range(2))
+    with torch.no_grad():
+        full.embed.tokens.weight.copy_(full.embed.tokens.weight.bfloat16().float())
     kept = NativeStep(full, kv_dtype=torch.bfloat16)
     before = weights_bytes(lean)
     step = prepare(lean, DecodeOptions(native="on"))
     int8 = [m for m in lean.modules() if isinstance(m, DecodeInt8Linear)]
     assert step.prefills and int8 and all(m.dense is None for m in int8)
     assert all(m.packed is None for m in lean.modules() if isinstance(m, Linear))
-    assert weights_bytes(lean) < 0.7 * before
+    assert lean.embed.tokens.weight.dtype == torch.bfloat16 and lean.dtype == torch.float32
+    assert weights_bytes(lean) < 0.6 * before
     shared, a, b = random_prompts(full, fresh_seed, (30, 7, 50))
     prompts = [shared + a, b, shared + b[:5]]
+    with torch.inference_mode():
+        logits = [s.prefill(m.new_cache(3, 96, dtype=torch.bfloat16), prompts, [0, 1, 2])
+                  for m, s in ((lean, step), (full, kept))]
+    assert torch.equal(*logits)
     for chunk in (16, 256):
         assert _core_generations(lean, step, prompts, chunk, True) == _core_generations(full, kept, prompts, chunk,
                                                                                           True)
@@ -213,3 +223,42 @@ def test_serving_under_the_native_prefill_lets_the_float_copies_go(fresh_seed):
     with pytest.raises(ValueError, match="4-bit weights are read from the float weights"):
         NativeStep(lean)
     assert NativeStep(lean, weights4=False).prefills  # int8 only: nothing to read from them
+
+
+def _mapped_rss_kib(path) -> int:
+    """This process's resident KiB of the mappings of ``path`` (/proc/self/smaps)."""
+    total, current = 0, None
+    for line in open("/proc/self/smaps"):
+        fields = line.split()
+        if "-" in fields[0] and len(fields) >= 5 and ":" in fields[3]:  # a mapping's header line
+            current = fields[5] if len(fields) > 5 else None
+        elif fields[0] == "Rss:" and current == str(path):
+            total += int(fields[1])
+    return total
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's /proc/self/smaps")
+def test_dropped_tensors_give_back_their_mapped_pages_and_nothing_else(tmp_path):
+    """A tensor read from a memory-mapped safetensors file (as the weights cache serves a
+    converted checkpoint) keeps its pages resident while any tensor of the file lives;
+    ``_forget_pages`` drops them, and reading them again gives the file's values. A heap tensor
+    is left alone (its values stay)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    path = tmp_path / "w.safetensors"
+    save_file({"big": torch.randn(2048, 2048), "small": torch.randn(16)}, str(path))
+    with safe_open(str(path), framework="pt") as f:
+        big, small = f.get_tensor("big"), f.get_tensor("small")
+    expected = big.clone()
+    assert float(big.sum()) == float(expected.sum())  # every page read
+    resident = _mapped_rss_kib(path.resolve())
+    if resident < 8_000:
+        pytest.skip("safetensors copied the tensor instead of mapping the file here")
+    native_decode._forget_pages([big])
+    assert _mapped_rss_kib(path.resolve()) < resident - 8_000  # 16 MiB mapped, nearly all of it given back
+    assert torch.equal(big, expected) and small.numel() == 16  # read again from the file
+    heap = torch.randn(1024, 1024)
+    kept = heap.clone()
+    native_decode._forget_pages([heap])
+    assert torch.equal(heap, kept)
