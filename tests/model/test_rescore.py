@@ -155,10 +155,9 @@ def test_a_rescorer_must_be_a_decoder(tmp_path):
 def test_lean_rescorer_drops_only_what_the_native_step_never_reads(lm_dir):
     """int8 under the native step: without the float copies and with a bfloat16 token table,
     the scores of the full model whose table was rounded alike, fewer bytes."""
+    from model.decode import prepare_weights
     from model.quant.int8 import DecodeInt8Linear
     from service.model_memory import weights_bytes
-
-    from model.decode import prepare_weights
 
     spec = RescoreSpec(lm_dir, candidates=4, mlm_weight=0.5, context=8)
     keep = DecodeOptions(quantize="int8", native="on", prefill="model")
