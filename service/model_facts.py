@@ -77,9 +77,13 @@ def source_facts(path: Path) -> tuple[str | None, str | None]:
 
 def quantization(model, source: str | None) -> dict[str, str | None]:
     """``weights``: the dtype prompts run in; ``decode``: what decode steps multiply with (int8 where
-    ``model.decode`` made int8 copies); ``source``: the quantization of the file it came from."""
-    weights = str(next(model.parameters()).dtype).removeprefix("torch.")
+    ``model.decode`` made int8 copies); ``source``: the quantization of the file it came from.
+    Under the native step's prefill the float copies are gone (``drop_float_copies``) and prompts
+    run in int8 too."""
+    weights = str(model.dtype).removeprefix("torch.")
     if any(isinstance(m, RowwiseInt8Linear) for m in model.modules()):  # an encoder-decoder's: int8 throughout
         return {"weights": "int8", "decode": "int8", "source": source}
-    int8 = any(isinstance(m, DecodeInt8Linear) for m in model.modules())
+    int8 = [m for m in model.modules() if isinstance(m, DecodeInt8Linear)]
+    if int8 and all(m.dense is None for m in int8):
+        return {"weights": "int8", "decode": "int8", "source": source}
     return {"weights": weights, "decode": "int8" if int8 else weights, "source": source}
