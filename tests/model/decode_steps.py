@@ -42,3 +42,16 @@ def greedy_generations(model, prompts: list[list[int]], n: int = 20, step=None) 
 
     params = SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True)
     return [r.token_ids for r in generate(model, prompts, params, step=step)]
+
+
+def native_library_or_skip() -> None:
+    """Builds (or finds) the native library; a test without it skips, naming why: no C++ compiler
+    or ninja here is a real missing resource."""
+    import pytest
+
+    from model.decode.native import build
+
+    try:
+        build()
+    except RuntimeError as exc:
+        pytest.skip(str(exc))

@@ -8,17 +8,14 @@ import pytest
 import torch
 
 from model.decode import DecodeOptions, prepare
-from model.decode.native import build
 from service.model_facts import quantization
 from tests.model.decode.test_native_decode import _int8, _model
+from tests.model.decode_steps import native_library_or_skip
 
 
 @pytest.fixture(scope="module", autouse=True)
 def library() -> None:
-    try:
-        build()
-    except RuntimeError as exc:  # no C++ compiler or ninja here: the library is a real missing resource
-        pytest.skip(str(exc))
+    native_library_or_skip()
 
 
 @pytest.mark.parametrize("prefill,weights", [("auto", "int8"), ("model", "float32")])

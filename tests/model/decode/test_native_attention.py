@@ -12,17 +12,15 @@ import torch.nn.functional as F
 
 from model import SamplingParams, beam_search, generate
 from model.decode import DecodeOptions, prepare
-from model.decode.native import NativeDecodeAttention, build
+from model.decode.native import NativeDecodeAttention
 from model.decode.triton_attention import decode_attention_reference
 from tests.conftest import tiny_model
+from tests.model.decode_steps import native_library_or_skip
 
 
 @pytest.fixture(scope="module")
 def kernel() -> NativeDecodeAttention:
-    try:
-        build()
-    except RuntimeError as exc:  # no C++ compiler or ninja here: the library is a real missing resource
-        pytest.skip(str(exc))
+    native_library_or_skip()
     return NativeDecodeAttention()
 
 

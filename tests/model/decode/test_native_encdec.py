@@ -17,7 +17,6 @@ from model.decode import DecodeOptions, prepare
 from model.decode.native import (
     NativeEncDecStep,
     attach_int8_kernels,
-    build,
     encdec_unsupported_reason,
     native_attention,
     wants_native,
@@ -25,14 +24,12 @@ from model.decode.native import (
 from model.decode.step import PythonStep
 from model.quant.int8 import RowwiseInt8Linear, quantize_checkpoint_, quantize_int8_, rowwise_int8_linear
 from tests.conftest import tiny_model
+from tests.model.decode_steps import native_library_or_skip
 
 
 @pytest.fixture(scope="module", autouse=True)
 def library() -> None:
-    try:
-        build()
-    except RuntimeError as exc:  # no C++ compiler or ninja here: the library is a real missing resource
-        pytest.skip(str(exc))
+    native_library_or_skip()
 
 
 # Layer shapes the step takes: the paper's / Marian's (post-norm, swish, sinusoidal, separate
