@@ -1275,9 +1275,9 @@ class LlamaDecoder : public torch::CustomClassHolder {
     for (int64_t b = 0; b < B; ++b) {
       TORCH_CHECK(id[b] >= 0 && id[b] < V, "token id ", id[b], " out of range [0, ", V, ")");
       float* xb = x.data_ptr<float>() + b * d_;
-      if (bf16) {  // exact in float32, then scaled as the float rows are
+      if (bf16) {  // exact in float32, then scaled as the float rows are (x * 1.0f is x)
         const uint16_t* e = reinterpret_cast<const uint16_t*>(embed_.data_ptr<at::BFloat16>()) + id[b] * d_;
-        for (int64_t j = 0; j < d_; ++j) xb[j] = embed_scale_ == 1.0f ? to_float(e[j]) : to_float(e[j]) * embed_scale_;
+        for (int64_t j = 0; j < d_; ++j) xb[j] = to_float(e[j]) * embed_scale_;
         continue;
       }
       const float* e = embed_.data_ptr<float>() + id[b] * d_;
