@@ -6,5 +6,5 @@ Sections (each comparison runs in one process, on the same weights and inputs):
 3. KV cache: cached decoding vs full recomputation;
 4. attention: SDPA vs the explicit reference, time and peak memory;
 5. service: the HTTP service under 1..64 concurrent streaming clients;
-6. GPU: the same on CUDA in bf16, plus the compiled decode step (skipped without CUDA).
+6. GPU: the same on CUDA in bf16 (skipped without CUDA).
 """

@@ -39,7 +39,6 @@ class BenchConfig:
     # 9. prefix cache (same model): a burst of chat requests sharing a system prompt.
     prefix_system_len: int = 300
     prefix_streams: int = 32
-    cpu_compile: bool = False  # also time torch.compile(decode_step) on the CPU (compiling takes minutes)
 
     # 2. translation: a randomly initialised MarianMTModel with a SentencePiece vocabulary.
     marian_layers: int = 6  # encoder and decoder each
@@ -73,7 +72,6 @@ class BenchConfig:
 
     # 6. GPU (only when CUDA is present).
     gpu_dtype: str = "bfloat16"
-    gpu_compile: bool = True
 
     # 9. decode attention on the GPU: the Triton kernel vs SDPA (only when CUDA is present).
     decode_attention_batches: tuple[int, ...] = (1, 8, 32)
@@ -107,7 +105,6 @@ class BenchConfig:
             chat_service_duration_s=5.0,
             prefix_system_len=64, prefix_streams=4,
             embed_requests=64,
-            gpu_compile=False,
         )
 
     def with_overrides(self, assignments: list[str]) -> BenchConfig:

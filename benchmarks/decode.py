@@ -137,7 +137,3 @@ def step_time(full: Stat, first: Stat, n: int) -> Stat:
 
 def run(ws: Workspace, cfg: BenchConfig, report: RunReport) -> None:
     measure_decode(ws, cfg, report, "1. decode")
-    if cfg.cpu_compile:
-        from benchmarks.compiled import measure_compiled_decode
-
-        measure_compiled_decode(ws, cfg, report, "1. decode", "cpu", torch.float32, "default")

@@ -1,4 +1,4 @@
-"""6. The GPU rows: sections 1-4 again on CUDA in bf16, plus the compiled decode step.
+"""6. The GPU rows: sections 1-4 again on CUDA in bf16.
 
 Runs only where ``torch.cuda.is_available()``; elsewhere the section reports itself as
 skipped (a missing device, not a failure). Each part runs on its own so one failing
@@ -12,7 +12,6 @@ import traceback
 import torch
 
 from benchmarks.attention import measure_attention
-from benchmarks.compiled import measure_compiled_decode
 from benchmarks.config import BenchConfig
 from benchmarks.decode import measure_decode
 from benchmarks.kv_cache import measure_kv_cache
@@ -33,9 +32,6 @@ def run(ws: Workspace, cfg: BenchConfig, report: RunReport) -> None:
         "kv-cache": lambda: measure_kv_cache(ws, cfg, report, SECTION, "cuda", dtype),
         "attention": lambda: measure_attention(cfg, report, SECTION, "cuda", cfg.gpu_dtype),
     }
-    if cfg.gpu_compile:
-        parts["compile"] = lambda: measure_compiled_decode(ws, cfg, report, SECTION, "cuda", dtype,
-                                                           "reduce-overhead")
     failures = report.sections[SECTION].setdefault("failures", {})
     for name, part in parts.items():
         try:

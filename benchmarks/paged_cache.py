@@ -1,9 +1,7 @@
 """The paged KV cache, measured: memory waste, long conversations in today's memory, overload
-with preemption, long prompts, and the decode step and shared-prefix TTFT against the
-revision before it (the slot cache), each side in its own process on the same machine.
+with preemption, long prompts, the decode step and shared-prefix TTFT.
 
-    python -m benchmarks.paged_cache                      # every section, this tree only
-    python -m benchmarks.paged_cache --old 688caac        # with the old-vs-new rows
+    python -m benchmarks.paged_cache [--sections waste conversations ...] [--json PATH]
 
 All figures are in-process (the engine core, no HTTP): component figures. The model is the
 served chat model, SmolLM2-135M-Instruct, with the service's default decode step (int8
@@ -11,10 +9,9 @@ projections, the native C++ step, a bfloat16 cache), except where a section says
 
 Sections:
 - waste: 32 closed-loop clients, 96 chat requests (prompts 40-600 tokens, 32-256 new tokens);
-  at every step, KV positions allocated but not holding a token, over all allocated. The
-  slot cache allocated 32 x 513 positions whatever ran; the paged cache allocates blocks.
+  at every step, KV positions allocated but not holding a token, over all allocated.
 - conversations: a pool of today's default memory (32 x 512 positions): 32 conversations of
-  2,000 prompt tokens (the slot cache refused them: 2,000 > 512) and 64 new tokens each.
+  2,000 prompt tokens and 64 new tokens each.
 - overload: 64 conversations (300-token prompts, 32 new tokens) against a pool of 10 x 340
   positions, greedy, with the float32 step and the served int8 one; outputs against the same
   requests with room for all of them, and in batches of 10 without preemption.
@@ -27,14 +24,11 @@ Sections:
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import random
 import statistics
 import subprocess
-import sys
-import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -60,16 +54,11 @@ def _core(model, tokenizer, step, n_slots: int, max_len: int, pool_tokens: int |
     from model.engine import EngineCore
 
     kw = {}
-    names = inspect.signature(EngineCore).parameters
     if pool_tokens is not None:
         per_token = 2 * len(model.decoder_layers) * model.cfg.kv_heads * model.cfg.head_dim * \
             torch.empty((), dtype=step.kv_dtype).element_size()
         kw["kv_cache_bytes"] = (pool_tokens + 16) * per_token
-    if "prefix_cache" in names:
-        kw["prefix_cache"] = prefix
-    else:  # the slot cache's revision: a budget in MiB for its separate pool
-        kw["prefix_cache_mb"] = 256.0 if prefix else 0.0
-    return EngineCore(model, tokenizer, n_slots=n_slots, max_len=max_len, step=step, **kw)
+    return EngineCore(model, tokenizer, n_slots=n_slots, max_len=max_len, step=step, prefix_cache=prefix, **kw)
 
 
 def _drain(core, requests, on_step=None):
@@ -109,16 +98,15 @@ def waste(out: dict) -> None:
     ckpt, model, step = _load(SMOLLM2)
     core = _core(model, ckpt.tokenizer, step, n_slots=32, max_len=2048)
     pending = _requests(model.cfg.vocab_size, 96, (40, 600), (32, 256), seed=1)
-    held_total = alloc_total = slot_alloc_total = 0
+    held_total = alloc_total = 0
     samples = 0
 
     def sample(c):
-        nonlocal held_total, alloc_total, slot_alloc_total, samples
+        nonlocal held_total, alloc_total, samples
         seqs = c.scheduler.running + c.scheduler.prefilling
         held = sum(max(s.next_pos, s.prefilled) for s in seqs)
         held_total += held
         alloc_total += c.cache.pool.used * c.cache.block_len
-        slot_alloc_total += 32 * 513  # the slot cache: every slot at TSERVE_MAX_SEQ_LEN + its scratch column
         samples += 1
         in_flight = len(seqs) + len(c.scheduler.waiting) + len(c.scheduler.preempted)
         for _ in range(min(32 - in_flight, len(pending))):  # closed loop: a client sends its next request
@@ -126,10 +114,10 @@ def waste(out: dict) -> None:
 
     first = [pending.pop(0) for _ in range(32)]
     _, errors, wall = _drain(core, first, sample)
-    out["waste"] = {"steps": samples, "paged_waste": 1 - held_total / alloc_total,
-                    "slot_waste": 1 - held_total / slot_alloc_total, "errors": len(errors), "seconds": wall}
-    print(f"waste: paged {out['waste']['paged_waste']:.1%} of allocated positions unused, slot cache "
-          f"{out['waste']['slot_waste']:.1%} ({samples} steps, 96 requests, {wall:.0f} s)", flush=True)
+    out["waste"] = {"steps": samples, "paged_waste": 1 - held_total / alloc_total, "errors": len(errors),
+                    "seconds": wall}
+    print(f"waste: paged {out['waste']['paged_waste']:.1%} of allocated positions unused "
+          f"({samples} steps, 96 requests, {wall:.0f} s)", flush=True)
 
 
 def conversations(out: dict) -> None:
@@ -148,7 +136,7 @@ def conversations(out: dict) -> None:
                             "preemptions": core.scheduler.preemptions, "seconds": wall,
                             "generated_tokens_per_s": 32 * 64 / wall}
     print(f"conversations: {done}/32 conversations of 2,000 + 64 tokens completed in the memory of 32 x 512 "
-          f"positions (slot cache: 0, over TSERVE_MAX_SEQ_LEN); up to {peak} decoding at once, "
+          f"positions; up to {peak} decoding at once, "
           f"{core.scheduler.preemptions} preemptions, {wall:.0f} s", flush=True)
 
 
@@ -260,56 +248,19 @@ def prefix(out: dict) -> None:
 
 SECTIONS = {"waste": waste, "conversations": conversations, "overload": overload, "long": long_prompts,
             "decode": decode, "prefix": prefix}
-COMPARED = ("decode", "prefix")  # the sections that run on the old revision too
-
-
-def _run_old(revision: str, sections: list[str]) -> dict:
-    """The compared sections in a worktree of ``revision``: this file, its model code."""
-    tree = Path(tempfile.mkdtemp(prefix="paged-old-"))
-    subprocess.run(["git", "worktree", "add", "--detach", str(tree), revision], cwd=ROOT, check=True,
-                   capture_output=True)
-    try:
-        result = tree / "result.json"
-        # Run from the old tree (its model/ first on sys.path), this file by path through runpy: not
-        # as a script, whose folder would come first on sys.path (benchmarks/profile.py would then
-        # stand in for the standard library's profile module).
-        argv = [str(Path(__file__)), "--json", str(result), "--sections", *sections]
-        code = f"import runpy, sys; sys.argv = {argv!r}; runpy.run_path(sys.argv[0], run_name='__main__')"
-        subprocess.run([sys.executable, "-c", code], cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
-                       check=True)
-        return json.loads(result.read_text())
-    finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.paged_cache", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sections", nargs="+", choices=list(SECTIONS), default=list(SECTIONS))
-    parser.add_argument("--old", help="a revision to compare the decode and prefix sections with (old, new, "
-                                      "old, new: each twice, alternated)")
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", torch.get_num_threads())))
     out: dict = {"revision": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                                             text=True).stdout.strip(), "threads": torch.get_num_threads()}
-    if args.old:
-        compared = [s for s in args.sections if s in COMPARED]
-        rounds = []
-        for _ in range(2):
-            print(f"--- old ({args.old})", flush=True)
-            old = _run_old(args.old, compared)
-            print("--- new (this tree)", flush=True)
-            new: dict = {}
-            for name in compared:
-                SECTIONS[name](new)
-            rounds.append((old, new))
-        out["old_vs_new"] = rounds
-        for name in [s for s in args.sections if s not in COMPARED]:
-            SECTIONS[name](out)
-    else:
-        for name in args.sections:
-            SECTIONS[name](out)
+    for name in args.sections:
+        SECTIONS[name](out)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
 

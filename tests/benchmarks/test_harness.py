@@ -75,8 +75,8 @@ def test_quick_run_reports_sections_and_prints_the_table(quick_run):
 
 
 def test_overrides_parse_types_and_reject_unknown_names():
-    cfg = BenchConfig().with_overrides(["kv_lengths=128,512", "gpt2_layers=12", "cpu_compile=true"])
-    assert cfg.kv_lengths == (128, 512) and cfg.gpt2_layers == 12 and cfg.cpu_compile is True
+    cfg = BenchConfig().with_overrides(["kv_lengths=128,512", "gpt2_layers=12", "quick=true"])
+    assert cfg.kv_lengths == (128, 512) and cfg.gpt2_layers == 12 and cfg.quick is True
     with pytest.raises(ValueError, match="gpt2_layerz"):
         BenchConfig().with_overrides(["gpt2_layerz=3"])
     with pytest.raises(ValueError, match="gpt2_layers needs a int"):
