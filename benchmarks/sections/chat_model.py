@@ -29,12 +29,13 @@ import torch
 
 from benchmarks.harness import llama_cpp_peer
 from benchmarks.harness.config import BenchConfig
+from benchmarks.harness.generation import compare_tokens, step_time
+from benchmarks.harness.quality import decode_perplexity, heldout_text
 from benchmarks.harness.report import Row, RunReport, SectionSkipped, Target, say
 from benchmarks.harness.timing import time_interleaved
 from benchmarks.harness.workspace import Workspace
-from benchmarks.sections.decode import compare_tokens, step_time
 from model import SamplingParams, generate, load_model
-from model.decode import DecodeOptions, PythonStep, prepare
+from model.decode import DecodeOptions, prepare
 from model.formats.manifest import locate, read_manifest
 
 MANIFEST = Path("weights/smollm2-135m-instruct")
@@ -138,32 +139,6 @@ def _batch8(report: RunReport, section: str, cfg: BenchConfig, sides: dict, n: i
         report.rows.append(Row(section, work, "aggregate tokens/s", rate[name], peer="transformers (fp32)",
                                peer_value=rate["transformers fp32"], target=target, check=check, note=name))
     say(f"{section}: batch-8 tok/s " + ", ".join(f"{k} {v.median:.1f}" for k, v in rate.items()))
-
-
-def heldout_text() -> str:
-    """Docstrings of a few standard-library modules: fixed for a Python version, English
-    technical prose unlike the calibration text."""
-    import argparse
-    import collections
-    import inspect
-    import json
-
-    return "\n\n".join(inspect.getdoc(m) or "" for m in (json, argparse, collections))
-
-
-def decode_perplexity(model, ids: list[int], step=None) -> float:
-    """exp(mean NLL) of ``ids[1:]``, each token scored by a decode step (``step``, default the
-    model's Python step) over the cache."""
-    import math
-
-    step = step or PythonStep(model)
-    cache = model.new_cache(1, len(ids) + 1, dtype=step.kv_dtype)
-    nll = 0.0
-    with torch.inference_mode():
-        for i in range(len(ids) - 1):
-            logits = step(cache, torch.tensor([ids[i]]), [0], [i]).float()
-            nll -= float(logits.log_softmax(-1)[0, ids[i + 1]])
-    return math.exp(nll / (len(ids) - 1))
 
 
 def _quality(report: RunReport, section: str, cfg: BenchConfig, models: dict, tokenizer) -> None:

@@ -15,10 +15,10 @@ from __future__ import annotations
 import torch
 
 from benchmarks.harness.config import BenchConfig
+from benchmarks.harness.generation import compare_tokens, exact_dtype, ours_generate, step_time
 from benchmarks.harness.report import Row, RunReport, Target, say
 from benchmarks.harness.timing import time_interleaved
 from benchmarks.harness.workspace import Workspace
-from benchmarks.sections.decode import compare_tokens, exact_dtype, ours_generate, step_time
 
 KV_TARGET_LENGTH = 1024  # the issue: cached >= 10x recomputation at 1024 tokens
 

@@ -16,28 +16,16 @@ import json
 import torch
 
 from benchmarks.harness.config import BenchConfig
+from benchmarks.harness.generation import compare_tokens, exact_dtype, ours_translate
 from benchmarks.harness.report import Row, RunReport, Target, say
 from benchmarks.harness.synthetic import sentences
 from benchmarks.harness.timing import time_interleaved
 from benchmarks.harness.workspace import Workspace
-from benchmarks.sections.decode import compare_tokens, exact_dtype
-from model import SamplingParams, beam_search, generate
 from model.decode import DecodeOptions, prepare
 
 HF_PEER = "transformers generate()"
 OURS_INT8 = "ours int8"
 CT2_COMPUTE_TYPES = {"cpu": ("float32", "int8"), "cuda": ("bfloat16", "int8_bfloat16")}
-
-
-def ours_translate(model, groups: list[list[list[int]]], beam: int, n: int, step=None) -> list[list[int]]:
-    out = []
-    for sources in groups:
-        if beam == 1:
-            params = SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True)
-            out += [r.token_ids for r in generate(model, sources, params, step=step)]
-        else:
-            out += [r.token_ids for r in beam_search(model, sources, beam, 1.0, n, step=step)]
-    return out
 
 
 def served_step(model):

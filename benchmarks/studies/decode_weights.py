@@ -19,7 +19,7 @@ import time
 import torch
 
 from benchmarks.harness import REPO_ROOT
-from benchmarks.sections.chat_model import heldout_text
+from benchmarks.harness.quality import heldout_text
 
 
 @torch.inference_mode()

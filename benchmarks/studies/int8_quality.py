@@ -7,7 +7,7 @@ cache) against the float32 reference step of the same weights.
 Where the default step runs a model file's own 4-bit weights (``TSERVE_DECODE_WEIGHTS=auto``,
 SmolLM2's Q4_1), a second row gives the same step all int8 (``int8``).
 
-The text is the docstrings of a few standard-library modules (``chat_model.heldout_text``:
+The text is the docstrings of a few standard-library modules (``benchmarks.harness.quality.heldout_text``:
 fixed for a Python version, unlike the int8 calibration text); a prompt written through the
 native step's ``prefill`` gives bit for bit the rows of one step per token
 (tests/model/decode/test_native_prefill.py), so this perplexity is the int8 prefill's too. Also:
@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 
 from benchmarks.harness import REPO_ROOT
-from benchmarks.sections.chat_model import decode_perplexity, heldout_text
+from benchmarks.harness.quality import decode_perplexity, heldout_text
 
 PROMPTS = ["The history of the printing press begins", "To make bread at home, you need",
            "The capital of France is", "def fibonacci(n):"]

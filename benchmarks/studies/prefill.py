@@ -7,7 +7,7 @@ its float32 and bfloat16 forward (the quality bfloat16 prompts would cost).
 
     python -m benchmarks.studies.prefill [--models smollm2-135m-instruct gemma3-270m] [--lengths 16 64 256 1000 2000]
 
-Both write the same prompt (the start of the docstrings ``chat_model.heldout_text`` reads) into
+Both write the same prompt (the start of the docstrings ``benchmarks.harness.quality.heldout_text`` reads) into
 a fresh cache of the dtype each path serves with; the medians of ``--reps`` runs, tokens/s and
 the ratio. The quality side (perplexity, greedy agreement) is ``benchmarks.studies.int8_quality``.
 """
@@ -21,7 +21,7 @@ import time
 import torch
 
 from benchmarks.harness import REPO_ROOT
-from benchmarks.sections.chat_model import heldout_text
+from benchmarks.harness.quality import heldout_text
 
 
 def _time(run, reps: int) -> float:

@@ -20,10 +20,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.harness.config import BenchConfig
+from benchmarks.harness.generation import ours_generate, ours_translate
 from benchmarks.harness.synthetic import sentences
 from benchmarks.harness.workspace import Workspace
-from benchmarks.sections.decode import ours_generate
-from benchmarks.sections.translation import ours_translate
 
 
 def op_times(fn: Callable[[], object]) -> tuple[float, dict[str, list[float]]]:

@@ -11,7 +11,7 @@ The default setups: ``before`` (float32 weights, the Python step, SDPA: the tran
 before its native step) and ``default`` (the service's defaults). A setup's settings are
 environment variables of the server (``TSERVE_QUANTIZE=none``, ``TSERVE_NATIVE_DECODE=off``, ...).
 
-The sentences: the held-out prose ``benchmarks.sections.chat_model.heldout_text`` reads (the start of
+The sentences: the held-out prose ``benchmarks.harness.quality.heldout_text`` reads (the start of
 the standard library's docstrings), 20-160 characters each, numbered to fill ``--requests``.
 """
 
@@ -29,7 +29,7 @@ import httpx
 
 from benchmarks.harness import REPO_ROOT
 from benchmarks.harness.config import BenchConfig
-from benchmarks.sections.chat_model import heldout_text
+from benchmarks.harness.quality import heldout_text
 from benchmarks.sections.service_load import ServiceProcess
 
 

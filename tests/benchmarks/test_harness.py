@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from benchmarks.harness.config import BenchConfig
+from benchmarks.harness.generation import compare_tokens
 from benchmarks.harness.load_generator import LoadResult, RequestRecord
 from benchmarks.harness.report import Row, Target, markdown_table
 from benchmarks.harness.timing import Stat
-from benchmarks.sections.decode import compare_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
 
