@@ -19,16 +19,16 @@ import json
 import random
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
 import numpy as np
 
+from benchmarks.harness import REPO_ROOT
 from benchmarks.harness.config import BenchConfig
 from benchmarks.harness.report import Row, RunReport, SectionSkipped, Target, say
+from benchmarks.harness.served import serve_checkpoint
 from benchmarks.harness.timing import Stat
 from benchmarks.harness.workspace import Workspace
-from benchmarks.sections.service_load import REPO_ROOT, ServiceProcess
 
 MODEL = "smollm2-135m-instruct"
 SECTION = "12. chat service"
@@ -120,14 +120,10 @@ def run(ws: Workspace, cfg: BenchConfig, report: RunReport) -> None:
         locate(read_manifest(checkpoint))
     except Exception as exc:  # noqa: BLE001 - any reason the package is not there
         raise SectionSkipped(f"the chat model's weights are not installed ({exc})") from None
-    server = ServiceProcess(Path(checkpoint), cfg, ws.root / "chat-service.log")
-    try:
-        ready = server.wait_ready()
-        say(f"{SECTION}: service ready in {ready:.1f} s")
+    with serve_checkpoint(checkpoint, cfg, ws.root / "chat-service.log") as server:
+        say(f"{SECTION}: service ready in {server.ready_s:.1f} s")
         asyncio.run(_load(server.url, 2, 1.0, cfg.seed))  # warm-up, not measured
         per_client, wall = asyncio.run(_load(server.url, cfg.chat_streams, cfg.chat_service_duration_s, cfg.seed))
-    finally:
-        server.stop()
     turns = [t for client in per_client for t in client]
     errors = [t.error for t in turns if t.error]
     done = [t for t in turns if not t.error and t.first is not None]

@@ -21,12 +21,13 @@ from urllib.parse import urlsplit
 
 import torch
 
+from benchmarks.harness import REPO_ROOT
 from benchmarks.harness.config import BenchConfig
 from benchmarks.harness.report import Row, RunReport, SectionSkipped, Target, say
+from benchmarks.harness.served import engine_totals, serve_checkpoint
 from benchmarks.harness.synthetic import sentences
 from benchmarks.harness.timing import Stat, time_interleaved
 from benchmarks.harness.workspace import Workspace
-from benchmarks.sections.service_load import REPO_ROOT, ServiceProcess
 
 PEER = "sentence-transformers encode()"
 
@@ -144,21 +145,20 @@ def measure_service(ws: Workspace, cfg: BenchConfig, report: RunReport, section:
     workloads = {"short queries (4-8 words)": mixed_texts(cfg.embed_requests, cfg.seed + 3, (4, 8)),
                  f"mixed lengths {min(cfg.embed_lengths)}-{max(cfg.embed_lengths)} words":
                      mixed_texts(cfg.embed_requests, cfg.seed + 4, cfg.embed_lengths)}
-    server = ServiceProcess(manifest, cfg, ws.root / "embed-service.log")
     c = cfg.embed_concurrency
-    try:
-        report.sections[section]["startup_s"] = server.wait_ready()
+    with serve_checkpoint(manifest, cfg, ws.root / "embed-service.log") as server:
+        report.sections[section]["startup_s"] = server.ready_s
         asyncio.run(_load(server.url, workloads["short queries (4-8 words)"][:8], 1))  # warm-up
         for label, texts in workloads.items():
             samples: dict[int, list[float]] = {1: [], c: []}
             errors = 0
-            before = server.metric_totals()
+            before = engine_totals(server.url)
             for _ in range(cfg.repetitions):  # interleaved, as the direct timings
                 for clients in samples:
                     seconds, err = asyncio.run(_load(server.url, texts, clients))
                     samples[clients].append(len(texts) / seconds)
                     errors += err
-            after = server.metric_totals()
+            after = engine_totals(server.url)
             steps = after["tserve_step_batch_size_count"] - before["tserve_step_batch_size_count"]
             base = Stat.of(samples[1])
             report.rows.append(Row(
@@ -169,8 +169,6 @@ def measure_service(ws: Workspace, cfg: BenchConfig, report: RunReport, section:
                      f"share forward passes; long texts are compute-bound, so batching them gains little"))
             say(f"{section}: service, {label}: 1 client {base.median:.1f} req/s, {c} clients "
                 f"{Stat.of(samples[c]).median:.1f}")
-    finally:
-        server.stop()
 
 
 def run(ws: Workspace, cfg: BenchConfig, report: RunReport) -> None:

@@ -22,17 +22,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 
 from benchmarks.harness import REPO_ROOT
-from benchmarks.sections.service_load import free_port
+from benchmarks.harness.server_process import ServerProcess, service_process
 
 CHAT = "smollm2-135m-instruct"
 MT = "translate-en-de"
@@ -53,37 +51,11 @@ def checkout(rev: str) -> Path:
     return tree
 
 
-class Server:
-    def __init__(self, tree: Path, threads: int, log: Path):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "PYTHONPATH": str(tree), "TSERVE_HOST": "127.0.0.1", "TSERVE_PORT": str(self.port),
-               "TSERVE_WEIGHTS_DIR": str(tree / "weights"), "TSERVE_MODELS": f"{CHAT},{MT}",
-               "TSERVE_TORCH_THREADS": str(threads), "TSERVE_LOG_LEVEL": "warning", "TSERVE_PREFIX_CACHE": "false"}
-        self.log = open(log, "wb")  # noqa: SIM115 - lives as long as the server
-        self.proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=tree, env=env, stdout=self.log,
-                                     stderr=subprocess.STDOUT)
-
-    def wait_ready(self, timeout: float = 900) -> None:
-        start = time.monotonic()
-        while time.monotonic() - start < timeout:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}; see {self.log.name}")
-            try:
-                if httpx.get(self.url + "/ready", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        raise RuntimeError(f"not ready after {timeout:.0f} s; see {self.log.name}")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
+def serve(tree: Path, threads: int, log: Path) -> ServerProcess:
+    """``python -m service`` of the checkout ``tree`` (its code, its weights/)."""
+    env = {"TSERVE_WEIGHTS_DIR": str(tree / "weights"), "TSERVE_MODELS": f"{CHAT},{MT}",
+           "TSERVE_TORCH_THREADS": str(threads), "TSERVE_LOG_LEVEL": "warning", "TSERVE_PREFIX_CACHE": "false"}
+    return service_process(log, env=env, cwd=tree, ready_timeout_s=900)
 
 
 async def stream(client: httpx.AsyncClient, url: str, max_tokens: int) -> tuple[float, float, int]:
@@ -140,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     servers = {}
     try:
         for label, rev in (("old", args.old), ("new", args.new)):
-            servers[label] = Server(checkout(rev), args.threads, logs / f"{label}.log")
+            servers[label] = serve(checkout(rev), args.threads, logs / f"{label}.log").start()
         for s in servers.values():
             s.wait_ready()
         results: dict[str, dict[str, list[float]]] = {"old": {}, "new": {}}

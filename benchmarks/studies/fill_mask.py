@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,8 +24,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.harness import REPO_ROOT
-from benchmarks.sections.service_load import free_port
-from benchmarks.studies.served_vs_llama_server import Server
+from benchmarks.harness.server_process import ServerProcess, service_process
 
 
 def texts(n: int) -> list[tuple[str, str | None]]:
@@ -39,17 +37,13 @@ def texts(n: int) -> list[tuple[str, str | None]]:
     return [(t, None) for t in fmh.EXAMPLES]
 
 
-def serve(rescore: bool, threads: int, log: Path) -> Server:
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TSERVE_PORT": str(port), "TSERVE_MODELS": "fill-mask-en",
-           "TSERVE_TORCH_THREADS": str(threads), "TSERVE_LOG_LEVEL": "warning",
+def serve(rescore: bool, threads: int, log: Path) -> ServerProcess:
+    env = {"TSERVE_MODELS": "fill-mask-en", "TSERVE_TORCH_THREADS": str(threads), "TSERVE_LOG_LEVEL": "warning",
            "TSERVE_FILL_MASK_RESCORE": "true" if rescore else "false"}
-    server = Server([sys.executable, "-m", "service"], env, port, log)
-    server.wait("/ready")
-    return server
+    return service_process(log, env=env, ready_timeout_s=900)
 
 
-def measure(server: Server, items: list[tuple[str, str | None]]) -> tuple[list[float], list[str]]:
+def measure(server: ServerProcess, items: list[tuple[str, str | None]]) -> tuple[list[float], list[str]]:
     """Per request: seconds and the top answer."""
     seconds, answers = [], []
     with httpx.Client(base_url=server.url, timeout=120) as client:
@@ -80,14 +74,11 @@ def main(argv: list[str] | None = None) -> None:
     logs = Path(tempfile.mkdtemp(prefix="fill-mask-bench-"))
     for rep in range(args.reps):
         for rescore in (True, False):
-            server = serve(rescore, args.threads, logs / f"{rescore}-{rep}.log")
-            try:
+            with serve(rescore, args.threads, logs / f"{rescore}-{rep}.log") as server:
                 seconds, got = measure(server, items)
                 metrics = httpx.get(server.url + "/metrics", timeout=10).text
                 memory[rescore] = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
                                       if line.startswith("tserve_model_memory_bytes{") and 'kind="weights"' in line)
-            finally:
-                server.stop()
             runs[rescore].append(statistics.median(seconds))
             answers[rescore] = got
             print(f"rep {rep} rescore={rescore}: median {statistics.median(seconds) * 1e3:.1f} ms, "

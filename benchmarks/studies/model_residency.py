@@ -27,16 +27,13 @@ import subprocess
 import sys
 import time
 
+from benchmarks.harness.server_process import metric_total
+
 REQUESTS = {  # family -> (path, body)
     "decoder": ("/v1/completions", {"prompt": "The weather today is", "max_tokens": 8, "temperature": 0}),
     "encoder": ("/v1/embeddings", {"input": ["a short sentence to embed"]}),
     "encoder-decoder": ("/v1/translate", {"text": "Open the file", "max_tokens": 8}),
 }
-
-
-def metric_total(text: str, name: str) -> float:
-    """The sum of every sample of ``name`` in a Prometheus text exposition."""
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
 
 
 async def _child(args: dict) -> dict:

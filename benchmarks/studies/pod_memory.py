@@ -19,17 +19,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 
 from benchmarks.harness import REPO_ROOT
-from benchmarks.studies.soak import free_port
+from benchmarks.harness.server_process import service_process
 
 LONG = "Summarise the following text. " + ("The committee met on Thursday to discuss the budget for the coming year, "
                                            "and the members agreed on most points. ") * 40
@@ -80,39 +76,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=200)
     parser.add_argument("settings", nargs="*", help="TSERVE_X=value settings for the server")
     args = parser.parse_args(argv)
-    port = free_port()
-    env = dict(os.environ, TSERVE_PORT=str(port), TSERVE_HOST="127.0.0.1")
-    env.pop("TSERVE_API_KEY", None)
-    env.update(dict(s.split("=", 1) for s in args.settings))
-    url = f"http://127.0.0.1:{port}"
-    log = open(REPO_ROOT / "benchmarks" / "results" / "pod_memory.log", "w")  # noqa: SIM115 - the server's lifetime
-    proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=REPO_ROOT, env=env, stdout=log,
-                            stderr=subprocess.STDOUT)
-    try:
-        started = time.perf_counter()
-        while True:
-            if proc.poll() is not None:
-                raise SystemExit(f"the service exited ({proc.returncode}); see {log.name}")
-            try:
-                if httpx.get(url + "/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.perf_counter() - started > 900:
-                raise SystemExit("not ready after 15 minutes")
-            time.sleep(1)
-        ready_s = time.perf_counter() - started
-        idle = rss_mib(proc.pid)[0]
+    env = {"TSERVE_API_KEY": None, **dict(s.split("=", 1) for s in args.settings)}
+    log = REPO_ROOT / "benchmarks" / "results" / "pod_memory.log"
+    with service_process(log, env=env, ready_timeout_s=900, stop_grace_s=120) as server:
+        ready_s, url = server.ready_s, server.url
+        idle = rss_mib(server.pid)[0]
         models = httpx.get(url + "/v1/models").json()["data"]
         held = {m["id"]: m.get("memory", {}).get("total_bytes", 0) for m in models}
         t = time.perf_counter()
         codes = asyncio.run(burst(url, args.streams, args.tokens))
         burst_s = time.perf_counter() - t
-        after, peak = rss_mib(proc.pid)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(120)
-        log.close()
+        after, peak = rss_mib(server.pid)
     print("| model | weights + KV caches (/v1/models) |\n|---|---|")
     for name, size in sorted(held.items()):
         print(f"| {name} | {size / 2**20:,.0f} MiB |")

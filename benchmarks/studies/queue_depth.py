@@ -24,10 +24,11 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks.harness import REPO_ROOT
 from benchmarks.harness.config import BenchConfig
 from benchmarks.harness.load_generator import run_load, warm_up
+from benchmarks.harness.served import request_specs, resolve_checkpoint, serve_checkpoint
 from benchmarks.harness.workspace import Workspace
-from benchmarks.sections.service_load import REPO_ROOT, ServiceProcess, request_specs, resolve_checkpoint
 
 GAUGES = ("tserve_waiting_requests", "tserve_running_requests", "tserve_kv_cache_usage_ratio")
 
@@ -79,10 +80,9 @@ def measure(args: argparse.Namespace) -> dict:
     with Workspace(cfg) as ws:
         checkpoint, label = resolve_checkpoint(ws, cfg)
         specs = request_specs(checkpoint, cfg)
-        os.environ["TSERVE_MAX_BATCH"] = str(args.max_batch)  # ServiceProcess passes os.environ through
-        server = ServiceProcess(checkpoint, cfg, ws.root / "service.log")
-        try:
-            startup_s = server.wait_ready()
+        env = {"TSERVE_MAX_BATCH": str(args.max_batch)}
+        with serve_checkpoint(checkpoint, cfg, ws.root / "service.log", env=env) as server:
+            startup_s = server.ready_s
             asyncio.run(warm_up(server.url, specs[:2], cfg.service_max_tokens))
             idle_rss = rss_mib(server.proc.pid)[0]
             for c in args.concurrency:
@@ -101,8 +101,6 @@ def measure(args: argparse.Namespace) -> dict:
                 rows.append(row)
                 print(format_row(row), flush=True)
             peak_rss = rss_mib(server.proc.pid)[1]
-        finally:
-            server.stop()
     return {"checkpoint": label, "max_batch": args.max_batch, "threads": args.threads,
             "max_tokens": args.max_tokens, "window_s": args.window, "startup_s": startup_s,
             "idle_rss_mib": idle_rss, "peak_rss_mib": peak_rss, "levels": rows}

@@ -30,7 +30,7 @@ import httpx
 from benchmarks.harness import REPO_ROOT
 from benchmarks.harness.config import BenchConfig
 from benchmarks.harness.quality import heldout_text
-from benchmarks.sections.service_load import ServiceProcess
+from benchmarks.harness.served import serve_checkpoint
 
 
 def sentences(n: int) -> list[str]:
@@ -87,10 +87,9 @@ def main(argv: list[str] | None = None) -> None:
     cfg, logs = BenchConfig(), Path(tempfile.mkdtemp(prefix="served-translation-"))
     for rnd in range(args.rounds):
         for name, env in setups.items():
-            server = ServiceProcess(REPO_ROOT / "weights" / "translate-en-de", cfg, logs / f"{name}-{rnd}.log", env=env)
-            url = server.url
-            try:
-                server.wait_ready()
+            with serve_checkpoint(REPO_ROOT / "weights" / "translate-en-de", cfg, logs / f"{name}-{rnd}.log",
+                                  env=env) as server:
+                url = server.url
                 card = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]
                 asyncio.run(load(url, texts[:8], 1, 8))  # warm-up
                 for beam in (1, 4):
@@ -98,8 +97,6 @@ def main(argv: list[str] | None = None) -> None:
                     rates.setdefault((name, beam), []).append(rate)
                     print(f"round {rnd}: {name} ({card.get('decode_step')}, {card.get('quantization')}), "
                           f"beam {beam}: {rate:.0f} tokens/s", flush=True)
-            finally:
-                server.stop()
     a, b = setups
     for beam in (1, 4):
         ra, rb = statistics.median(rates[(a, beam)]), statistics.median(rates[(b, beam)])

@@ -27,7 +27,6 @@ import asyncio
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -38,7 +37,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.harness import REPO_ROOT
-from benchmarks.sections.service_load import free_port
+from benchmarks.harness.server_process import ServerProcess, free_port, service_process
 
 SDIST = "llama-cpp-python==0.3.36"  # the pin of the `llama` extra: its vendored llama.cpp
 PROMPTS = ["Write a short story about a lighthouse keeper who finds a message in a bottle.",
@@ -78,53 +77,16 @@ def build_llama_server() -> Path:
     return binary
 
 
-class Server:
-    def __init__(self, argv: list[str], env: dict[str, str], port: int, log: Path):
-        self.url = f"http://127.0.0.1:{port}"
-        self._log = open(log, "wb")  # noqa: SIM115 - lives as long as the process
-        self.proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
-        self.log = log
-
-    def wait(self, path: str, timeout: float = 900) -> float:
-        start = time.monotonic()
-        while time.monotonic() - start < timeout:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.proc.args[0]} exited: {self.log.read_text(errors='replace')[-2000:]}")
-            try:
-                if httpx.get(self.url + path, timeout=2).status_code == 200:
-                    return time.monotonic() - start
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"not ready after {timeout} s")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
+def ours(model: str, threads: int, log: Path) -> ServerProcess:
+    env = {"TSERVE_MODELS": model, "TSERVE_TORCH_THREADS": str(threads), "TSERVE_LOG_LEVEL": "warning"}
+    return service_process(log, env=env, ready_timeout_s=900)
 
 
-def ours(model: str, threads: int, log: Path) -> Server:
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TSERVE_PORT": str(port), "TSERVE_MODELS": model,
-           "TSERVE_TORCH_THREADS": str(threads), "TSERVE_LOG_LEVEL": "warning"}
-    server = Server([sys.executable, "-m", "service"], env, port, log)
-    server.wait("/ready")
-    return server
-
-
-def peer(binary: Path, model: str, threads: int, parallel: int, ctx_per_stream: int, log: Path) -> Server:
+def peer(binary: Path, model: str, threads: int, parallel: int, ctx_per_stream: int, log: Path) -> ServerProcess:
     port = free_port()
     argv = [str(binary), "-m", str(gguf_of(model)), "--port", str(port), "-t", str(threads), "-tb", str(threads),
             "--parallel", str(parallel), "-c", str(parallel * ctx_per_stream), "--no-webui"]
-    server = Server(argv, dict(os.environ), port, log)
-    server.wait("/health")
-    return server
+    return ServerProcess(argv, log, port=port, ready_path="/health", ready_timeout_s=900)
 
 
 async def stream_one(client: httpx.AsyncClient, url: str, model: str, prompt: str, tokens: int) -> dict:
@@ -191,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
                 log = logs / f"{model}-{side}-{rep}.log"
                 server = (ours(model, args.threads, log) if side == "ours" else
                           peer(binary, model, args.threads, max(args.streams), args.tokens + 64, log))
-                try:
+                with server:
                     asyncio.run(workload(server.url, model, 1, 8))  # warm up: first-call costs
                     for n in args.streams:
                         result = asyncio.run(workload(server.url, model, n, args.tokens))
@@ -199,8 +161,6 @@ def main(argv: list[str] | None = None) -> None:
                         print(f"{model} {side} rep {rep} {n} streams: {result['tokens_per_s']:.1f} tok/s, "
                               f"TTFT p50 {result['ttft_p50'] * 1000:.0f} ms, ITL p50 {result['itl_p50'] * 1000:.1f} ms",
                               flush=True)
-                finally:
-                    server.stop()
         for n in args.streams:
             row = {side: {k: statistics.median(r[k] for r in runs[side][n]) for k in runs[side][n][0]}
                    for side in runs}

@@ -15,11 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
-import signal
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,6 +23,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.harness import REPO_ROOT
+from benchmarks.harness.server_process import ServerExited, service_process
 
 TARGET_GROWTH = 0.02
 GOOD = [  # (path, body, stream)
@@ -51,12 +48,6 @@ BAD = [  # (path, raw body, expected status)
     ("/v1/generate", b'{"prompt": "a", "max_tokens": 4097}', 400),
     ("/v1/fill-mask", b'{"text": "no mask"}', 400),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rss_mib(pid: int) -> float:
@@ -132,30 +123,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=14)
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results")
     args = parser.parse_args(argv)
-    port = free_port()
     log = args.out / "soak-server.log"
     args.out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "TSERVE_LOG_LEVEL": "warning", "TSERVE_MAX_QUEUE": "256"}
-    with open(log, "w") as log_file:
-        proc = subprocess.Popen([sys.executable, "-m", "service", "--port", str(port)], cwd=REPO_ROOT, env=env,
-                                stdout=log_file, stderr=subprocess.STDOUT)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 180
-            while True:
-                try:
-                    if httpx.get(url + "/ready", timeout=2).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    print(log.read_text()[-2000:], file=sys.stderr)
-                    return 1
-                time.sleep(0.2)
-            result = asyncio.run(soak(url, proc.pid, args.requests, args.concurrency, args.seed))
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            result_exit = proc.wait(timeout=60)
+    server = service_process(log, env={"TSERVE_LOG_LEVEL": "warning", "TSERVE_MAX_QUEUE": "256"}).start()
+    try:
+        server.wait_ready()
+        result = asyncio.run(soak(server.url, server.pid, args.requests, args.concurrency, args.seed))
+    except (ServerExited, TimeoutError) as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    finally:
+        result_exit = server.stop(grace_s=60)
     result["server_exit"] = result_exit
     result["server_log_tracebacks"] = log.read_text().count("Traceback")
     (args.out / "soak-latest.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -19,17 +19,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
-from benchmarks.harness import REPO_ROOT
-from benchmarks.sections.service_load import free_port
-from benchmarks.studies.model_residency import metric_total
-from benchmarks.studies.served_vs_llama_server import Server
+from benchmarks.harness.server_process import ServerProcess, metric_total, service_process
 
 CODE = '''def summarize(orders):
     total = 0
@@ -71,16 +67,13 @@ OPEN = {
 }
 
 
-def start(model: str, method: str, threads: int, log: Path) -> Server:
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TSERVE_PORT": str(port), "TSERVE_MODELS": model,
-           "TSERVE_TORCH_THREADS": str(threads), "TSERVE_LOG_LEVEL": "warning", "TSERVE_SPECULATIVE": method}
-    server = Server([sys.executable, "-m", "service"], env, port, log)
-    server.wait("/ready")
-    return server
+def start(model: str, method: str, threads: int, log: Path) -> ServerProcess:
+    env = {"TSERVE_MODELS": model, "TSERVE_TORCH_THREADS": str(threads), "TSERVE_LOG_LEVEL": "warning",
+           "TSERVE_SPECULATIVE": method}
+    return service_process(log, env=env, ready_timeout_s=900)
 
 
-def ask(server: Server, model: str, prompt: str, tokens: int) -> tuple[float, str]:
+def ask(server: ServerProcess, model: str, prompt: str, tokens: int) -> tuple[float, str]:
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens,
             "temperature": 0}
     start_t = time.perf_counter()
@@ -106,8 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     logs = Path(tempfile.mkdtemp(prefix="spec-bench-"))
     for rep in range(args.reps):
         for method in ("ngram", "off"):
-            server = start(args.model, method, args.threads, logs / f"{method}-{rep}.log")
-            try:
+            with start(args.model, method, args.threads, logs / f"{method}-{rep}.log") as server:
                 ask(server, args.model, "Hello!", 8)  # warm
                 for name, prompt in prompts.items():
                     before = httpx.get(server.url + "/metrics").text
@@ -121,8 +113,6 @@ def main(argv: list[str] | None = None) -> None:
                         accepted = metric_total(after, "tserve_spec_accepted_tokens_total") - \
                             metric_total(before, "tserve_spec_accepted_tokens_total")
                         kept[name].append(accepted / drafted if drafted else 0.0)
-            finally:
-                server.stop()
     print(f"# speculative decoding, served: {args.model}, greedy, {args.tokens} tokens max, batch 1, "
           f"{args.reps} reps alternated, {args.threads} threads")
     print("| prompt | kind | off tok/s | ngram tok/s | ratio | drafts kept | same answer |")
