@@ -4,6 +4,7 @@ fake venv whose python only records its arguments (nothing is installed or serve
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -58,3 +59,10 @@ def test_a_changed_pyproject_installs_again(venv):
     for stamp in venv.glob(".installed-*"):  # older than pyproject.toml, as after editing it
         os.utime(stamp, (0, 0))
     assert installs(make(venv, "run")) == [".[serve]"]
+
+
+def test_soak_runs_the_soak_study_module(venv):
+    """`make soak` names a module by its path: it must still be where the benchmarks keep it."""
+    module = make(venv, "soak")[-1].removeprefix("-m ")
+    assert module == "benchmarks.studies.soak"
+    assert importlib.util.find_spec(module) is not None
