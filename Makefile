@@ -85,7 +85,7 @@ reliability: setup
 
 # Soak (not a test): mixed requests against python -m service, RSS growth (README, "Reliability")
 soak: setup
-	$(BIN)/python -m benchmarks.soak
+	$(BIN)/python -m benchmarks.studies.soak
 
 lint: setup
 	$(BIN)/ruff check model service tests benchmarks deploy

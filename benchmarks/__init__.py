@@ -1,10 +1,11 @@
 """Benchmarks against peers (issue 7): ``python -m benchmarks`` or ``make bench``.
 
-Sections (each comparison runs in one process, on the same weights and inputs):
-1. decode: decoder-only tokens/s and step latency vs transformers, and the memory-bandwidth floor;
-2. translation: Marian-architecture tokens/s vs CTranslate2 (float32, int8) and transformers;
-3. KV cache: cached decoding vs full recomputation;
-4. attention: SDPA vs the explicit reference, time and peak memory;
-5. service: the HTTP service under 1..64 concurrent streaming clients;
-6. GPU: the same on CUDA in bf16, plus the compiled decode step (skipped without CUDA).
+Three sub-packages, imports going one way (tests/test_layering.py checks it):
+- ``sections/``: what ``python -m benchmarks`` runs side by side in one process and reports in
+  one table (``benchmarks/__main__.py`` lists them: decode, translation, KV cache, attention,
+  service, GPU, chat model, embeddings, ...);
+- ``studies/``: standalone measurements, ``python -m benchmarks.studies.NAME`` (served against
+  llama-server, pod memory, soak, speculative decoding, prefill, ...);
+- ``harness/``: what both stand on (sizes, timing, the report, the synthetic models, the load
+  generator, a server in a child process). Sections and studies import the harness only.
 """

@@ -18,7 +18,11 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import (
+from benchmarks.harness.config import BenchConfig
+from benchmarks.harness.machine import load_average, machine_info
+from benchmarks.harness.report import RunReport, SectionSkipped, loud, markdown_table, say
+from benchmarks.harness.workspace import Workspace
+from benchmarks.sections import (
     attention,
     chat_model,
     chat_service,
@@ -32,10 +36,6 @@ from benchmarks import (
     service_load,
     translation,
 )
-from benchmarks.config import BenchConfig
-from benchmarks.machine import load_average, machine_info
-from benchmarks.report import RunReport, SectionSkipped, loud, markdown_table, say
-from benchmarks.workspace import Workspace
 
 # OpenMP's wait policy is left as the environment has it (the OpenMP default: threads spin
 # briefly while they wait). Every side of a comparison runs under the same policy (the service
@@ -73,7 +73,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--service-weights", type=Path,
                         help="checkpoint dir served in section 5 (default weights/generate-en; synthetic if absent)")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                        help="override any size in benchmarks/config.py, e.g. --set gpt2_layers=12")
+                        help="override any size in benchmarks/harness/config.py, e.g. --set gpt2_layers=12")
     return parser.parse_args(argv)
 
 

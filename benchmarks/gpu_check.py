@@ -8,7 +8,7 @@ command and one report; the first thing to run on a lent device.
    second subprocess: the variable must be set before triton is imported and must not leak into
    the compiled run. On every machine, GPU or not, so this check cannot rot where there is none.
 3. The GPU benchmark sections in this process, at the quick sizes: "6. GPU" (decode,
-   translation, KV cache, attention in bfloat16, ``torch.compile`` of the decode step) and
+   translation, KV cache, attention in bfloat16) and
    "9. decode attention (GPU)" (the kernel vs SDPA); their rows, failures and each section's
    peak CUDA memory (``torch.cuda.max_memory_allocated``). Without CUDA they report themselves
    skipped.
@@ -154,10 +154,10 @@ def run_tests(run: PytestRun, out: Path) -> dict:
 # --- the benchmark sections --------------------------------------------------------------------
 
 def bench_config(overrides: list[str]):
-    from benchmarks.config import BenchConfig
+    from benchmarks.harness.config import BenchConfig
 
-    # The quick sizes, but medians of 3 and torch.compile included (it failed once on a GPU).
-    return BenchConfig.quick_preset().with_overrides(["repetitions=3", "gpu_compile=true", *overrides])
+    # The quick sizes, but medians of 3.
+    return BenchConfig.quick_preset().with_overrides(["repetitions=3", *overrides])
 
 
 def run_benchmarks(names: tuple[str, ...], overrides: list[str]) -> dict:
@@ -166,8 +166,8 @@ def run_benchmarks(names: tuple[str, ...], overrides: list[str]) -> dict:
 
     from benchmarks.__main__ import SECTIONS as ALL_SECTIONS
     from benchmarks.__main__ import run_sections
-    from benchmarks.machine import machine_info
-    from benchmarks.report import RunReport, markdown_table
+    from benchmarks.harness.machine import machine_info
+    from benchmarks.harness.report import RunReport, markdown_table
 
     cfg = bench_config(overrides)
     threads = torch.get_num_threads()

@@ -251,3 +251,63 @@ def test_importing_the_packages_has_no_side_effects():
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["[]", "False", "False"]
+
+
+# --- benchmarks: harness below sections and studies ------------------------------------------
+# benchmarks/harness/ is what every benchmark stands on; a section (python -m benchmarks) or a
+# study (python -m benchmarks.studies.NAME) is a leaf that imports the harness only, so one can
+# be changed or deleted without touching another. The one exception: the GPU section re-runs
+# four CPU sections' measurements on CUDA. Tests import only the harness's server_process,
+# which imports nothing else of the benchmarks.
+BENCH_LAYERS = ("benchmarks.harness", "benchmarks.sections", "benchmarks.studies")
+SECTION_REUSE = {"benchmarks.sections.gpu": {"benchmarks.sections.attention", "benchmarks.sections.decode",
+                                             "benchmarks.sections.kv_cache", "benchmarks.sections.translation"}}
+
+
+def layer_of(module: str) -> str | None:
+    return next((layer for layer in BENCH_LAYERS if module == layer or module.startswith(layer + ".")), None)
+
+
+def benchmark_layer_breaches(graph: dict[str, set[str]]) -> list[str]:
+    """Imports that break the benchmarks' layering: the harness importing a section or study;
+    a section or study importing another section or study (but SECTION_REUSE)."""
+    found = []
+    for module, imports in sorted(graph.items()):
+        layer = layer_of(module)
+        for target in sorted(imports):
+            to = layer_of(target)
+            if layer is None or to in (None, "benchmarks.harness") or target == to:
+                continue  # __main__, the packages, anything importing the harness
+            if target not in SECTION_REUSE.get(module, ()):
+                found.append(f"{module} imports {target}")
+    return found
+
+
+def test_benchmarks_import_no_cycle():
+    assert cycles(import_graph("benchmarks")) == []
+
+
+def test_benchmarks_sections_and_studies_import_only_the_harness():
+    graph = import_graph("benchmarks")
+    assert {layer_of(m) for m in graph} >= set(BENCH_LAYERS)
+    assert benchmark_layer_breaches(graph) == []
+    for module, reused in SECTION_REUSE.items():  # an exception no longer needed goes
+        assert reused <= graph[module], f"{module} no longer imports {reused - graph[module]}"
+
+
+def test_the_benchmark_layer_check_sees_a_breach():
+    graph = {"benchmarks.harness.report": {"benchmarks.sections.decode"},
+             "benchmarks.studies.soak": {"benchmarks.studies.pod_memory", "benchmarks.harness.report"},
+             "benchmarks.sections.kv_cache": {"benchmarks.sections.decode"},
+             "benchmarks.sections.gpu": {"benchmarks.sections.decode"},
+             "benchmarks.__main__": {"benchmarks.sections.decode"}}
+    assert benchmark_layer_breaches(graph) == [
+        "benchmarks.harness.report imports benchmarks.sections.decode",
+        "benchmarks.sections.kv_cache imports benchmarks.sections.decode",
+        "benchmarks.studies.soak imports benchmarks.studies.pod_memory"]
+
+
+def test_the_server_helper_tests_share_imports_nothing_of_the_benchmarks():
+    helper = ROOT / "benchmarks" / "harness" / "server_process.py"
+    assert imported_modules(helper) & {m for m in import_graph("benchmarks")} == {"benchmarks.harness"}
+    assert offenders([helper], ("model", "service", "torch")) == []

@@ -4,6 +4,7 @@ fake venv whose python only records its arguments (nothing is installed or serve
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -64,3 +65,10 @@ def test_gpu_check_installs_the_dev_extra_then_runs_the_check(venv):
     calls = make(venv, "gpu-check")
     assert installs(calls) == [".[dev]"] and calls[-1] == "-m benchmarks.gpu_check"
     assert make(venv, "gpu-check") == ["-m benchmarks.gpu_check"]  # installed: the check alone
+
+
+def test_soak_runs_the_soak_study_module(venv):
+    """`make soak` names a module by its path: it must still be where the benchmarks keep it."""
+    module = make(venv, "soak")[-1].removeprefix("-m ")
+    assert module == "benchmarks.studies.soak"
+    assert importlib.util.find_spec(module) is not None

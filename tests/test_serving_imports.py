@@ -28,7 +28,7 @@ tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
 from packaging.requirements import Requirement  # noqa: E402
 from packaging.utils import canonicalize_name  # noqa: E402
 
-from tests.reliability.live import free_port  # noqa: E402
+from benchmarks.harness.server_process import ServerProcess, free_port  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = "transformer-serve"
@@ -186,15 +186,13 @@ def test_the_service_serves_the_shipped_models_without_dev_packages(tmp_path):
     command, env = serving_python(tmp_path)
     # the venv's bin/ (ninja, for a native step not built yet) as an activated venv has it
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    log_path = tmp_path / "server.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([*command, "-m", "service", "--port", str(port), "--log-level", "warning"], cwd=ROOT,
-                                env=env, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
+    server = ServerProcess([*command, "-m", "service", "--port", str(port), "--log-level", "warning"],
+                           tmp_path / "server.log", port=port, env=env, cwd=ROOT, stop_grace_s=60).start()
+    base, log_path = server.url, server.log_path
     try:
         deadline = time.monotonic() + 600  # a first start converts the GGUF models and builds the native step
-        while True:
-            assert proc.poll() is None, "the server exited:\n" + log_path.read_text()[-4000:]
+        while True:  # not wait_ready(): a model that failed (/health not 200) ends the wait at once
+            assert server.alive(), "the server exited:\n" + log_path.read_text()[-4000:]
             try:
                 if _call(base + "/ready", timeout=5)[0] == 200:
                     break
@@ -225,9 +223,4 @@ def test_the_service_serves_the_shipped_models_without_dev_packages(tmp_path):
             status, body = _call(base + "/v1/fill-mask", {"model": "fill-mask-en", "text": "The [MASK] of the river."})
             assert status == 200 and body and "token_str" in body[0], body
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
+        server.stop()

@@ -28,7 +28,7 @@ class DecoderPrompts:
         forward (``TSERVE_PREFILL=model``, and the Python step). The native step's prompts attend
         row by row up to 128 rows of a sequence, as blocks beyond (model.decode.native.
         PROMPT_ATTENTION_ROWS). Measured against the float forward (2 cores, ``python -m
-        benchmarks.prefill``, docs/benchmarks.md): 2.0-4.1x the prompt tokens/s for SmolLM2-135M
+        benchmarks.studies.prefill``, docs/benchmarks.md): 2.0-4.1x the prompt tokens/s for SmolLM2-135M
         and 2.8-4.6x for Gemma 3 270M from 16 to ~7,000 tokens."""
         self.model = model
         self.prefill = step.prefill if getattr(step, "prefills", False) else model.prefill

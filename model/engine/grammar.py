@@ -7,7 +7,7 @@
 
 As in vLLM's ``v1/structured_output``: a grammar per request, one token bitmask per step
 (bit ``t`` of row ``r``: token ``t`` is allowed for row ``r``), applied by the batched sampler,
-compiled grammars cached. The backend is llguidance (why: ``benchmarks/grammar.py``); it sits
+compiled grammars cached. The backend is llguidance (why: ``benchmarks/studies/grammar.py``); it sits
 behind ``GrammarBackend`` so another engine (xgrammar) would be one class. Compilation is
 thread-safe and meant to run off the engine thread (the service runs it in a thread pool
 with a deadline); llguidance also bounds its own work per mask (``LLParserLimits``), so a

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.config import BenchConfig
-from benchmarks.decode import compare_tokens
-from benchmarks.load_generator import LoadResult, RequestRecord
-from benchmarks.report import Row, Target, markdown_table
-from benchmarks.timing import Stat
+from benchmarks.harness.config import BenchConfig
+from benchmarks.harness.generation import compare_tokens
+from benchmarks.harness.load_generator import LoadResult, RequestRecord
+from benchmarks.harness.report import Row, Target, markdown_table
+from benchmarks.harness.timing import Stat
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -75,8 +75,8 @@ def test_quick_run_reports_sections_and_prints_the_table(quick_run):
 
 
 def test_overrides_parse_types_and_reject_unknown_names():
-    cfg = BenchConfig().with_overrides(["kv_lengths=128,512", "gpt2_layers=12", "cpu_compile=true"])
-    assert cfg.kv_lengths == (128, 512) and cfg.gpt2_layers == 12 and cfg.cpu_compile is True
+    cfg = BenchConfig().with_overrides(["kv_lengths=128,512", "gpt2_layers=12", "quick=true"])
+    assert cfg.kv_lengths == (128, 512) and cfg.gpt2_layers == 12 and cfg.quick is True
     with pytest.raises(ValueError, match="gpt2_layerz"):
         BenchConfig().with_overrides(["gpt2_layerz=3"])
     with pytest.raises(ValueError, match="gpt2_layers needs a int"):
@@ -120,13 +120,13 @@ def test_load_statistics_count_tokens_inside_the_window_and_spread_chunk_gaps():
 
 
 def test_the_embeddings_load_client_keeps_its_connection_and_reads_whole_answers():
-    """The lean keep-alive client of the embeddings load (benchmarks.embeddings._KeepAlive), against
+    """The lean keep-alive client of the embeddings load (benchmarks.sections.embeddings._KeepAlive), against
     a real socket server: two requests on one connection, each answer's status and whole body read
     (the second answer is split across writes), the JSON body sent as declared; an answer without
     Content-Length is refused by name."""
     import asyncio
 
-    from benchmarks.embeddings import _KeepAlive
+    from benchmarks.sections.embeddings import _KeepAlive
 
     seen: list[bytes] = []
     connections = 0

@@ -2,34 +2,27 @@
 
 ``Replica`` is ``python -m service`` in a subprocess; ``Balancer`` is Debian's ``haproxy``
 running deploy/lb/haproxy.cfg with its server block replaced by the replicas' addresses
-and its listeners moved to free loopback ports. Every wait is bounded; ``stop()`` ends only
-the process this object started.
+and its listeners moved to free loopback ports. Both are the benchmarks' ``ServerProcess``
+(started at once, waited for by the test). Every wait is bounded; ``stop()`` ends only the
+process this object started.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import os
 import re
-import signal
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 
+from benchmarks.harness.server_process import ServerProcess, free_port, service_command
+
 ROOT = Path(__file__).resolve().parents[2]
 HAPROXY_CFG = ROOT / "deploy" / "lb" / "haproxy.cfg"
 SERVERS_BLOCK = re.compile(r"^ *# servers: begin.*?^ *# servers: end[^\n]*\n", re.M | re.S)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until(predicate, timeout_s: float, what: str, every_s: float = 0.1):
@@ -42,55 +35,18 @@ def wait_until(predicate, timeout_s: float, what: str, every_s: float = 0.1):
     raise TimeoutError(f"{what} not within {timeout_s:g} s")
 
 
-class Process:
-    def __init__(self, args: list[str], env: dict[str, str], log_path: Path):
-        self.log_path = log_path
-        self._log = open(log_path, "wb")  # noqa: SIM115 - lives as long as the process
-        self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
-
-    def log_tail(self, chars: int = 3000) -> str:
-        self._log.flush()
-        return self.log_path.read_text(errors="replace")[-chars:]
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def signal(self, sig: int) -> None:
-        if self.alive():
-            self.proc.send_signal(sig)
-
-    def stop(self, timeout_s: float = 20) -> None:
-        if self.alive():
-            self.proc.send_signal(signal.SIGCONT)  # in case a test froze it
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self._log.close()
-
-
-class Replica(Process):
-    """One ``python -m service`` serving one small shipped checkpoint on 127.0.0.1."""
+class Replica(ServerProcess):
+    """One ``python -m service`` serving one small shipped checkpoint on 127.0.0.1; ``ready()``
+    raises, quoting its log, once it has exited."""
 
     def __init__(self, name: str, log_dir: Path, model: str = "generate-en", **settings: str):
-        self.name, self.port = name, free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-               "TSERVE_HOST": "127.0.0.1", "TSERVE_PORT": str(self.port), "TSERVE_WEIGHTS_DIR": str(ROOT / "weights"),
-               "TSERVE_MODELS": model, "TSERVE_TORCH_THREADS": "1", "TSERVE_MAX_BATCH": "8",
-               "TSERVE_SHUTDOWN_GRACE_S": "10", "TSERVE_LOG_LEVEL": "warning", "OMP_WAIT_POLICY": "PASSIVE"}
-        env.update({f"TSERVE_{k.upper()}": v for k, v in settings.items()})
-        super().__init__([sys.executable, "-m", "service"], env, log_dir / f"{name}.log")
-
-    def ready(self) -> bool:
-        if not self.alive():
-            raise RuntimeError(f"replica {self.name} exited with {self.proc.returncode}: {self.log_tail()}")
-        try:
-            return httpx.get(self.url + "/ready", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
+        self.name, port = name, free_port()
+        env = {"TSERVE_WEIGHTS_DIR": str(ROOT / "weights"), "TSERVE_MODELS": model, "TSERVE_TORCH_THREADS": "1",
+               "TSERVE_MAX_BATCH": "8", "TSERVE_SHUTDOWN_GRACE_S": "10", "TSERVE_LOG_LEVEL": "warning",
+               "OMP_WAIT_POLICY": "PASSIVE", **{f"TSERVE_{k.upper()}": v for k, v in settings.items()}}
+        argv, full = service_command(port=port, env=env, cwd=ROOT)
+        super().__init__(argv, log_dir / f"{name}.log", port=port, env=full, cwd=ROOT, stop_grace_s=20)
+        self.start()
 
     def metric(self, name: str, **labels: str) -> float:
         """Sum of the series of ``name`` whose labels include ``labels``."""
@@ -116,16 +72,17 @@ def render_haproxy_config(replicas: list[Replica], port: int, stats_port: int) -
     return text
 
 
-class Balancer(Process):
+class Balancer(ServerProcess):
     def __init__(self, haproxy: str, replicas: list[Replica], work_dir: Path):
-        self.port, self.stats_port = free_port(), free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        port, self.stats_port = free_port(), free_port()
         self.config = work_dir / "haproxy.cfg"
-        self.config.write_text(render_haproxy_config(replicas, self.port, self.stats_port))
+        self.config.write_text(render_haproxy_config(replicas, port, self.stats_port))
         check = subprocess.run([haproxy, "-dW", "-c", "-f", str(self.config)], capture_output=True, text=True,
                                timeout=30)
         assert check.returncode == 0, check.stdout + check.stderr
-        super().__init__([haproxy, "-db", "-f", str(self.config)], dict(os.environ), work_dir / "haproxy.log")
+        super().__init__([haproxy, "-db", "-f", str(self.config)], work_dir / "haproxy.log", port=port, cwd=ROOT,
+                         stop_grace_s=20)
+        self.start()
 
     def server_states(self) -> dict[str, str]:
         """Server name -> status (UP, DOWN, "UP 1/2", ...) from the stats page's CSV."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,18 +14,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from benchmarks.harness.server_process import ServerProcess, free_port, service_process
 from service.__main__ import FLAGS, settings_from_args
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "service", *args], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})})
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_help_lists_every_flag_with_its_variable_and_default():
@@ -74,31 +68,18 @@ def test_flags_override_variables(monkeypatch, tmp_path):
 
 
 @pytest.mark.slow
-def test_python_m_service_serves_on_the_given_port(weights_dir):
+def test_python_m_service_serves_on_the_given_port(weights_dir, tmp_path):
     port = free_port()
-    env = {**os.environ, "TSERVE_PORT": str(free_port()), "TSERVE_MODELS": "translate-tiny", "TSERVE_WARMUP": "false"}
-    proc = subprocess.Popen([sys.executable, "-m", "service", "--port", str(port), "--weights-dir", str(weights_dir),
-                             "--models", "generate-tiny", "--log-level", "warning"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(url + "/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the server never answered on the --port given"
-            time.sleep(0.2)
-        models = httpx.get(url + "/v1/models").json()["data"]
+    env = {"TSERVE_PORT": str(free_port()), "TSERVE_MODELS": "translate-tiny", "TSERVE_WARMUP": "false"}
+    server = service_process(tmp_path / "server.log", "--port", str(port), "--weights-dir", str(weights_dir),
+                             "--models", "generate-tiny", "--log-level", "warning", port=port, env=env,
+                             ready_timeout_s=90)
+    with server:  # ready on the --port given, not on TSERVE_PORT
+        models = httpx.get(server.url + "/v1/models").json()["data"]
         assert [m["id"] for m in models] == ["generate-tiny"]  # --models won over TSERVE_MODELS
-    finally:
-        proc.terminate()
-        out, _ = proc.communicate(timeout=30)
+    out = server.log_path.read_text()
     # uvicorn shuts down gracefully, then re-raises the SIGTERM it caught, as it should
-    assert proc.returncode in (0, -signal.SIGTERM) and "Traceback" not in out, out
+    assert server.proc.returncode in (0, -signal.SIGTERM) and "Traceback" not in out, out
 
 
 def _broken_weights(root: Path) -> Path:
@@ -109,44 +90,44 @@ def _broken_weights(root: Path) -> Path:
     return root
 
 
-def _serve_broken(tmp_path: Path, *flags: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    env = {**os.environ, "TSERVE_LOG_JSON": "false", "TSERVE_WARMUP": "false"}
-    env.pop("TSERVE_EXIT_ON_LOAD_FAILURE", None)
-    proc = subprocess.Popen([sys.executable, "-m", "service", "--port", str(port), "--weights-dir",
-                             str(_broken_weights(tmp_path)), "--log-level", "warning", *flags],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    return proc, f"http://127.0.0.1:{port}"
+def _serve_broken(tmp_path: Path, *flags: str) -> ServerProcess:
+    """The service on a model that cannot load, started (it never becomes ready)."""
+    env = {"TSERVE_LOG_JSON": "false", "TSERVE_WARMUP": "false", "TSERVE_EXIT_ON_LOAD_FAILURE": None}
+    return service_process(tmp_path / "server.log", "--weights-dir", str(_broken_weights(tmp_path)),
+                           "--log-level", "warning", *flags, env=env).start()
 
 
 def test_a_model_that_fails_to_load_is_logged_and_the_process_stays_up_unready(tmp_path):
-    proc, url = _serve_broken(tmp_path)
+    server = _serve_broken(tmp_path)
     try:
         deadline = time.monotonic() + 60
         while True:
-            assert proc.poll() is None, proc.stdout.read()
+            assert server.alive(), server.log_tail()
             try:
-                health = httpx.get(url + "/health", timeout=2)
+                health = httpx.get(server.url + "/health", timeout=2)
                 if health.status_code == 503:
                     break
             except httpx.TransportError:
                 pass
             assert time.monotonic() < deadline, "loading never failed"
             time.sleep(0.2)
-        assert "error" in health.json() and httpx.get(url + "/ready").status_code == 503
+        assert "error" in health.json() and httpx.get(server.url + "/ready").status_code == 503
         time.sleep(0.5)
-        assert proc.poll() is None  # still up: Kubernetes restarts it after its liveness probe fails
+        assert server.alive()  # still up: Kubernetes restarts it after its liveness probe fails
     finally:
-        proc.terminate()
-        out, _ = proc.communicate(timeout=30)
+        server.stop()
+    out = server.log_path.read_text()
     line = next(ln for ln in out.splitlines() if "failed to load" in ln)
     assert "ERROR" in line and "'broken-model'" in line and "/ready answers 503" in line, out
     assert "--exit-on-load-failure" in line
 
 
 def test_exit_on_load_failure_ends_the_process_with_status_1(tmp_path):
-    proc, _ = _serve_broken(tmp_path, "--exit-on-load-failure")
-    out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 1, out
+    server = _serve_broken(tmp_path, "--exit-on-load-failure")
+    try:
+        assert server.proc.wait(timeout=60) == 1, server.log_tail()
+    finally:
+        server.stop()
+    out = server.log_path.read_text()
     line = next(ln for ln in out.splitlines() if "failed to load" in ln)
     assert "ERROR" in line and "'broken-model'" in line and "exiting with status 1" in line, out

@@ -1,0 +1,179 @@
+"""What a user sees through HTTP: ``python -m service`` against llama.cpp's own ``llama-server``,
+on the same GGUF file, the same cores, the same requests.
+
+    python -m benchmarks.studies.served_vs_llama_server [--models smollm2-135m-instruct gemma3-270m]
+        [--streams 1 8 32] [--tokens 128] [--reps 3] [--llama-server PATH]
+
+For each model, each server is started alone (never both at once: they would share the cores)
+with its defaults but the port and thread count (ours: ``TSERVE_TORCH_THREADS``; llama-server:
+``-t``/``-tb`` the same, ``--parallel`` the largest stream count, ``-c`` that many times the
+tokens a stream needs). Each workload is ``n`` concurrent streamed ``/v1/completions`` requests
+(a different prompt each, ``max_tokens`` tokens, greedy, EOS ignored, the OpenAI-compatible
+route both servers have), repeated ``reps`` times: OURS, PEER, OURS, PEER, ... are alternated
+by model, and each side's figures are medians over the repetitions:
+- TTFT p50 / p99 over all requests (the time to the first streamed token),
+- inter-token latency p50 / p99 (gaps between streamed chunks carrying tokens),
+- tokens/s: all generated tokens over the wall time of the workload.
+
+``llama-server`` is found on PATH or at ``--llama-server``; ``--build`` builds it from the
+llama.cpp sources vendored in the llama-cpp-python sdist on PyPI (cmake + ninja + a C++
+compiler, a few minutes on 2 cores) into ``build/llama-server/``; the report says which.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import httpx
+
+from benchmarks.harness import REPO_ROOT
+from benchmarks.harness.server_process import ServerProcess, free_port, service_process
+
+SDIST = "llama-cpp-python==0.3.36"  # the pin of the `llama` extra: its vendored llama.cpp
+PROMPTS = ["Write a short story about a lighthouse keeper who finds a message in a bottle.",
+           "Explain how a refrigerator keeps food cold, step by step.",
+           "Describe a walk through a city market early on a summer morning.",
+           "Tell me about the history of the bicycle and how it changed cities.",
+           "Write a letter to a friend describing your new job at a bakery.",
+           "What makes a good teacher? Give a few examples from school.",
+           "Describe the journey of a river from the mountains to the sea.",
+           "Write a recipe for a simple vegetable soup and explain each step."]
+
+
+def gguf_of(model: str) -> Path:
+    from model.formats.manifest import locate, read_manifest
+
+    return locate(read_manifest(REPO_ROOT / "weights" / model))
+
+
+def build_llama_server() -> Path:
+    """llama-server from the sdist's vendored llama.cpp, into build/llama-server/."""
+    out = REPO_ROOT / "build" / "llama-server"
+    binary = out / "src" / "build" / "bin" / "llama-server"
+    if binary.exists():
+        return binary
+    out.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", SDIST, "-d",
+                    str(out)], check=True)
+    (archive,) = out.glob("llama_cpp_python-*.tar.gz")
+    with tarfile.open(archive) as tar:
+        tar.extractall(out, filter="data")
+    (src,) = out.glob("llama_cpp_python-*/vendor/llama.cpp")
+    (out / "src").unlink(missing_ok=True)
+    (out / "src").symlink_to(src.resolve())
+    subprocess.run(["cmake", "-S", str(src), "-B", str(src / "build"), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+                    "-DLLAMA_CURL=OFF", "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_TESTS=OFF"], check=True)
+    subprocess.run(["cmake", "--build", str(src / "build"), "--target", "llama-server"], check=True)
+    return binary
+
+
+def ours(model: str, threads: int, log: Path) -> ServerProcess:
+    env = {"TSERVE_MODELS": model, "TSERVE_TORCH_THREADS": str(threads), "TSERVE_LOG_LEVEL": "warning"}
+    return service_process(log, env=env, ready_timeout_s=900)
+
+
+def peer(binary: Path, model: str, threads: int, parallel: int, ctx_per_stream: int, log: Path) -> ServerProcess:
+    port = free_port()
+    argv = [str(binary), "-m", str(gguf_of(model)), "--port", str(port), "-t", str(threads), "-tb", str(threads),
+            "--parallel", str(parallel), "-c", str(parallel * ctx_per_stream), "--no-webui"]
+    return ServerProcess(argv, log, port=port, ready_path="/health", ready_timeout_s=900)
+
+
+async def stream_one(client: httpx.AsyncClient, url: str, model: str, prompt: str, tokens: int) -> dict:
+    body = {"model": model, "prompt": prompt, "max_tokens": tokens, "temperature": 0, "stream": True,
+            "ignore_eos": True}
+    start = time.perf_counter()
+    stamps: list[float] = []
+    n = 0
+    async with client.stream("POST", url + "/v1/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            text = chunk["choices"][0].get("text", "") if chunk.get("choices") else ""
+            if text:
+                stamps.append(time.perf_counter())
+                n += 1
+            usage = chunk.get("usage") or {}
+            if usage.get("completion_tokens"):
+                n = usage["completion_tokens"]
+    return {"ttft": stamps[0] - start, "gaps": [b - a for a, b in zip(stamps, stamps[1:])], "tokens": n}
+
+
+async def workload(url: str, model: str, streams: int, tokens: int) -> dict:
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=streams + 4)) as client:
+        start = time.perf_counter()
+        results = await asyncio.gather(*(stream_one(client, url, model, PROMPTS[i % len(PROMPTS)] + f" ({i})",
+                                                     tokens) for i in range(streams)))
+        wall = time.perf_counter() - start
+    ttfts = sorted(r["ttft"] for r in results)
+    gaps = sorted(g for r in results for g in r["gaps"])
+    pick = lambda xs, q: xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]  # noqa: E731
+    return {"ttft_p50": pick(ttfts, 0.5), "ttft_p99": pick(ttfts, 0.99), "itl_p50": pick(gaps, 0.5) if gaps else 0,
+            "itl_p99": pick(gaps, 0.99) if gaps else 0, "tokens_per_s": sum(r["tokens"] for r in results) / wall}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.studies.served_vs_llama_server", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=["smollm2-135m-instruct", "gemma3-270m"])
+    parser.add_argument("--streams", nargs="+", type=int, default=[1, 8, 32])
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--llama-server", type=Path, help="the peer's binary (default: PATH, else --build)")
+    parser.add_argument("--build", action="store_true", help="build llama-server from the sdist if not found")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    binary = args.llama_server or (Path(shutil.which("llama-server")) if shutil.which("llama-server") else None)
+    how = "given" if args.llama_server else "found on PATH"
+    if binary is None:
+        if not args.build:
+            raise SystemExit("no llama-server: pass --llama-server PATH or --build")
+        binary, how = build_llama_server(), f"built from {SDIST}'s vendored llama.cpp"
+    print(f"peer: {binary} ({how}); {args.threads} threads each, served one at a time", flush=True)
+    logs = REPO_ROOT / "build" / "served_vs_llama_server"
+    logs.mkdir(parents=True, exist_ok=True)
+    report: dict = {"peer": str(binary), "peer_how": how, "threads": args.threads, "rows": {}}
+    for model in args.models:
+        runs: dict[str, dict[int, list[dict]]] = {"ours": {}, "llama-server": {}}
+        for rep in range(args.reps):
+            for side in ("ours", "llama-server"):
+                log = logs / f"{model}-{side}-{rep}.log"
+                server = (ours(model, args.threads, log) if side == "ours" else
+                          peer(binary, model, args.threads, max(args.streams), args.tokens + 64, log))
+                with server:
+                    asyncio.run(workload(server.url, model, 1, 8))  # warm up: first-call costs
+                    for n in args.streams:
+                        result = asyncio.run(workload(server.url, model, n, args.tokens))
+                        runs[side].setdefault(n, []).append(result)
+                        print(f"{model} {side} rep {rep} {n} streams: {result['tokens_per_s']:.1f} tok/s, "
+                              f"TTFT p50 {result['ttft_p50'] * 1000:.0f} ms, ITL p50 {result['itl_p50'] * 1000:.1f} ms",
+                              flush=True)
+        for n in args.streams:
+            row = {side: {k: statistics.median(r[k] for r in runs[side][n]) for k in runs[side][n][0]}
+                   for side in runs}
+            row["ratio_tokens_per_s"] = row["ours"]["tokens_per_s"] / row["llama-server"]["tokens_per_s"]
+            report["rows"][f"{model} x{n}"] = row
+            o, p = row["ours"], row["llama-server"]
+            print(f"| {model} | {n} | {o['tokens_per_s']:.1f} | {p['tokens_per_s']:.1f} | "
+                  f"{row['ratio_tokens_per_s']:.2f}x | {o['ttft_p50'] * 1000:.0f} / {o['ttft_p99'] * 1000:.0f} | "
+                  f"{p['ttft_p50'] * 1000:.0f} / {p['ttft_p99'] * 1000:.0f} | {o['itl_p50'] * 1000:.1f} / "
+                  f"{o['itl_p99'] * 1000:.1f} | {p['itl_p50'] * 1000:.1f} / {p['itl_p99'] * 1000:.1f} |", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
