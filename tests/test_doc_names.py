@@ -64,10 +64,12 @@ REMOVED_SETTINGS = {
     ("docs/ARCHITECTURE.md", "TSERVE_COMPILE"): "says the compiled decode step was removed",
     ("docs/limits.md", "TSERVE_COMPILE"): "says the compiled decode step was removed",
 }
-# Files whose text is not read for settings: C++ macros share the prefix (TSERVE_AVX512), and
-# this test and its finder name stale settings on purpose.
-SETTINGS_SKIP = (".cpp", ".h", ".png", ".safetensors", ".gz", ".whl", "tests/doc_names.py",
-                 "tests/test_doc_names.py")
+
+# Names with the metrics' prefix that are no metric.
+NOT_METRICS = (
+    "tserve_native",  # the native library: its torch namespace and its file names (tserve_native_llama*)
+    "tserve_model_leases",  # a ContextVar's name (service/models/registry.py)
+)
 
 # Phrases for things that are gone, too plain to be caught as names.
 RETIRED = {
@@ -77,6 +79,10 @@ RETIRED = {
 CONFIG_FILES = ("pyproject.toml", "Makefile", "Dockerfile", "docker-compose.yml", "docker-compose.gpu.yml")
 # The finder's own files hold stale names on purpose (its examples and these tests).
 SELF = ("tests/doc_names.py", "tests/test_doc_names.py")
+# The files read for settings, metrics and retired terms: all text but C++, whose macros share
+# the prefix (TSERVE_AVX512).
+TEXT_SUFFIXES = (".py", ".md", ".yml", ".yaml", ".json", ".sh", ".cfg", ".toml", ".env", ".txt", ".html", ".js",
+                 "Dockerfile", "Makefile")
 
 
 @pytest.fixture(scope="module")
@@ -107,6 +113,12 @@ def find_stale(project: Project) -> list[Ref]:
                 finder.scan(text, path, line)
     for path in CONFIG_FILES:
         finder.scan((project.root / path).read_text(), path)
+    for path in sorted(project.files):  # deploy's scripts and configs name files and modules too
+        if path.startswith("deploy/") and path.endswith(".py"):
+            for line, text in python_prose(project, path):
+                finder.scan(text, path, line)
+        elif path.startswith("deploy/") and path.endswith((".sh", ".yml", ".yaml", ".cfg")):
+            finder.scan((project.root / path).read_text(), path)
     out = []
     for ref in dict.fromkeys(finder.stale):
         file = ref.where.rsplit(":", 1)[0]
@@ -131,25 +143,50 @@ def test_every_allowed_name_is_still_named(project):
         assert name in (project.root / file).read_text(), f"{file} no longer names {name}: drop its entry"
 
 
-def _env_names(project: Project):
+def text_files(project: Project):
     for path in sorted(project.files):
-        if path.endswith(SETTINGS_SKIP) or path.startswith(".git"):
-            continue
-        try:
-            text = (project.root / path).read_text()
-        except (UnicodeDecodeError, OSError):
-            continue
-        for offset, name in settings_named(text):
-            yield f"{path}:{text.count(chr(10), 0, offset) + 1}", path, name
+        if path.endswith(TEXT_SUFFIXES) and path not in SELF:
+            yield path, (project.root / path).read_text()
+
+
+def _line(path: str, text: str, offset: int) -> str:
+    return f"  {path}:{text.count(chr(10), 0, offset) + 1}"
+
+
+def stale_settings(project: Project) -> list[str]:
+    fields = project.setting_fields()
+    return [f"{_line(path, text, offset)}: {name}" for path, text in text_files(project)
+            for offset, name in settings_named(text)
+            if not match_setting(name, fields) and name not in NON_SETTINGS_ENV
+            and name not in PLACEHOLDER_SETTINGS and (path, name) not in REMOVED_SETTINGS]
+
+
+def stale_metrics(project: Project) -> list[str]:
+    """tserve_ names that are no metric service/metrics.py defines (with the exposition's
+    suffixes; ``tserve_spec_*`` a prefix) and none of the few other things sharing the prefix."""
+    source = (project.root / "service/metrics.py").read_text()
+    metrics = {"tserve_" + n for n in re.findall(r'name\("(\w+)"\)', source)}
+    out = []
+    for path, text in text_files(project):
+        for m in re.finditer(r"(?<![\w:])tserve_\w+\b(\*?)", text):
+            name = m.group(0)
+            base = re.sub(r"_(total|bucket|count|sum|created)$", "", name)
+            if name in metrics or base in metrics or name.startswith(NOT_METRICS) \
+                    or (name.endswith("*") and any(x.startswith(name[:-1]) for x in metrics)):
+                continue
+            out.append(f"{_line(path, text, m.start())}: {name}")
+    return out
+
+
+def retired_terms(project: Project) -> list[str]:
+    return [f"{_line(path, text, m.start())}: {term!r} ({why})" for path, text in text_files(project)
+            for term, why in RETIRED.items() for m in re.finditer(re.escape(term), text, re.I)]
 
 
 def test_every_tserve_variable_is_a_setting_or_read_by_the_code(project):
-    fields = project.setting_fields()
-    unknown = [f"  {where}: {name}" for where, path, name in _env_names(project)
-               if not match_setting(name, fields) and name not in NON_SETTINGS_ENV
-               and name not in PLACEHOLDER_SETTINGS and (path, name) not in REMOVED_SETTINGS]
-    assert not unknown, ("TSERVE_ variables that are no Settings field (service/settings.py) and no variable "
-                         "the code reads (NON_SETTINGS_ENV):\n" + "\n".join(unknown))
+    stale = stale_settings(project)
+    assert not stale, ("TSERVE_ variables that are no Settings field (service/settings.py) and no variable "
+                       "the code reads (NON_SETTINGS_ENV):\n" + "\n".join(stale))
 
 
 def test_non_settings_variables_are_read_where_listed(project):
@@ -163,14 +200,13 @@ def test_every_setting_is_documented(project):
     assert not missing, f"Settings fields docs/configuration.md does not list: {missing}"
 
 
+def test_every_metric_named_exists(project):
+    stale = stale_metrics(project)
+    assert not stale, "tserve_ names that are no metric of service/metrics.py:\n" + "\n".join(stale)
+
+
 def test_retired_terms_are_gone(project):
-    found = []
-    for path in sorted(project.files):
-        if path.endswith((".py", ".md", ".toml")) and path not in SELF:
-            text = (project.root / path).read_text()
-            for term, why in RETIRED.items():
-                for m in re.finditer(re.escape(term), text, re.I):
-                    found.append(f"  {path}:{text.count(chr(10), 0, m.start()) + 1}: {term!r} ({why})")
+    found = retired_terms(project)
     assert not found, "retired terms:\n" + "\n".join(found)
 
 
@@ -194,6 +230,7 @@ def tiny(tmp_path) -> Project:
         "service/__init__.py": "",
         "service/routes/chat.py": "def chat():\n    pass\n",
         "service/settings.py": "class Settings:\n    port: int = 1\n    max_queue: int = 2\n",
+        "service/metrics.py": "requests = Counter(name(\"requests\"), \"HTTP requests.\")\n",
         "tests/test_core.py": "def test_step():\n    pass\n",
     })
     return Project(tmp_path)
@@ -254,8 +291,13 @@ def test_the_finder_reads_the_tree_by_folder(tiny):
         "ARCH.md:13: tree service/routes/…/core.py"]
 
 
-def test_a_stale_setting_is_caught(tiny):
-    fields = tiny.setting_fields()
-    assert fields == {"TSERVE_PORT", "TSERVE_MAX_QUEUE"}
+def test_a_stale_setting_metric_or_retired_term_is_caught(tiny):
+    assert tiny.setting_fields() == {"TSERVE_PORT", "TSERVE_MAX_QUEUE"}
     names = [name for _, name in settings_named("TSERVE_PORT, TSERVE_GONE, TSERVE_DEFAULT_<TASK>_MODEL, TSERVE_MAX_")]
-    assert [match_setting(n, fields) for n in names] == [True, False, False, True]
+    assert [match_setting(n, tiny.setting_fields()) for n in names] == [True, False, False, True]
+    _write(tiny.root, {"docs/x.md": "TSERVE_PORT TSERVE_GONE\ntserve_requests_total tserve_gone_total\n"
+                                    "a slot KV cache\n"})
+    tiny = Project(tiny.root)
+    assert stale_settings(tiny) == ["  docs/x.md:1: TSERVE_GONE"]
+    assert stale_metrics(tiny) == ["  docs/x.md:2: tserve_gone_total"]
+    assert [r.split(": ")[0] for r in retired_terms(tiny)] == ["  docs/x.md:3"]
