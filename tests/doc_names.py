@@ -1,7 +1,8 @@
 """The names the docs and the code's prose give, and whether each still exists.
 
-Read by ``tests/test_doc_names.py``. Everything is read from the files (ASTs, directory
-listings); no project module is imported, so checking the docs costs no torch import.
+Read by ``tests/test_doc_names.py``. Everything is read from the files (listings, patterns,
+the ASTs of the modules a check needs); no project module is imported, so checking the docs
+costs no torch import and about two seconds.
 
 Kinds of reference, each with its own rule (``Ref.kind``):
 
@@ -9,18 +10,22 @@ Kinds of reference, each with its own rule (``Ref.kind``):
   ``python -m benchmarks.decode``, ``model.decode.prepare``, ``service.settings.Settings.port``):
   the longest prefix that is a module file names the module; the next part must be a name its
   AST defines or imports, and a part after a class must be one of that class's attributes.
+  ``model.<x>`` where x is neither a submodule nor exported by model/__init__ is a variable
+  named model (``model.dtype``) and not checked.
 - ``import``: ``from model.engine import EngineCore`` in a doc's code: every imported name.
 - ``path``: a file or folder path. Rooted at a top-level entry of the repo (``model/...``,
-  ``docs/x.md``) it must exist there; a relative one (``routes/chat.py``) must be the tail of
-  some path in the repo; a bare source file name (``support.py``) must be some file's name.
-  ``file.py::test_name`` also needs the function.
+  ``docs/x.md``) it must exist there, unless .gitignore names its root (outputs: ``runs/``);
+  a relative one (``routes/chat.py``) must be the tail of some path in the repo (checked only
+  when its first folder is one of ours and it ends in ``/`` or a file suffix); a bare source
+  file name (``support.py``) must be some file's name. ``file.py::test_name`` needs the function.
 - ``class``: a CamelCase name in backticks (``SlotKVCache``): a class, function or module-level
-  name somewhere in the project; ``Class.attr`` (in backticks, or in prose when ``Class`` is a
-  project class) needs the attribute.
-- ``setting``: ``TSERVE_X``: a field of ``service.settings.Settings`` or an env var the code
-  reads itself (the caller's list).
-- ``tree``: the names in ARCHITECTURE's "Where things live" tree: a file or folder named on a
-  folder's lines exists somewhere under that folder; a CamelCase word exists in the project.
+  name of the project, a C++ class of the native library, or a CamelCase string our code holds
+  (an importer's ``"LlamaForCausalLM"``). ``Class.attr`` (in backticks, or in prose when
+  ``Class`` is a project class) needs the attribute, its bases' included.
+- ``tree``: ARCHITECTURE's "Where things live" tree: a source file or folder named on a
+  folder's lines exists somewhere under that folder; a CamelCase word exists as above.
+
+Settings (``TSERVE_*``) and metrics (``tserve_*``) are checked by the test itself.
 """
 
 from __future__ import annotations
@@ -129,16 +134,16 @@ def _last_name(expr: ast.expr) -> str:
 class Project:
     def __init__(self, root: Path = ROOT):
         self.root = root
+        self.ignored_roots = self._ignored_roots()
         self.files: set[str] = set()
         self.dirs: set[str] = set()
         for top, dirnames, filenames in os.walk(root):
-            dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS]
             rel = Path(top).relative_to(root).as_posix()
             prefix = "" if rel == "." else rel + "/"
+            dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS and not self.ignored(prefix + d)]
             self.dirs.update(prefix + d for d in dirnames)
             self.files.update(prefix + f for f in filenames)
         self.top_level = {p.split("/")[0] for p in self.files | self.dirs}
-        self.ignored_roots = self._ignored_roots()
         self.basenames = {p.rsplit("/", 1)[-1] for p in self.files | self.dirs}
         self.dir_names = {p.rsplit("/", 1)[-1] for p in self.dirs}
         self.all_paths = sorted(self.files | self.dirs)
@@ -146,18 +151,19 @@ class Project:
         self._classes: dict[str, list[ClassInfo]] = {}
 
     def _ignored_roots(self) -> set[str]:
-        """Top-level folders .gitignore names (outputs: data/, runs/, build/): named, never checked."""
+        """Folders .gitignore names (outputs: data/, runs/, build/): neither listed nor checked."""
         roots = set()
         gitignore = self.root / ".gitignore"
         for line in gitignore.read_text().splitlines() if gitignore.exists() else []:
             line = line.strip()
-            if line.endswith("/") and "*" not in line:
+            if line.endswith("/"):
                 roots.add(line.strip("/"))
         return roots
 
     def ignored(self, path: str) -> bool:
         path = path.rstrip("/")
-        return any(path == r or path.startswith(r + "/") for r in self.ignored_roots)
+        return any(path == r or path.startswith(r + "/") or ("*" in r and fnmatch.fnmatch(path.split("/")[0], r))
+                   for r in self.ignored_roots)
 
     @cached_property
     def modules(self) -> dict[str, str]:
