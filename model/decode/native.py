@@ -16,7 +16,7 @@ has them (chosen at run time), over a float32 or bfloat16 cache.
 
 The maths is the eager step's; only float rounding differs (the attention sums, the norms).
 Tests hold it to the eager path in float32 and bfloat16, and in int8 to the same distance from
-float32 (``tests/model/test_native_decode.py``, ``tests/model/test_smollm2.py``).
+float32 (``tests/model/decode/test_native_decode.py``, ``tests/model/formats/test_smollm2.py``).
 
 Built with torch's C++ extension machinery on first use (needs a C++ compiler and ninja;
 ~12 s on 2 cores, then cached under ``TORCH_EXTENSIONS_DIR``, default

@@ -3,8 +3,8 @@
 Under ``OMP_WAIT_POLICY=PASSIVE`` (what ``python -m service`` sets unless told otherwise, so
 that two OpenMP threads do not spin against other work on a shared host) every parallel
 region wakes its sleeping threads, and a decode step of a few rows is hundreds of small
-regions. Measured on 2 cores, SmolLM2-135M int8, span 256 (``python -m
-benchmarks.decode_threads``): batch 1 decodes at 22 tok/s on two passive threads and 37 on one
+regions. Measured on 2 cores, SmolLM2-135M int8, span 256 (by the decode-threads benchmark of
+commit 8cba250, since removed): batch 1 decodes at 22 tok/s on two passive threads and 37 on one
 (49 and 25 with the compiled step); batch 8 at 116 and 124 (194 and 160 compiled); batch 32
 prefers two (217 against 175). So under a passive policy a decode step of at most
 ``SMALL_DECODE`` rows runs on one thread; otherwise nothing changes. With spinning threads

@@ -16,7 +16,7 @@ Sharing. Blocks are reference counted (``BlockPool``). A block may sit in severa
 once: a prompt prefix found in the prefix cache, the common history of beam-search
 hypotheses. Only full blocks are ever shared by the prefix cache, so nobody writes a shared
 block; a beam fork shares its last, partial block too, and the engine copies it before the
-first write (copy on write, ``BlockPool.private``). A block whose references drop to zero
+first write (copy on write, ``PagedKVCache.private``). A block whose references drop to zero
 goes back to the free list, unless the prefix cache names it by a hash: then it stays
 readable, evictable least recently used first, until a new allocation needs it.
 

@@ -44,7 +44,7 @@ from service.settings import Settings
 log = logging.getLogger("tserve.app")
 
 DESCRIPTION = """Transformer inference: translation (encoder-decoder), generation (decoder-only),
-fill-mask and embeddings (encoder-only), with continuous batching over a slot KV cache.
+fill-mask and embeddings (encoder-only), with continuous batching over a paged KV cache.
 OpenAI-compatible `/v1/completions`, `/v1/embeddings`, `/v1/models`; streaming via Server-Sent Events."""
 
 

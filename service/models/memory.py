@@ -2,7 +2,8 @@
 
 Weights are counted from the tensors the model holds (parameters, buffers, the prepacked and
 int8 copies that ``model.decode.prepare`` adds), each storage once. KV caches are counted by
-the cache objects themselves (``nbytes``): the slot cache and the prefix-cache pool.
+the cache objects themselves (``nbytes``): the paged cache's block pool, the prefix cache's
+blocks among them.
 """
 
 from __future__ import annotations

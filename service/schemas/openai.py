@@ -115,7 +115,7 @@ class EmbeddingResponse(BaseModel):
 
 class ModelMemory(BaseModel):
     weights_bytes: int  # weights, with the int8 and prepacked copies serving adds
-    kv_cache_bytes: int  # the slot KV cache and the prefix-cache pool (their own nbytes)
+    kv_cache_bytes: int  # the paged KV cache's block pool, the prefix cache's blocks among them
     total_bytes: int
 
 
