@@ -331,7 +331,9 @@ class Finder:
 
         for m in DOTTED.finditer(text):
             name = m.group(0)
-            if name.rsplit(".", 1)[-1] in FILE_SUFFIXES or _ambiguous_variable(name, self.project):
+            last = name.rsplit(".", 1)[-1]
+            # ``benchmarks.studies.NAME``: an upper-case last part is a placeholder, not a module
+            if last in FILE_SUFFIXES or (last.isupper() and len(last) > 1) or _ambiguous_variable(name, self.project):
                 continue
             self._check("module", name, where(m.start()), self.project.dotted_exists(name))
         for m in FROM_IMPORT.finditer(text):

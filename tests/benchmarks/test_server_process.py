@@ -68,8 +68,8 @@ def test_the_service_command_runs_from_its_checkout_on_the_port_it_names(tmp_pat
 
 
 def test_metric_total_sums_every_series_of_one_name():
-    text = ("# HELP tserve_steps_total x\n# TYPE tserve_steps_total counter\n"
-            'tserve_steps_total{model="a"} 3.0\ntserve_steps_total{model="b"} 4.0\ntserve_steps_created 1e9\n'
-            "tserve_steps_total_other 100\nplain 2\n")
-    assert metric_total(text, "tserve_steps_total") == 7.0
+    text = ("# HELP demo_steps_total x\n# TYPE demo_steps_total counter\n"
+            'demo_steps_total{model="a"} 3.0\ndemo_steps_total{model="b"} 4.0\ndemo_steps_created 1e9\n'
+            "demo_steps_total_other 100\nplain 2\n")
+    assert metric_total(text, "demo_steps_total") == 7.0
     assert metric_total(text, "plain") == 2.0
