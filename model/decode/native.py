@@ -5,8 +5,9 @@ machine's bandwidth, yet the eager step took ~22 ms (and an inductor-compiled on
 removed, ~18 ms): the rest is the interpreter and the dispatcher around ~40 small operators per
 layer (norms, RoPE, cache index arithmetic, masks, SiLU, residuals, smoothing scales). llama.cpp pays none of that.
 
-How: ``model/decode/csrc/llama_decode.cpp`` holds the whole step (embedding lookup, 30 layers, final
-norm, head) in one C++ object built once per model from its weights. The projections call
+How: ``model/decode/csrc/`` holds the whole step (embedding lookup, 30 layers, final norm, head;
+its files split by kind of kernel, ``csrc/common.h`` lists them) in one C++ object built once per
+model from its weights. The projections call
 the very kernels the eager int8 path calls (fbgemm's dynamic int8 linear through the packed
 weights ``DecodeInt8Linear`` holds, or ``at::linear`` for float layers); everything between
 them is plain loops over float32 rows. Attention reads each row's blocks in place (its block
@@ -49,7 +50,7 @@ from model.quant.int8 import DecodeInt8Linear, RowwiseInt8, RowwiseInt8Linear
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("csrc") / "llama_decode.cpp"
+CSRC = Path(__file__).with_name("csrc")  # every .cpp here is compiled into the one library
 _BUILD_LOCK = threading.Lock()
 _BUILD: dict[str, object] = {}  # "seconds" it took, or "error": why, once tried in this process
 
@@ -96,7 +97,7 @@ def compile_library(name: str, flags: list[str], build_directory: Path | None = 
         build_directory.mkdir(parents=True, exist_ok=True)
     folder = build_directory or Path(cpp_extension._get_build_directory(name, verbose=False))
     clear_stale_lock(folder)
-    cpp_extension.load(name=name, sources=[str(SOURCE)], is_python_module=False, extra_cflags=flags,
+    cpp_extension.load(name=name, sources=[str(p) for p in sources()], is_python_module=False, extra_cflags=flags,
                        build_directory=str(folder), verbose=False)
     return folder / f"{name}.so"
 
@@ -120,13 +121,25 @@ def clear_stale_lock(folder: Path, max_age_s: float = STALE_LOCK_S) -> bool:
     return True
 
 
+def sources() -> list[Path]:
+    """The .cpp files compiled (each with the headers beside it)."""
+    return sorted(CSRC.glob("*.cpp"))
+
+
+def source_digest() -> bytes:
+    """Every source and header in ``CSRC``, named and in order: a changed header is a new build
+    (torch's own check of a cached build reads only the .cpp files it was given)."""
+    files = sorted([*CSRC.glob("*.cpp"), *CSRC.glob("*.h")])
+    return b"".join(f.name.encode() + b"\0" + f.read_bytes() + b"\0" for f in files)
+
+
 def library_name() -> str:
-    """The cached build's name: the CPU it was built for, the source it was built from and the
+    """The cached build's name: the CPU it was built for, the sources it was built from and the
     torch it was built against (version and install), so a cache moved to another CPU, a newer
     source beside an older build (two versions of the service on one host, an upgrade), or two
     venvs sharing the cache never load (or keep rebuilding over) a library built for something else."""
     against = f"{torch.__version__} {Path(torch.__file__).resolve().parent}"
-    source = hashlib.blake2b(SOURCE.read_bytes() + " ".join(NATIVE_FLAGS).encode() + against.encode(),
+    source = hashlib.blake2b(source_digest() + " ".join(NATIVE_FLAGS).encode() + against.encode(),
                              digest_size=4).hexdigest()
     return f"tserve_native_llama_{_cpu_tag()}_{source}"
 

@@ -33,7 +33,7 @@ FAST_PATHS = ("native", "triton", "native_encdec")
 
 @dataclass(frozen=True)
 class FieldRule:
-    native: Rule  # model/decode/native.py + csrc/llama_decode.cpp: the whole decode step in C++
+    native: Rule  # model/decode/native.py + csrc/llama_step.cpp: the whole decode step in C++
     triton: Rule = READ  # model/decode/triton_attention.py: attention over q, k, v the layer computed
     # model/decode/native.py NativeEncDecStep + csrc EncDecDecoder: an encoder-decoder's decoder step
     native_encdec: Rule = None  # every entry sets it (a test checks)

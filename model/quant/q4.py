@@ -1,5 +1,5 @@
-"""4-bit weights in runs of 32 for the native decode step (``add_q4`` in
-``model/decode/csrc/llama_decode.cpp``, which documents the byte layout ``pack_q4`` writes).
+"""4-bit weights in runs of 32 for the native decode step (``attach_q4``; the kernels in
+``model/decode/csrc/q4.cpp``, the byte layout ``pack_q4`` writes documented in ``csrc/q4.h``).
 
 Each run of 32 inputs of an output row has a scale d and an offset m (float16) and 4-bit values
 q: w = d q + m, q in [0, 15], as GGUF's Q4_1 stores it (Q4_0 is the case m = -8 d). A model

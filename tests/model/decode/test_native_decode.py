@@ -269,13 +269,21 @@ def test_each_lineage_greedy_generation_identical_with_and_without_native(name, 
     assert greedy_generations(model, prompts, 20, native) == greedy_generations(model, prompts, 20)
 
 
-def test_the_cached_build_is_named_by_its_source(tmp_path, monkeypatch):
-    """Two versions of the service on one host (or an upgrade) never load each other's build."""
+@pytest.mark.parametrize("changed", ["llama_step.cpp", "common.h"])
+def test_the_cached_build_is_named_by_its_sources(changed, tmp_path, monkeypatch):
+    """Two versions of the service on one host (or an upgrade) never load each other's build,
+    whichever file differs: a source or a header (which torch's own check of a build never reads)."""
+    import shutil
+
     name = native_decode.library_name()
     assert name.startswith("tserve_native_llama_")
-    changed = tmp_path / "llama_decode.cpp"
-    changed.write_bytes(native_decode.SOURCE.read_bytes() + b"\n// another version\n")
-    monkeypatch.setattr(native_decode, "SOURCE", changed)
+    copy = tmp_path / "csrc"
+    shutil.copytree(native_decode.CSRC, copy)
+    monkeypatch.setattr(native_decode, "CSRC", copy)
+    assert native_decode.library_name() == name  # the same files, wherever they lie
+    compiled = native_decode.sources()
+    assert copy / "llama_step.cpp" in compiled and all(p.suffix == ".cpp" for p in compiled)
+    (copy / changed).write_bytes((copy / changed).read_bytes() + b"\n// another version\n")
     assert native_decode.library_name() != name
     assert native_decode.library_name().rsplit("_", 1)[0] == name.rsplit("_", 1)[0]  # the same CPU
 
