@@ -97,9 +97,22 @@ def compile_library(name: str, flags: list[str], build_directory: Path | None = 
         build_directory.mkdir(parents=True, exist_ok=True)
     folder = build_directory or Path(cpp_extension._get_build_directory(name, verbose=False))
     clear_stale_lock(folder)
-    cpp_extension.load(name=name, sources=[str(p) for p in sources()], is_python_module=False, extra_cflags=flags,
+    cpp_extension.load(name=name, sources=[str(unity_source(folder))], is_python_module=False, extra_cflags=flags,
                        build_directory=str(folder), verbose=False)
     return folder / f"{name}.so"
+
+
+def unity_source(folder: Path) -> Path:
+    """One translation unit that includes every .cpp of ``CSRC`` (a unity build): each file of
+    csrc/ re-reads ATen's headers, so compiled one by one they cost ~3.7x the CPU time of one unit
+    (measured 203 s against 54 s); included into one they cost what the single file did. The files
+    stay apart for reading; a helper private to one file sits in an unnamed namespace with a name
+    no other file uses."""
+    unit = folder / "unity.cpp"
+    text = "".join(f'#include "{source}"\n' for source in sources())
+    if not unit.exists() or unit.read_text() != text:
+        unit.write_text(text)
+    return unit
 
 
 STALE_LOCK_S = 900.0  # a build takes 1-2 minutes on 2 cores; a lock this old outlived its process
