@@ -16,7 +16,7 @@ INSTALL_INPUTS := pyproject.toml $(CONSTRAINTS) requirements-models.txt
 # Extra arguments for the benchmark, e.g. make bench BENCH_ARGS="--quick" or "--threads 1 --only decode"
 BENCH_ARGS ?=
 
-.PHONY: setup run test bench lint clean reliability soak
+.PHONY: setup run test bench gpu-check lint clean reliability soak
 
 setup: $(VENV)/.installed-$(EXTRAS)
 
@@ -70,6 +70,13 @@ test: setup
 bench:
 	$(MAKE) setup EXTRAS=dev,llama
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
+
+# Everything that needs a GPU, in one command and one report (build/gpu-check/report.md and
+# .json): the CUDA tests, the Triton kernel's tests under its interpreter, the GPU benchmark
+# rows. Whoever has a device lent runs this first (docs/benchmarks.md, "GPU check"). Without a
+# GPU it runs what it can (about 2 minutes on 2 cores) and reports the rest as skipped.
+gpu-check: setup
+	$(BIN)/python -m benchmarks.gpu_check
 
 # The reliability suite alone (also part of `make test`): schemathesis contract, bad input,
 # disconnect storm, overload, SIGTERM with streams in flight. Bounded: about a minute.

@@ -37,9 +37,13 @@ def run(ws: Workspace, cfg: BenchConfig, report: RunReport) -> None:
         parts["compile"] = lambda: measure_compiled_decode(ws, cfg, report, SECTION, "cuda", dtype,
                                                            "reduce-overhead")
     failures = report.sections[SECTION].setdefault("failures", {})
+    peaks = report.sections[SECTION].setdefault("peak_cuda_mib", {})  # each part's high-water mark
     for name, part in parts.items():
+        torch.cuda.reset_peak_memory_stats()
         try:
             part()
+            torch.cuda.synchronize()
+            peaks[name] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
         except Exception as exc:  # noqa: BLE001 - record and go on with the other parts
             failures[name] = f"{type(exc).__name__}: {exc}"
             loud(f"{SECTION} {name} failed: {exc}\n{traceback.format_exc()}")

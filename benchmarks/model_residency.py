@@ -42,13 +42,13 @@ def metric_total(text: str, name: str) -> float:
 async def _child(args: dict) -> dict:
     import httpx
 
-    import service.registry
-    from service.app import create_app
-    from service.model_memory import rss_bytes
+    import service.models.registry
+    from service.http.app import create_app
+    from service.models.memory import rss_bytes
     from service.settings import Settings
 
     if not args["trim"]:
-        service.registry.release_memory = lambda: gc.collect() and False  # gc only, no malloc_trim
+        service.models.registry.release_memory = lambda: gc.collect() and False  # gc only, no malloc_trim
     settings = Settings(preload=",".join(args["preload"]) or "none", log_level="warning",
                         memory_budget=args.get("budget"), request_timeout_s=600)
     app = create_app(settings)
@@ -115,7 +115,7 @@ def _mib(n: float) -> str:
 
 def _served() -> list[str]:
     from service.metrics import Metrics
-    from service.registry import EngineRegistry
+    from service.models.registry import EngineRegistry
     from service.settings import Settings
 
     return [name for name, _ in EngineRegistry(Settings(), Metrics()).discover()]

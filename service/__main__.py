@@ -93,8 +93,8 @@ def settings_from_args(argv: list[str] | None = None) -> Settings:
 def main(argv: list[str] | None = None) -> None:
     settings = settings_from_args(argv)
     # after the flags: --help and errors answer without loading the web stack
-    from service.app import create_app
-    from service.server import build_server
+    from service.http.app import create_app
+    from service.http.server import build_server
 
     app = create_app(settings)
     build_server(app, settings).run()

@@ -39,40 +39,57 @@ def py_files(*parts: str) -> list[Path]:
 @pytest.mark.parametrize("where,forbidden", [
     (("model",), WEB_STACK + ("service",)),  # usable alone, in a notebook
     (("service",), ("model.train",)),  # training is offline only
-    (("service", "routes"), ("model", "service.scheduler")),  # routes reach the model only through the engine
+    (("service", "routes"), ("model", "torch")),  # routes reach the model only through an engine
 ])
 def test_imports_go_one_way(where, forbidden):
     assert offenders(py_files(*where), forbidden) == []
 
 
-# The HTTP edge of the service: the app and its server, the ASGI middleware, the dependencies
-# routes declare, the HTTP error handlers and the OpenAPI document. Below them (engines,
-# registry, translation, catalogues, waiting for results) nothing knows about HTTP: a client is
-# a ``client_gone`` callable, an error an ``EngineError`` with a code.
+# The service's sub-packages, each one concern; a module at service/'s top level is shared by all
+# of them (settings, metrics, units, logging) or is the entry point.
+SERVICE_PACKAGES = {"http", "routes", "engines", "models", "schemas", "chat", "translation", "playground"}
+SERVICE_TOP = {"__init__.py", "__main__.py", "settings.py", "metrics.py", "units.py", "logging_config.py"}
+
+
+def test_service_shows_its_parts_in_folders():
+    service = ROOT / "service"
+    assert {p.name for p in service.iterdir() if p.is_dir() and p.name != "__pycache__"} == SERVICE_PACKAGES
+    assert {p.name for p in service.glob("*.py")} == SERVICE_TOP
+
+
+# The HTTP edge of the service: service/http/ (the app and its server, the ASGI middleware, the
+# dependencies routes declare, the HTTP error handlers, the OpenAPI document), the routes, and the
+# drop-in routes' schema beside them. Below them (engines, models, chat, translation, schemas)
+# nothing knows about HTTP: a client is a ``client_gone`` callable, an error an ``EngineError``
+# with a code.
 HTTP_EDGE = {"app.py": ("fastapi", "service.routes"), "server.py": ("fastapi", "uvicorn"),
              "middleware.py": ("starlette",), "dependencies.py": ("fastapi",),
-             "errors.py": ("fastapi", "starlette"), "openapi.py": ("fastapi",),
-             "openapi_compat.py": ("service.routes",)}
-HTTP_STACK = ("fastapi", "starlette", "uvicorn", "service.routes")
+             "errors.py": ("fastapi", "starlette"), "openapi.py": ("fastapi", "service.routes")}
+HTTP_STACK = ("fastapi", "starlette", "uvicorn", "service.routes", "service.http")
 
 
 def test_the_service_layer_under_the_routes_is_http_free():
-    below = [f for f in py_files("service") if "routes" not in f.relative_to(ROOT / "service").parts
-             and f.name not in HTTP_EDGE]
-    assert ROOT / "service" / "translation.py" in below and ROOT / "service" / "waiting.py" in below
+    below = [f for f in py_files("service")  # the entry point (__main__) starts the HTTP server
+             if f.relative_to(ROOT / "service").parts[0] not in ("routes", "http", "__main__.py")]
+    assert ROOT / "service" / "translation" / "translate.py" in below
+    assert ROOT / "service" / "engines" / "waiting.py" in below
     assert offenders(below, HTTP_STACK) == []
+
+
+def test_the_http_edge_is_all_listed():
+    assert {p.name for p in (ROOT / "service" / "http").glob("*.py")} - {"__init__.py"} == set(HTTP_EDGE)
 
 
 @pytest.mark.parametrize("name", sorted(HTTP_EDGE))
 def test_the_http_edge_imports_only_what_it_is_listed_for(name):
     allowed = HTTP_EDGE[name]
-    path = ROOT / "service" / name
-    assert offenders([path], tuple(m for m in HTTP_STACK if m not in allowed)) == []
-    assert offenders([path], allowed), f"service/{name} no longer needs {allowed}: take it off HTTP_EDGE"
+    path = ROOT / "service" / "http" / name
+    assert offenders([path], tuple(m for m in HTTP_STACK if m not in allowed and m != "service.http")) == []
+    assert offenders([path], allowed), f"service/http/{name} no longer needs {allowed}: take it off HTTP_EDGE"
 
 
 # The placeholder-safe translation sequence is written once, in model/: both of its users
-# import it, and a translate request passes each layer once (route -> service.translation ->
+# import it, and a translate request passes each layer once (route -> service.translation.translate ->
 # model.text.translate -> engine).
 TRANSLATION_DRIVER = "model.text.translate"
 
@@ -80,16 +97,15 @@ TRANSLATION_DRIVER = "model.text.translate"
 def test_one_translation_driver_for_training_and_service():
     driver = ROOT / "model" / "text" / "translate.py"
     assert offenders([driver], ("service", "model.train", "torch")) == []  # plain text logic, a callback
-    for user in ("model/train/evaluate.py", "service/translation.py"):
+    for user in ("model/train/evaluate.py", "service/translation/translate.py"):
         assert TRANSLATION_DRIVER in imported_modules(ROOT / user), f"{user} does not use {TRANSLATION_DRIVER}"
-    # only the driver unmasks and retries; service.translation keeps the streamed case (no retry possible)
+    # only the driver unmasks and retries; service.translation.translate keeps the streamed case (no retry possible)
     assert "unmask" not in (ROOT / "model" / "train" / "evaluate.py").read_text()
-    assert offenders([ROOT / "service" / "translation.py"], HTTP_STACK) == []
+    assert offenders([ROOT / "service" / "translation" / "translate.py"], HTTP_STACK) == []
 
 
 def test_schemas_do_not_import_model():
-    files = [ROOT / "service" / "schemas.py", ROOT / "service" / "openai_schemas.py"]
-    assert offenders(files, ("model",)) == []
+    assert offenders(py_files("service", "schemas"), ("model",)) == []
 
 
 # An engine's internals: the tokenizer, the model config and weights, the scheduler. A route
@@ -229,7 +245,7 @@ def test_importing_the_packages_has_no_side_effects():
 
     probe = ("import sys, torch\n"
              "before = set(torch.ops.loaded_libraries)\n"
-             "import model, model.decode, model.decode.native, model.decode.triton_attention, service.app\n"
+             "import model, model.decode, model.decode.native, model.decode.triton_attention, service.http.app\n"
              "print(sorted(set(torch.ops.loaded_libraries) - before), 'torch._dynamo' in sys.modules,"
              " 'triton' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)

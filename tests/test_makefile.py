@@ -58,3 +58,9 @@ def test_a_changed_pyproject_installs_again(venv):
     for stamp in venv.glob(".installed-*"):  # older than pyproject.toml, as after editing it
         os.utime(stamp, (0, 0))
     assert installs(make(venv, "run")) == [".[serve]"]
+
+
+def test_gpu_check_installs_the_dev_extra_then_runs_the_check(venv):
+    calls = make(venv, "gpu-check")
+    assert installs(calls) == [".[dev]"] and calls[-1] == "-m benchmarks.gpu_check"
+    assert make(venv, "gpu-check") == ["-m benchmarks.gpu_check"]  # installed: the check alone

@@ -1,7 +1,7 @@
 """Placeholder-safe translation, written once: mask -> decode -> unmask -> retry -> restore.
 
 Used by the offline evaluation (``model.train.evaluate.translate_all``) and by the service
-(``service.translation``); each supplies the decoding as a callback, plain for training,
+(``service.translation.translate``); each supplies the decoding as a callback, plain for training,
 ``async`` for the service, and this module runs the same sequence around it:
 
 1. a checkpoint trained with ``mask_placeholders`` reads each source masked

@@ -4,7 +4,7 @@ The messages are rendered by the model's own template (in a sandbox) into one pr
 of the ``n`` choices is one engine request. Streaming sends a first chunk with the role,
 then content deltas, a final chunk with ``finish_reason``, an optional usage chunk, and
 ``data: [DONE]``. ``response_format`` / ``structured_outputs`` / ``guided_*`` and tools
-(``service/structured.py``, ``service/tool_calls.py``) constrain the output with a grammar;
+(``service/chat/structured.py``, ``service/chat/tool_calls.py``) constrain the output with a grammar;
 tool calls come back as ``message.tool_calls`` (streamed: ``delta.tool_calls``).
 """
 
@@ -17,8 +17,14 @@ from dataclasses import dataclass, field
 
 from fastapi import APIRouter, Request
 
-from service import tool_calls
-from service.chat_schemas import (
+from service.chat import tool_calls
+from service.chat.structured import request_constraint
+from service.engines.generative import EngineEvent, GenerativeEngine, RequestStream, SamplingParams
+from service.engines.waiting import collect
+from service.http.dependencies import RegistryDep, SettingsDep
+from service.http.errors import ERROR_RESPONSES
+from service.routes.streaming import check_event, client_gone, mark, merged, sse_response
+from service.schemas.chat import (
     AssistantMessage,
     ChatChoice,
     ChatCompletionRequest,
@@ -27,13 +33,7 @@ from service.chat_schemas import (
     LogprobEntry,
     TopLogprobEntry,
 )
-from service.dependencies import RegistryDep, SettingsDep
-from service.engine import EngineEvent, GenerativeEngine, RequestStream, SamplingParams
-from service.errors import ERROR_RESPONSES
-from service.routes.streaming import check_event, client_gone, mark, merged, sse_response
-from service.schemas import Usage
-from service.structured import request_constraint
-from service.waiting import collect
+from service.schemas.common import Usage
 
 router = APIRouter(tags=["openai"])
 

@@ -13,16 +13,16 @@ from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
 
-from service.dependencies import RegistryDep, SettingsDep
-from service.engine import EngineEvent, GenerativeEngine, RequestStream, SamplingParams
-from service.engine_errors import InvalidRequestError
-from service.errors import ERROR_RESPONSES
-from service.openai_schemas import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
+from service.chat.structured import request_constraint
+from service.engines.errors import InvalidRequestError
+from service.engines.generative import EngineEvent, GenerativeEngine, RequestStream, SamplingParams
+from service.engines.waiting import collect
+from service.http.dependencies import RegistryDep, SettingsDep
+from service.http.errors import ERROR_RESPONSES
 from service.routes.inputs import input_ids
 from service.routes.streaming import check_event, client_gone, mark, merged, sse_response
-from service.schemas import Usage
-from service.structured import request_constraint
-from service.waiting import collect
+from service.schemas.common import Usage
+from service.schemas.openai import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
 
 router = APIRouter(tags=["openai"])
 

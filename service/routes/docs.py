@@ -14,8 +14,8 @@ from fastapi import APIRouter, Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 
-from service.engine_errors import error_body
-from service.openapi import contract
+from service.engines.errors import error_body
+from service.http.openapi import contract
 
 router = APIRouter(include_in_schema=False)
 

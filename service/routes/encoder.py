@@ -7,14 +7,14 @@ import base64
 import numpy as np
 from fastapi import APIRouter, Request
 
-from service.dependencies import RegistryDep, SettingsDep
-from service.encoder_engine import EncoderEngine
-from service.errors import ERROR_RESPONSES
-from service.openai_schemas import EmbeddingItem, EmbeddingRequest, EmbeddingResponse
+from service.engines.encoder import EncoderEngine
+from service.engines.waiting import unless_disconnected
+from service.http.dependencies import RegistryDep, SettingsDep
+from service.http.errors import ERROR_RESPONSES
 from service.routes.inputs import input_ids
 from service.routes.streaming import client_gone, mark
-from service.schemas import FillMaskRequest, FillMaskResponse, Usage
-from service.waiting import unless_disconnected
+from service.schemas.common import FillMaskRequest, FillMaskResponse, Usage
+from service.schemas.openai import EmbeddingItem, EmbeddingRequest, EmbeddingResponse
 
 router = APIRouter(tags=["encoder"])
 

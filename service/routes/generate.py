@@ -7,13 +7,13 @@ from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 
-from service.dependencies import RegistryDep, SettingsDep
-from service.engine import EngineEvent, GenerativeEngine, RequestStream, SamplingParams
-from service.errors import ERROR_RESPONSES
+from service.engines.generative import EngineEvent, GenerativeEngine, RequestStream, SamplingParams
+from service.engines.waiting import collect
+from service.http.dependencies import RegistryDep, SettingsDep
+from service.http.errors import ERROR_RESPONSES
 from service.routes.inputs import input_ids
 from service.routes.streaming import check_event, client_gone, mark, sse_response
-from service.schemas import GenerateRequest, GenerateResponse, TokenLogprob, TopLogprob, Usage
-from service.waiting import collect
+from service.schemas.common import GenerateRequest, GenerateResponse, TokenLogprob, TopLogprob, Usage
 
 router = APIRouter(tags=["generation"])
 

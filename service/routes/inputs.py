@@ -8,8 +8,8 @@ engine's (``engine.tokenize`` / ``engine.validate_ids``).
 
 from __future__ import annotations
 
-from service.engine import BaseEngine
-from service.engine_errors import EmptyInputError, InvalidRequestError
+from service.engines.errors import EmptyInputError, InvalidRequestError
+from service.engines.generative import BaseEngine
 from service.settings import Settings
 
 Input = str | list[str] | list[int] | list[list[int]]

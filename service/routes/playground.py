@@ -14,7 +14,7 @@ from importlib.resources import files
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 
-from service.engine_errors import error_body
+from service.engines.errors import error_body
 
 router = APIRouter(include_in_schema=False)
 

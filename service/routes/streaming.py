@@ -1,7 +1,7 @@
 """Answering one HTTP request from engine events: Server-Sent Events, the request log's marks.
 
 Waiting for a whole result while watching the client (``collect``, ``unless_disconnected``)
-lives below the routes, in ``service.waiting``; a route passes it ``client_gone(request)``.
+lives below the routes, in ``service.engines.waiting``; a route passes it ``client_gone(request)``.
 Streaming requests are cancelled by Starlette when the client disconnects; the ``finally`` in
 the chunk generator aborts them.
 """
@@ -16,9 +16,9 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from service.engine import EngineEvent, RequestStream, TokenUsage
-from service.engine_errors import RequestFailedError
-from service.middleware import ERROR_KEY, MODEL_KEY, USAGE_KEY
+from service.engines.errors import RequestFailedError
+from service.engines.generative import EngineEvent, RequestStream, TokenUsage
+from service.http.middleware import ERROR_KEY, MODEL_KEY, USAGE_KEY
 
 
 def client_gone(request: Request) -> Callable[[], Awaitable[None]]:

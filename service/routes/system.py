@@ -6,9 +6,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from service.dependencies import RegistryDep
-from service.errors import ERROR_RESPONSES
-from service.openai_schemas import ModelAction, ModelActionResult, ModelCard, ModelList
+from service.http.dependencies import RegistryDep
+from service.http.errors import ERROR_RESPONSES
+from service.schemas.openai import ModelAction, ModelActionResult, ModelCard, ModelList
 
 probes = APIRouter(tags=["operations"])
 models = APIRouter(tags=["openai"])

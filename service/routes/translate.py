@@ -1,5 +1,5 @@
 """POST /v1/translate: en->de (or any encoder-decoder checkpoint), beam search or sampling.
-Placeholders are masked and checked in ``service.translation``."""
+Placeholders are masked and checked in ``service.translation.translate``."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 
-from service import translation
-from service.dependencies import RegistryDep, SettingsDep
-from service.engine import GenerativeEngine, RequestStream, SamplingParams
-from service.engine_errors import InvalidRequestError
-from service.errors import ERROR_RESPONSES
+from service.engines.errors import InvalidRequestError
+from service.engines.generative import GenerativeEngine, RequestStream, SamplingParams
+from service.http.dependencies import RegistryDep, SettingsDep
+from service.http.errors import ERROR_RESPONSES
 from service.routes.inputs import text_list
 from service.routes.streaming import check_event, client_gone, mark, sse_response
-from service.schemas import TranslateRequest, TranslateResponse, Translation, Usage
+from service.schemas.common import TranslateRequest, TranslateResponse, Translation, Usage
+from service.translation import translate as translation
 
 router = APIRouter(tags=["translation"])
 

@@ -1,5 +1,5 @@
 """POST /v1/translate/po: fill the untranslated entries of a gettext .po file (see
-``service.po_catalogue`` for what is changed and what is kept).
+``service.translation.po`` for what is changed and what is kept).
 
 The file comes as multipart/form-data (field ``file``; options as form fields or query
 parameters) or as the raw body (``Content-Type: text/x-gettext-translation``, ``text/x-po``,
@@ -17,13 +17,13 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from pydantic import ValidationError
 
-from service import po_catalogue
-from service.dependencies import RegistryDep, SettingsDep
-from service.engine import GenerativeEngine, SamplingParams
-from service.engine_errors import InvalidRequestError
-from service.errors import ERROR_RESPONSES
+from service.engines.errors import InvalidRequestError
+from service.engines.generative import GenerativeEngine, SamplingParams
+from service.http.dependencies import RegistryDep, SettingsDep
+from service.http.errors import ERROR_RESPONSES
 from service.routes.streaming import client_gone, mark
-from service.schemas import TranslatePoOptions
+from service.schemas.common import TranslatePoOptions
+from service.translation import po as po_catalogue
 
 router = APIRouter(tags=["translation"])
 

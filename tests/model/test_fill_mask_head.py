@@ -139,7 +139,7 @@ def test_route_answers(tmp_path, fill_mask, rescorer):
 
     import httpx
 
-    from service.app import create_app
+    from service.http.app import create_app
     from tests.service.conftest import settings_for, wait_ready
 
     weights = tmp_path / "weights"

@@ -192,7 +192,7 @@ def test_lean_rescorer_drops_only_what_the_native_step_never_reads(lm_dir):
     the scores of the full model whose table was rounded alike, fewer bytes."""
     from model.decode import prepare_weights
     from model.quant.int8 import DecodeInt8Linear
-    from service.model_memory import weights_bytes
+    from service.models.memory import weights_bytes
 
     spec = RescoreSpec(lm_dir, candidates=4, mlm_weight=0.5, context=8)
     keep = DecodeOptions(quantize="int8", native="on", prefill="model")

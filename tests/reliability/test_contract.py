@@ -113,7 +113,7 @@ def test_schema_and_server_agree_on_every_operation(live):
 def test_schema_states_the_limits(live):
     import httpx
 
-    from service.schemas import NOT_BLANK
+    from service.schemas.common import NOT_BLANK
 
     schema = httpx.get(live.url + "/openapi.json").json()
     props = schema["components"]["schemas"]

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from service.app import create_app
+from service.http.app import create_app
 from tests.service.conftest import settings_for, wait_ready
 from tests.service.server_thread import ServerThread
 

@@ -7,8 +7,8 @@ import time
 
 import httpx
 
-from service.app import create_app
-from service.server import build_server
+from service.http.app import create_app
+from service.http.server import build_server
 from service.settings import Settings
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
-from service.app import create_app
+from service.http.app import create_app
 from tests.service.conftest import settings_for, wait_ready
 
 

@@ -22,7 +22,7 @@ import pytest
 from deep_translator import LibreTranslator
 from libretranslatepy import LibreTranslateAPI
 
-from service.engine_errors import EmptyInputError, InputTooLongError, InvalidRequestError
+from service.engines.errors import EmptyInputError, InputTooLongError, InvalidRequestError
 from service.routes.compat.tei import render as tei_render
 from tests.service.conftest import settings_for
 from tests.service.server_thread import ServerThread
@@ -267,7 +267,7 @@ def test_compat_auth_when_a_key_is_set(compat_weights):
 
 def test_manifests_of_missing_packages_are_skipped_unless_named(compat_weights, tmp_path):
     from service.metrics import Metrics
-    from service.registry import EngineRegistry
+    from service.models.registry import EngineRegistry
 
     manifest = json.loads((REPO / "weights" / "all-minilm-l6-v2" / "manifest.json").read_text())
     (tmp_path / "absent").mkdir()

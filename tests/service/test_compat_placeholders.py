@@ -1,5 +1,5 @@
 """The drop-in translation APIs (LibreTranslate, DeepL, Hugging Face ``POST /``) go through
-``service.translation`` like /v1/translate: with a checkpoint trained on masked placeholders
+``service.translation.translate`` like /v1/translate: with a checkpoint trained on masked placeholders
 the model reads sentinels, and what the client gets has its placeholders mapped back.
 
 The shipped en->de weights never saw sentinels, so the real-model tests check the mechanism
@@ -15,8 +15,8 @@ import pytest
 import pytest_asyncio
 
 from model import EngineEvent
-from service import translation
-from service.app import create_app
+from service.http.app import create_app
+from service.translation import translate as translation
 from tests.conftest import checkpoint_variant
 from tests.service.conftest import settings_for, wait_ready
 

@@ -8,9 +8,9 @@ import asyncio
 import pytest
 
 from model import SamplingParams, load
-from service.encoder_engine import EncoderEngine
-from service.engine import GenerativeEngine
-from service.engine_errors import EngineStoppedError, InvalidRequestError, QueueFullError, RequestFailedError
+from service.engines.encoder import EncoderEngine
+from service.engines.errors import EngineStoppedError, InvalidRequestError, QueueFullError, RequestFailedError
+from service.engines.generative import GenerativeEngine
 from service.metrics import Metrics
 from tests.service.conftest import settings_for
 
@@ -163,7 +163,7 @@ async def test_a_rescorer_reorders_one_mask_texts_and_leaves_the_rest_to_the_mas
 
     from model.formats.checkpoint import CheckpointError
     from model.formats.manifest import RescoreSpec
-    from service.model_memory import weights_bytes
+    from service.models.memory import weights_bytes
 
     spec = RescoreSpec(weights_dir / "generate-tiny", candidates=6, mlm_weight=0.5, context=8)
     ckpt = dataclasses.replace(load(weights_dir / "fill-mask-tiny"), fill_rescore=spec)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from model.quant.int8 import DecodeInt8Linear
-from service.app import create_app
+from service.http.app import create_app
 from service.logging_config import JsonFormatter
 from tests.service.conftest import settings_for, wait_ready
 

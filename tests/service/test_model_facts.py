@@ -1,4 +1,4 @@
-"""What ``/v1/models`` says a model's weights run in (service/model_facts.py ``quantization``):
+"""What ``/v1/models`` says a model's weights run in (service/models/facts.py ``quantization``):
 the served decoder under the native step's prefill runs prompts and decode steps in int8 (its
 float copies are gone); with the float prefill kept, prompts run in float32."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from model.decode import DecodeOptions, prepare
-from service.model_facts import quantization
+from service.models.facts import quantization
 from tests.model.decode.test_native_decode import _int8, _model
 from tests.model.decode_steps import native_library_or_skip
 

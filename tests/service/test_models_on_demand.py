@@ -14,8 +14,8 @@ import weakref
 import httpx
 import pytest
 
-import service.registry as registry_module
-from service.app import create_app
+import service.models.registry as registry_module
+from service.http.app import create_app
 from tests.service.conftest import settings_for, wait_ready
 
 pytestmark = pytest.mark.asyncio
@@ -266,8 +266,7 @@ async def test_an_unloaded_model_is_freed(weights_dir):
 async def test_a_load_hands_back_what_it_freed(weights_dir, monkeypatch):
     """After each load the heap its temporaries left is returned (gc + malloc_trim), once the
     model is measured and before it is marked loaded."""
-    from service import registry as registry_module
-
+    from service.models import registry as registry_module
     calls = []
     real = registry_module.release_memory
     monkeypatch.setattr(registry_module, "release_memory", lambda: calls.append(sorted(app.state.registry.engines))

@@ -23,7 +23,7 @@ from fastapi.testclient import TestClient
 
 from model import ModelConfig, build_model, save
 from model.tokenization.tokenizer import train_bpe
-from service.app import create_app
+from service.http.app import create_app
 from service.routes.playground import ASSETS, PAGE_DIR
 from service.settings import Settings
 from tests.service.conftest import CORPUS, settings_for

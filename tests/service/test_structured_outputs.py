@@ -317,7 +317,7 @@ def test_a_slow_grammar_is_a_400_in_bounded_time_while_others_decode(tmp_path, m
 
 
 def test_call_stream_and_parse():
-    from service.tool_calls import CallStream, parse
+    from service.chat.tool_calls import CallStream, parse
 
     block = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
     content, calls = parse(block + "\n" + block.replace('"f"', '"g"'))
@@ -398,7 +398,7 @@ def test_smollm2_json_schema_and_tool_calls_validate_for_many_seeds():
 
 
 def test_objects_without_a_word_on_other_properties_are_closed():
-    from service.structured import closed
+    from service.chat.structured import closed
 
     schema = {"type": "object", "properties": {"properties": {"type": "object", "properties": {"a": {}}},
                                                "open": {"properties": {}, "additionalProperties": True}},

@@ -11,8 +11,8 @@ import polib
 import pytest
 import pytest_asyncio
 
-from service import translation
-from service.app import create_app
+from service.http.app import create_app
+from service.translation import translate as translation
 from tests.conftest import checkpoint_variant
 from tests.service.conftest import settings_for, wait_ready
 

@@ -1,4 +1,4 @@
-"""service.translation: masking, unmasking, the n-best / retry fallback and placeholders_ok,
+"""service.translation.translate: masking, unmasking, the n-best / retry fallback and placeholders_ok,
 against a scripted engine (the shipped model was not trained on sentinels, so what it writes
 says nothing about the mechanism)."""
 
@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from model import EngineEvent
-from service import translation
-from service.engine import SamplingParams, TokenUsage
+from service.engines.generative import SamplingParams, TokenUsage
+from service.translation import translate as translation
 
 
 class ScriptedStream:

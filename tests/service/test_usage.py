@@ -8,8 +8,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.app import create_app
-from service.engine import EngineEvent
+from service.engines.generative import EngineEvent
+from service.http.app import create_app
 from tests.service.conftest import settings_for, wait_ready
 
 SHIPPED = Path(__file__).resolve().parents[2] / "weights"
@@ -35,7 +35,7 @@ async def test_greedy_and_beam_translations_count_tokens_alike():
 
 def test_the_end_token_is_counted_once(weights_dir):
     from model import load
-    from service.engine import GenerativeEngine
+    from service.engines.generative import GenerativeEngine
     from service.metrics import Metrics
 
     engine = GenerativeEngine("translate-tiny", load(weights_dir / "translate-tiny"),

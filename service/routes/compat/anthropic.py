@@ -4,7 +4,7 @@ As Anthropic documents it (https://docs.anthropic.com/en/api/messages): ``system
 of text / ``tool_use`` / ``tool_result`` blocks, ``max_tokens`` (required), ``temperature``,
 ``top_p``, ``top_k``, ``stop_sequences``, ``tools`` and ``tool_choice``. A thin adapter over the
 chat route's engine calls: the conversation becomes chat messages (tool calls and results as
-``service/tool_calls.py`` renders them), the model's template makes the prompt, tools become the
+``service/chat/tool_calls.py`` renders them), the model's template makes the prompt, tools become the
 same grammar, and the output comes back as ``text`` and ``tool_use`` blocks. ``stop_reason`` is
 ``end_turn``, ``max_tokens``, ``stop_sequence`` (with ``stop_sequence``) or ``tool_use``.
 The stream sends ``message_start``, ``content_block_start``, ``ping``, ``content_block_delta``
@@ -22,17 +22,17 @@ from dataclasses import dataclass
 
 from fastapi import APIRouter, Depends, Request
 
-from service import tool_calls
-from service.chat_schemas import ChatMessage
-from service.dependencies import RegistryDep, SettingsDep, require_api_key_or_x_api_key
-from service.engine import EngineEvent, GenerativeEngine, RequestStream, SamplingParams
-from service.engine_errors import EngineError, InvalidRequestError
-from service.errors import ErrorJSONResponse
+from service.chat import tool_calls
+from service.engines.errors import EngineError, InvalidRequestError
+from service.engines.generative import EngineEvent, GenerativeEngine, RequestStream, SamplingParams
+from service.engines.waiting import collect
+from service.http.dependencies import RegistryDep, SettingsDep, require_api_key_or_x_api_key
+from service.http.errors import ErrorJSONResponse
 from service.routes.compat.anthropic_schemas import CountTokensRequest, MessagesRequest, ToolParam
 from service.routes.compat.common import error_route
 from service.routes.streaming import check_event, client_gone, mark, sse_response
-from service.structured_schemas import FunctionCall, FunctionDefinition, MessageToolCall, NamedToolChoice, Tool
-from service.waiting import collect
+from service.schemas.chat import ChatMessage
+from service.schemas.structured import FunctionCall, FunctionDefinition, MessageToolCall, NamedToolChoice, Tool
 
 # HTTP status -> Anthropic's error type (https://docs.anthropic.com/en/api/errors)
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",

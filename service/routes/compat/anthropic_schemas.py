@@ -11,9 +11,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, model_validator
 
-from service.engine import MAX_STOP_STRINGS
-from service.schemas import RequestModel
-from service.structured_schemas import FUNCTION_NAME
+from service.engines.generative import MAX_STOP_STRINGS
+from service.schemas.common import RequestModel
+from service.schemas.structured import FUNCTION_NAME
 
 
 class TextBlock(RequestModel):

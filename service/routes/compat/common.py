@@ -22,13 +22,13 @@ from fastapi.routing import APIRoute
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
-from service import translation
-from service.engine import GenerativeEngine, SamplingParams
-from service.engine_errors import EngineError, InvalidRequestError
-from service.errors import UNION_BRANCH
+from service.engines.errors import EngineError, InvalidRequestError
+from service.engines.generative import GenerativeEngine, SamplingParams
+from service.http.errors import UNION_BRANCH
 from service.routes.inputs import text_list
 from service.routes.streaming import client_gone, mark
 from service.settings import Settings
+from service.translation import translate as translation
 
 Render = Callable[[EngineError], Response]
 
@@ -121,7 +121,7 @@ async def translate_texts(request: Request, engine: GenerativeEngine, texts: lis
                           settings: Settings, beam_size: int = 4, temperature: float = 0.0,
                           seed: int | None = None) -> tuple[list[str], int]:
     """Translations of ``texts`` (one engine request each, batched together), and the tokens
-    generated. Placeholders go through ``service.translation`` as for /v1/translate: masked
+    generated. Placeholders go through ``service.translation.translate`` as for /v1/translate: masked
     for a checkpoint trained on sentinels, with its n-best / beam-retry fallback; the APIs'
     response shapes have no ``placeholders_ok``, so only the text is returned."""
     mark(request, engine.name)

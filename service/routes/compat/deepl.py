@@ -16,8 +16,8 @@ import threading
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from service.dependencies import RegistryDep, SettingsDep
-from service.engine_errors import EngineError
+from service.engines.errors import EngineError
+from service.http.dependencies import RegistryDep, SettingsDep
 from service.routes.compat.common import (
     CompatError,
     error_route,
@@ -28,7 +28,7 @@ from service.routes.compat.common import (
     translate_texts,
 )
 from service.routes.inputs import text_list
-from service.translation import engine_for, translation_pairs
+from service.translation.translate import engine_for, translation_pairs
 
 CHARACTER_LIMIT = 1_000_000_000_000  # DeepL Pro reports a very large limit; there is no quota here
 TARGET_VARIANTS = {"EN-GB": "en", "EN-US": "en", "PT-PT": "pt", "PT-BR": "pt", "ZH-HANS": "zh", "ZH-HANT": "zh"}

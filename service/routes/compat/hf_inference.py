@@ -24,16 +24,16 @@ from fastapi import APIRouter, Request
 
 import service.routes.compat.tei as tei
 import service.routes.compat.tgi as tgi
-from service.dependencies import RegistryDep, SettingsDep
-from service.encoder_engine import EncoderEngine
-from service.engine import MAX_STOP_STRINGS
-from service.engine_errors import InvalidRequestError
-from service.registry import EngineRegistry
+from service.engines.encoder import EncoderEngine
+from service.engines.errors import InvalidRequestError
+from service.engines.generative import MAX_STOP_STRINGS
+from service.engines.waiting import unless_disconnected
+from service.http.dependencies import RegistryDep, SettingsDep
+from service.models.registry import EngineRegistry
 from service.routes.compat.common import error_route, read_params, translate_texts
 from service.routes.inputs import input_ids, text_list
 from service.routes.streaming import client_gone, mark
-from service.translation import engine_for, translation_pairs
-from service.waiting import unless_disconnected
+from service.translation.translate import engine_for, translation_pairs
 
 router = APIRouter(tags=["Hugging Face Inference (TGI / TEI)"], route_class=error_route(tgi.render))
 

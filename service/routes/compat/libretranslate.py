@@ -3,7 +3,7 @@
 As LibreTranslate serves them (https://libretranslate.com/docs): parameters as JSON, form or
 query string; ``q`` a string or a list; ``source`` may be ``auto``; errors are
 ``{"error": message}`` with 400 (bad request), 403 (API key), 429 (busy), 500.
-A language pair is served by the model ``service.translation.engine_for`` picks (the pair in
+A language pair is served by the model ``service.translation.translate.engine_for`` picks (the pair in
 its config.json; for a checkpoint without one, a name ``*-<source>-<target>``), as for DeepL.
 """
 
@@ -14,9 +14,8 @@ import asyncio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from service.dependencies import RegistryDep, SettingsDep
-from service.engine_errors import EngineError, InvalidRequestError
-from service.language_id import detect as identify
+from service.engines.errors import EngineError, InvalidRequestError
+from service.http.dependencies import RegistryDep, SettingsDep
 from service.routes.compat.common import (
     CompatError,
     error_route,
@@ -28,7 +27,8 @@ from service.routes.compat.common import (
 )
 from service.routes.inputs import text_list
 from service.routes.streaming import mark
-from service.translation import engine_for, translation_pairs
+from service.translation.language_id import detect as identify
+from service.translation.translate import engine_for, translation_pairs
 
 
 def _render(exc: EngineError) -> JSONResponse:

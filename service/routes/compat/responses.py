@@ -3,8 +3,8 @@
 A thin adapter over the chat route's engine calls: ``instructions`` + ``input`` become chat
 messages (``function_call`` items the assistant's tool calls, ``function_call_output`` items tool
 results), the model's template makes the prompt, ``text.format`` becomes the same constraint as
-``response_format`` (``service/structured.py``) and function ``tools`` the same tool grammar
-(``service/tool_calls.py``). The output is a ``message`` item with one ``output_text`` part, or
+``response_format`` (``service/chat/structured.py``) and function ``tools`` the same tool grammar
+(``service/chat/tool_calls.py``). The output is a ``message`` item with one ``output_text`` part, or
 ``function_call`` items. ``max_output_tokens`` reached: ``status: "incomplete"`` with
 ``incomplete_details.reason: "max_output_tokens"``.
 
@@ -26,17 +26,17 @@ from dataclasses import dataclass, field
 
 from fastapi import APIRouter, Request
 
-from service import tool_calls
-from service.chat_schemas import ChatMessage
-from service.dependencies import RegistryDep, SettingsDep
-from service.engine import EngineEvent, GenerativeEngine, RequestStream, SamplingParams
-from service.engine_errors import InvalidRequestError
-from service.errors import ERROR_RESPONSES
+from service.chat import tool_calls
+from service.chat.structured import Constraint, GrammarSpec, one_constraint, schema_text
+from service.engines.errors import InvalidRequestError
+from service.engines.generative import EngineEvent, GenerativeEngine, RequestStream, SamplingParams
+from service.engines.waiting import collect
+from service.http.dependencies import RegistryDep, SettingsDep
+from service.http.errors import ERROR_RESPONSES
 from service.routes.compat.responses_schemas import ResponsesRequest
 from service.routes.streaming import check_event, client_gone, mark, sse_response
-from service.structured import Constraint, GrammarSpec, one_constraint, schema_text
-from service.structured_schemas import FunctionCall, FunctionDefinition, MessageToolCall, NamedToolChoice, Tool
-from service.waiting import collect
+from service.schemas.chat import ChatMessage
+from service.schemas.structured import FunctionCall, FunctionDefinition, MessageToolCall, NamedToolChoice, Tool
 
 router = APIRouter(tags=["openai"])
 STREAM_RESPONSES = {200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},

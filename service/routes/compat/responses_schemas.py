@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Discriminator, Field, Tag
 
-from service.schemas import MAX_SEED, RequestModel
-from service.structured_schemas import FUNCTION_NAME
+from service.schemas.common import MAX_SEED, RequestModel
+from service.schemas.structured import FUNCTION_NAME
 
 
 class ItemModel(RequestModel):

@@ -12,20 +12,20 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import ConfigDict, Field
 
-from service.dependencies import RegistryDep, SettingsDep
-from service.encoder_engine import EncoderEngine
-from service.engine_errors import EngineError, InvalidRequestError
+from service.engines.encoder import EncoderEngine
+from service.engines.errors import EngineError, InvalidRequestError
+from service.engines.waiting import unless_disconnected
+from service.http.dependencies import RegistryDep, SettingsDep
 from service.routes.compat.common import error_route
 from service.routes.inputs import text_list
 from service.routes.streaming import client_gone, mark
-from service.schemas import RequestModel
-from service.waiting import unless_disconnected
+from service.schemas.common import RequestModel
 
 TEI_ERROR_TYPES = {400: "Empty", 413: "Validation", 422: "Tokenizer", 424: "Backend", 429: "Overloaded",
                    503: "Unhealthy"}
 
 
-# Codes of the error table (service.engine_errors) TEI answers with a status of its own;
+# Codes of the error table (service.engines.errors) TEI answers with a status of its own;
 # every other client error is a Tokenizer error (422).
 TEI_STATUSES = {"empty_input": 400, "input_too_long": 413}
 

@@ -17,15 +17,15 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import ConfigDict, Field
 
-from service.dependencies import RegistryDep, SettingsDep
-from service.engine import MAX_STOP_STRINGS, EngineEvent, GenerativeEngine, RequestStream, SamplingParams
-from service.engine_errors import EngineError, InvalidRequestError
+from service.chat.structured import from_tgi
+from service.engines.errors import EngineError, InvalidRequestError
+from service.engines.generative import MAX_STOP_STRINGS, EngineEvent, GenerativeEngine, RequestStream, SamplingParams
+from service.engines.waiting import collect
+from service.http.dependencies import RegistryDep, SettingsDep
 from service.routes.compat.common import error_route
 from service.routes.inputs import input_ids
 from service.routes.streaming import check_event, client_gone, mark, sse_event, sse_response
-from service.schemas import RequestModel
-from service.structured import from_tgi
-from service.waiting import collect
+from service.schemas.common import RequestModel
 
 TGI_FINISH = {"eos": "eos_token", "length": "length", "stop": "stop_sequence"}
 TGI_ERROR_TYPES = {400: "validation", 404: "validation", 413: "validation", 422: "validation", 429: "overloaded",

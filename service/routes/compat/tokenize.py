@@ -17,15 +17,15 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from pydantic import Field
 
-from service import tool_calls
-from service.chat_schemas import ChatMessage
-from service.dependencies import RegistryDep
-from service.engine import BaseEngine, GenerativeEngine
-from service.engine_errors import InvalidRequestError
-from service.errors import ERROR_RESPONSES
-from service.registry import EngineRegistry
+from service.chat import tool_calls
+from service.engines.errors import InvalidRequestError
+from service.engines.generative import BaseEngine, GenerativeEngine
+from service.http.dependencies import RegistryDep
+from service.http.errors import ERROR_RESPONSES
+from service.models.registry import EngineRegistry
 from service.routes.streaming import mark
-from service.schemas import RequestModel
+from service.schemas.chat import ChatMessage
+from service.schemas.common import RequestModel
 
 router = APIRouter(tags=["tokenization (vLLM / llama.cpp)"])
 

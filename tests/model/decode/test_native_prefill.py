@@ -191,7 +191,7 @@ def test_serving_under_the_native_prefill_lets_the_float_copies_go(fresh_seed):
     prefill asks for the copies and is refused by name."""
     from model.decode import DecodeOptions, prepare
     from model.quant.int8 import decode_step_context
-    from service.model_memory import weights_bytes
+    from service.models.memory import weights_bytes
 
     full, lean = (_int8(_model(fresh_seed), fresh_seed) for _ in range(2))
     with torch.no_grad():

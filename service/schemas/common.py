@@ -3,7 +3,7 @@
 Static limits live in the ``Field`` constraints, so a violation's message names the field
 and the bound. Limits that depend on the model or on settings (prompt + max_tokens, text
 length, list sizes) are checked by the routes and the engine.
-OpenAI-shaped bodies are in ``service.openai_schemas``.
+OpenAI-shaped bodies are in ``service.schemas.openai``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from service.engine import MAX_STOP_STRINGS, MAX_TOP_LOGPROBS
+from service.engines.generative import MAX_STOP_STRINGS, MAX_TOP_LOGPROBS
 from service.units import DURATION_PATTERN, parse_duration
 
 

@@ -15,8 +15,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from service.engine import EngineEvent, RequestStream
-from service.engine_errors import ClientDisconnectedError, RequestFailedError
+from service.engines.errors import ClientDisconnectedError, RequestFailedError
+from service.engines.generative import EngineEvent, RequestStream
 
 T = TypeVar("T")
 ClientGone = Callable[[], Awaitable[None]]  # returns once the client has disconnected

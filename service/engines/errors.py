@@ -2,7 +2,7 @@
 
 An error leaves the service in the OpenAI shape, ``{"error": {"message", "type", "code",
 "param"}}``. Its ``code`` picks the row of ``ERRORS`` that gives the HTTP status and the
-OpenAI ``type``; the HTTP handlers (``service.errors``), the 413 middleware and the error
+OpenAI ``type``; the HTTP handlers (``service.http.errors``), the 413 middleware and the error
 chunk of a stream all read this table, so one code always means one status.
 No web imports here: the engines raise these without knowing about HTTP.
 """

@@ -23,7 +23,7 @@ import uvicorn
 from fastapi import FastAPI
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from service.engine_errors import error_body, error_status
+from service.engines.errors import error_body, error_status
 from service.settings import Settings
 
 log = logging.getLogger("tserve.http")

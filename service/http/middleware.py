@@ -21,10 +21,10 @@ import uuid
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.dependencies import API_KEY_MESSAGE, api_key_ok
-from service.engine_errors import error_body, error_status
+from service.engines.errors import error_body, error_status
+from service.http.dependencies import API_KEY_MESSAGE, api_key_ok
 from service.metrics import Metrics
-from service.registry import EngineRegistry
+from service.models.registry import EngineRegistry
 from service.settings import Settings
 
 log = logging.getLogger("tserve.access")

@@ -1,6 +1,6 @@
 """The OpenAPI contract of the drop-in APIs (TGI, TEI, ``POST /``, LibreTranslate, DeepL, Anthropic):
 what each route accepts, what it answers and in which error shape, completed for this
-server's settings and models (``service.openapi.contract`` calls ``drop_ins``).
+server's settings and models (``service.http.openapi.contract`` calls ``drop_ins``).
 
 Each API keeps its own error body: TGI and TEI ``{"error", "error_type"}``, LibreTranslate
 ``{"error"}``, DeepL ``{"message"}``, Anthropic ``{"type": "error", "error": {"type", "message"}}``;
@@ -16,11 +16,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from service.engine import MAX_STOP_STRINGS
+from service.engines.generative import MAX_STOP_STRINGS
 from service.routes.compat.deepl import FORMALITY, TARGET_VARIANTS
 from service.routes.compat.hf_inference import EMBED_KEYS
-from service.schemas import NOT_BLANK
-from service.translation import language_pair
+from service.schemas.common import NOT_BLANK
+from service.translation.translate import language_pair
 
 OPENAI_ERROR = {"$ref": "#/components/schemas/ErrorResponse"}
 ERRORS = {
@@ -175,7 +175,7 @@ def _tei(components: dict, texts: dict, encoders: list) -> None:
     _neutral(props["prompt_name"])
     if encoders:
         props["model"] = {"enum": [None, *(e.name for e in encoders)]}
-        props["dimensions"] = {"anyOf": [{"enum": sorted({e.cfg.d_model for e in encoders})}, {"type": "null"}],
+        props["dimensions"] = {"anyOf": [{"enum": sorted({e.dimensions for e in encoders})}, {"type": "null"}],
                                "description": "only the model's own width (no truncation)"}
 
 

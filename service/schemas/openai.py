@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from service.schemas import MAX_SEED, KeepAlive, RequestModel, StopStrings, Usage
-from service.structured_schemas import GuidedFields, ResponseFormat, StructuredOutputs
+from service.schemas.common import MAX_SEED, KeepAlive, RequestModel, StopStrings, Usage
+from service.schemas.structured import GuidedFields, ResponseFormat, StructuredOutputs
 
 
 class StreamOptions(RequestModel):

@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from model.engine.grammar import JSON_OPTIONS
-from service.engine_errors import InvalidRequestError
+from service.chat.structured import Constraint, GrammarSpec, schema_text
+from service.engines.errors import InvalidRequestError
+from service.schemas.structured import FunctionCall, NamedToolChoice, Tool, ToolCall
 from service.settings import Settings
-from service.structured import Constraint, GrammarSpec, schema_text
-from service.structured_schemas import FunctionCall, NamedToolChoice, Tool, ToolCall
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>\n", "\n</tool_call>"
 BLOCK = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.S)

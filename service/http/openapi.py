@@ -22,10 +22,10 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from service.engine import MAX_STOP_STRINGS
-from service.openapi_compat import drop_ins
-from service.registry import FAMILY_NAMES
-from service.schemas import NOT_BLANK
+from service.engines.generative import MAX_STOP_STRINGS
+from service.models.registry import FAMILY_NAMES
+from service.routes.compat.openapi import drop_ins
+from service.schemas.common import NOT_BLANK
 
 # request schema -> (the family its endpoint serves, its text-input fields)
 REQUESTS = {

@@ -2,7 +2,7 @@
 
 A request may name at most one constraint: OpenAI's ``response_format`` (``json_object``,
 ``json_schema``), vLLM's ``structured_outputs`` object or its older ``guided_*`` fields, or a
-tool call forced by ``tool_choice`` (``service/tool_calls.py``). Each becomes a
+tool call forced by ``tool_choice`` (``service/chat/tool_calls.py``). Each becomes a
 ``GrammarSpec`` the engine compiles (off its thread, with a deadline: ``GenerativeEngine.
 submit_constrained``). The limits below are checked before anything is compiled; each is a
 400 naming the field and the limit (``TSERVE_GRAMMAR_*``, docs/structured-outputs.md).
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from model.engine.grammar import GrammarSpec
-from service.engine_errors import InvalidRequestError
+from service.engines.errors import InvalidRequestError
+from service.schemas.structured import GuidedFields, ResponseFormat, StructuredOutputs
 from service.settings import Settings
-from service.structured_schemas import GuidedFields, ResponseFormat, StructuredOutputs
 
 
 @dataclass(frozen=True)

@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING
 from model.text.placeholders import restore, same_placeholders, unmask
 from model.text.translate import Attempt, Decoded, Source, choose, restored, translate_async
 from model.text.translate import sources as placeholder_sources
-from service.engine import BaseEngine, EngineEvent, GenerativeEngine, SamplingParams, TokenUsage
-from service.waiting import ClientGone, collect
+from service.engines.generative import BaseEngine, EngineEvent, GenerativeEngine, SamplingParams, TokenUsage
+from service.engines.waiting import ClientGone, collect
 
 if TYPE_CHECKING:
-    from service.registry import EngineRegistry
+    from service.models.registry import EngineRegistry
 
 FALLBACK_BEAMS = 4
 

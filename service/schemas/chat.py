@@ -1,7 +1,7 @@
 """OpenAI chat-completions bodies (``POST /v1/chat/completions``).
 
 Field names and shapes follow OpenAI's API so the official client and LangChain's
-``ChatOpenAI`` work unmodified. Structured outputs and tools (``service/structured_schemas.py``)
+``ChatOpenAI`` work unmodified. Structured outputs and tools (``service/schemas/structured.py``)
 are served by constrained decoding; what a text-only model cannot do (images, audio, legacy
 ``functions``, ``logit_bias``) is refused with a 400 naming the field, never silently ignored.
 """
@@ -12,10 +12,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from service.engine import MAX_TOP_LOGPROBS
-from service.openai_schemas import StreamOptions
-from service.schemas import MAX_SEED, KeepAlive, RequestModel, StopStrings, Usage
-from service.structured_schemas import (
+from service.engines.generative import MAX_TOP_LOGPROBS
+from service.schemas.common import MAX_SEED, KeepAlive, RequestModel, StopStrings, Usage
+from service.schemas.openai import StreamOptions
+from service.schemas.structured import (
     GuidedFields,
     MessageToolCall,
     ResponseFormat,

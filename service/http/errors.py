@@ -1,6 +1,6 @@
 """The HTTP side of errors: handlers that turn every failure into the OpenAI shape,
 ``{"error": {"message", "type", "code", "param"}}``, with the status of its row in the one
-error table (``service.engine_errors.ERRORS``)."""
+error table (``service.engines.errors.ERRORS``)."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.engine_errors import (
+from service.engines.errors import (
     DOCUMENTED_STATUSES,
     HTTP_STATUS_CODES,
     EngineError,
     error_body,
     error_status,
 )
-from service.schemas import ErrorResponse
+from service.schemas.common import ErrorResponse
 
 log = logging.getLogger("tserve.http")
 

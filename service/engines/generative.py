@@ -5,10 +5,10 @@ The HTTP layer sees only this interface:
 - ``GenerativeEngine.submit(prompt_ids, params) -> RequestStream`` (an async iterator of
   ``EngineEvent``; raises ``QueueFullError`` at once when the queue is full) and
   ``abort(request_id)``;
-- ``EncoderEngine.fill_mask(...)`` / ``embed(...)`` (``service.encoder_engine``), batched
+- ``EncoderEngine.fill_mask(...)`` / ``embed(...)`` (``service.engines.encoder``), batched
   across concurrent requests;
-- what every engine shares (limits, usage, lifecycle): ``BaseEngine`` in ``service.engine_base``.
-``EngineRegistry`` (``service.registry``) loads the checkpoints and starts and stops the engines.
+- what every engine shares (limits, usage, lifecycle): ``BaseEngine`` in ``service.engines.base``.
+``EngineRegistry`` (``service.models.registry``) loads the checkpoints and starts and stops the engines.
 The worker thread steps the model's engine core (``model.engine.EngineCore``); results cross
 to the event loop with one ``call_soon_threadsafe`` per step.
 """
@@ -31,8 +31,8 @@ from model.engine.grammar import CompiledGrammar, GrammarError, GrammarSpec
 from model.engine.sampling import MAX_STOP_STRINGS, MAX_TOP_LOGPROBS
 from model.engine.speculative import SpeculativeConfig
 from model.tokenization.chat_template import ChatMessageError, ChatTemplate, ChatTemplateError
-from service.engine_base import BaseEngine, TokenUsage
-from service.engine_errors import EmptyInputError, InputTooLongError, InvalidRequestError, QueueFullError
+from service.engines.base import BaseEngine, TokenUsage
+from service.engines.errors import EmptyInputError, InputTooLongError, InvalidRequestError, QueueFullError
 from service.metrics import Metrics
 from service.settings import Settings
 

@@ -20,10 +20,10 @@ import torch.nn.functional as F
 from model import Checkpoint
 from model.engine.rescore import FillRescorer
 from model.formats.sentence_transformers import truncating
-from service.engine import BaseEngine, queue_full_message
-from service.engine_errors import EngineStoppedError, InvalidRequestError, QueueFullError, RequestFailedError
+from service.engines.errors import EngineStoppedError, InvalidRequestError, QueueFullError, RequestFailedError
+from service.engines.generative import BaseEngine, queue_full_message
 from service.metrics import Metrics
-from service.model_memory import weights_bytes
+from service.models.memory import weights_bytes
 from service.settings import Settings
 
 log = logging.getLogger("tserve.engine")
@@ -76,10 +76,15 @@ class EncoderEngine(BaseEngine):
     def task(self) -> str:
         return "fill-mask" if self.mask_id is not None else "feature-extraction"
 
+    @property
+    def dimensions(self) -> int:
+        """The width of an embedding: the model's own (no truncation)."""
+        return self.cfg.d_model
+
     def check_dimensions(self, dimensions: int | None) -> None:
         """OpenAI's ``dimensions``: only the model's own width (no truncation)."""
-        if dimensions is not None and dimensions != self.cfg.d_model:
-            raise InvalidRequestError(f"dimensions must be {self.cfg.d_model} for this model (no truncation)",
+        if dimensions is not None and dimensions != self.dimensions:
+            raise InvalidRequestError(f"dimensions must be {self.dimensions} for this model (no truncation)",
                                       "dimensions")
 
     def step_bytes(self) -> int:

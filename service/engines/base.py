@@ -1,5 +1,5 @@
-"""What every engine shares (``GenerativeEngine`` in ``service.engine``, ``EncoderEngine`` in
-``service.encoder_engine``): the model's limits checked on the client's inputs, the one usage
+"""What every engine shares (``GenerativeEngine`` in ``service.engines.generative``, ``EncoderEngine`` in
+``service.engines.encoder``): the model's limits checked on the client's inputs, the one usage
 rule, and the lifecycle (warm-up, a worker thread, a drain on stop)."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from model import Checkpoint, EngineEvent
-from service.engine_errors import EmptyInputError, EngineStoppedError, InputTooLongError, InvalidRequestError
+from service.engines.errors import EmptyInputError, EngineStoppedError, InputTooLongError, InvalidRequestError
 from service.metrics import Metrics
-from service.model_facts import architecture, quantization
-from service.model_memory import weights_bytes
+from service.models.facts import architecture, quantization
+from service.models.memory import weights_bytes
 from service.settings import Settings
 
 log = logging.getLogger("tserve.engine")

@@ -7,7 +7,7 @@
 - vLLM (the shape of its current ``structured_outputs`` object: one of ``json``, ``regex``,
   ``choice``, ``grammar``, ``json_object``), and its older top-level ``guided_json``,
   ``guided_regex``, ``guided_choice``, ``guided_grammar``.
-What each becomes is decided in ``service/structured.py``; here only the shapes.
+What each becomes is decided in ``service/chat/structured.py``; here only the shapes.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from service.schemas import RequestModel
+from service.schemas.common import RequestModel
 
 FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"  # OpenAI's rule for function names
 

@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 import polib
 
 from model.text.mnemonics import add_mnemonic, find_mnemonic
-from service import translation
-from service.engine import GenerativeEngine, SamplingParams, TokenUsage
-from service.engine_errors import InvalidRequestError
+from service.engines.errors import InvalidRequestError
+from service.engines.generative import GenerativeEngine, SamplingParams, TokenUsage
+from service.engines.waiting import ClientGone
 from service.settings import Settings
-from service.waiting import ClientGone
+from service.translation import translate as translation
 
 FIELD = "file"
 MO_MAGIC = (b"\xde\x12\x04\x95", b"\x95\x04\x12\xde")

@@ -28,10 +28,9 @@ from model import CheckpointError, is_model_dir, load_model
 from model.config import DTYPES
 from model.decode import prepare, prepare_weights
 from model.formats.manifest import ManifestError, is_manifest_dir, locate, read_manifest
-from service.encoder_engine import EncoderEngine
-from service.engine import BaseEngine, GenerativeEngine
-from service.engine_base import TASKS
-from service.engine_errors import (
+from service.engines.base import TASKS
+from service.engines.encoder import EncoderEngine
+from service.engines.errors import (
     EngineError,
     EngineStoppedError,
     InvalidRequestError,
@@ -39,10 +38,11 @@ from service.engine_errors import (
     ModelNotFoundError,
     RequestFailedError,
 )
+from service.engines.generative import BaseEngine, GenerativeEngine
 from service.metrics import Metrics
-from service.model_facts import source_facts
-from service.model_memory import release_memory, source_weight_bytes
-from service.schemas import printable
+from service.models.facts import source_facts
+from service.models.memory import release_memory, source_weight_bytes
+from service.schemas.common import printable
 from service.settings import Settings
 
 log = logging.getLogger("tserve.registry")
@@ -65,7 +65,7 @@ FAMILY_NAMES = {"encoder-decoder": "translation (encoder-decoder)", "decoder": "
 READY_WORDS = {"loaded": "ready", "loading": "loading", "available": "available", "failed": "failed"}
 EXPIRY_TICK_S = 0.25  # how often idle models are checked against their keep-alive
 # The models an HTTP request was handed (``acquire``), released when its response is done
-# (``request_leases``, entered by ``service.middleware.ModelLeaseMiddleware``): a model is in use
+# (``request_leases``, entered by ``service.http.middleware.ModelLeaseMiddleware``): a model is in use
 # from the lookup to the last byte, grammar compilation and streaming included.
 _LEASES: ContextVar[list[ModelEntry] | None] = ContextVar("tserve_model_leases", default=None)
 

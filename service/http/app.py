@@ -16,17 +16,17 @@ import torch
 from fastapi import APIRouter, Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from service.dependencies import require_api_key
-from service.errors import install_error_handlers
-from service.logging_config import configure_logging
-from service.metrics import Metrics
-from service.middleware import (
+from service.http.dependencies import require_api_key
+from service.http.errors import install_error_handlers
+from service.http.middleware import (
     ApiKeyFirstMiddleware,
     BodyLimitMiddleware,
     ModelLeaseMiddleware,
     RequestLogMiddleware,
 )
-from service.registry import EngineRegistry
+from service.logging_config import configure_logging
+from service.metrics import Metrics
+from service.models.registry import EngineRegistry
 from service.routes import (
     chat,
     compat,

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 
-from service.registry import EngineRegistry
+from service.models.registry import EngineRegistry
 from service.settings import Settings
 
 
@@ -37,7 +37,7 @@ def api_key_ok(authorization: str, settings: Settings) -> bool:
 
 def require_api_key(request: Request, settings: SettingsDep) -> None:
     """With TSERVE_API_KEY set, require ``Authorization: Bearer <key>``. The routes that depend on
-    this are also checked before their body is read (``service.middleware.ApiKeyFirstMiddleware``)."""
+    this are also checked before their body is read (``service.http.middleware.ApiKeyFirstMiddleware``)."""
     if not api_key_ok(request.headers.get("authorization", ""), settings):
         raise HTTPException(401, API_KEY_MESSAGE, headers={"WWW-Authenticate": "Bearer"})
 
