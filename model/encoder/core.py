@@ -4,7 +4,7 @@ The encoder family's counterpart of ``model.engine.EngineCore``, without a sched
 encoder reads a whole text at once, so a batch is every queued text packed into padded rows
 (``MaskedLM.encode_rows``), one forward pass, and every job answered from its hidden states:
 fill-mask jobs from the rows at their masks (top-k over the vocabulary, special tokens never
-offered, optionally re-ranked by a causal LM: ``model.engine.rescore``), embedding jobs from
+offered, optionally re-ranked by a causal LM: ``model.encoder.rescore``), embedding jobs from
 the pooled rows (the checkpoint's pooling, from its sentence-transformers config), normalised
 or raw. Pure PyTorch, synchronous: the service's ``EncoderEngine`` adds the queue, the batching
 window, the thread and the metrics.
@@ -49,7 +49,7 @@ class EncoderCore:
     def __init__(self, ckpt: Checkpoint, max_len: int | None = None, rescorer=None):
         """``max_len``: the longest row (default the model's positions), never beyond the
         checkpoint's trained length (sentence-transformers' ``max_seq_length``). ``rescorer``: a
-        ``model.engine.rescore.FillRescorer`` that re-ranks one-mask texts (fill-mask models only)."""
+        ``model.encoder.rescore.FillRescorer`` that re-ranks one-mask texts (fill-mask models only)."""
         if not isinstance(ckpt.model, MaskedLM):
             raise ValueError(f"{ckpt.path}: an encoder core needs an encoder model, not {type(ckpt.model).__name__}")
         if ckpt.tokenizer is None:

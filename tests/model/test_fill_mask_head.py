@@ -109,7 +109,7 @@ needs_gemma = pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gg
 
 @pytest.fixture(scope="module")
 def rescorer(fill_mask):
-    from model.engine.rescore import FillRescorer
+    from model.encoder.rescore import FillRescorer
 
     return FillRescorer.load(fill_mask.fill_rescore)
 

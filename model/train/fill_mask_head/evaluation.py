@@ -15,7 +15,7 @@ from model.train.fill_mask_head.data import WORD, read_jsonl_gz
 @torch.inference_mode()
 def fill_top_k(ckpt, texts: list[str], k: int = 5, rescorer=None) -> list[list[str]]:
     """Top-``k`` tokens for the (single) [MASK] of each text, special tokens excluded as the
-    service does; the tokens as strings. ``rescorer`` (``model.engine.rescore.FillRescorer``):
+    service does; the tokens as strings. ``rescorer`` (``model.encoder.rescore.FillRescorer``):
     its re-ranking of the masked LM's candidates, as the service serves it."""
     model, tk = ckpt.model.eval(), ckpt.tokenizer
     mask_id = ckpt.config.mask_token_id
@@ -76,7 +76,7 @@ EXAMPLES = ("The capital of France is [MASK].", "I drink a cup of [MASK] every m
 
 def cmd_eval(args) -> None:
     from model import load_model
-    from model.engine.rescore import FillRescorer
+    from model.encoder.rescore import FillRescorer
 
     heldout = read_jsonl_gz(Path(args.out) / "heldout.jsonl.gz")
     if args.limit:

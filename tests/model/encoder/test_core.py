@@ -12,7 +12,7 @@ import torch
 from model import load_model, save
 from model.decode import DecodeOptions
 from model.encoder import EncoderCore, EncoderJob
-from model.engine.rescore import FillRescorer
+from model.encoder.rescore import FillRescorer
 from model.formats.manifest import RescoreSpec
 from model.nn.transformer import build_model
 from model.tokenization.tokenizer import train_bpe

@@ -1,4 +1,4 @@
-"""model.engine.rescore: a causal LM re-ranks a masked LM's fill-mask candidates.
+"""model.encoder.rescore: a causal LM re-ranks a masked LM's fill-mask candidates.
 
 The scores are checked against the plainest reference there is: each filled-in text run whole
 through the model's own forward, its token log-probabilities summed."""
@@ -12,8 +12,8 @@ import torch
 
 from model import load_model, save
 from model.decode import DecodeOptions
-from model.engine import rescore
-from model.engine.rescore import LEFT_CONTEXT, FillRescorer, filled
+from model.encoder import rescore
+from model.encoder.rescore import LEFT_CONTEXT, FillRescorer, filled
 from model.formats.manifest import ManifestError, RescoreSpec, read_manifest
 from model.nn.transformer import build_model
 from model.tokenization.tokenizer import train_bpe
