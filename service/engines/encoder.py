@@ -20,7 +20,7 @@ from model import Checkpoint
 from model.encoder import EncoderCore, EncoderJob
 from model.encoder.rescore import FillRescorer
 from service.engines.errors import EngineStoppedError, InvalidRequestError, QueueFullError, RequestFailedError
-from service.engines.generative import BaseEngine, queue_full_message
+from service.engines.generative import BaseEngine, GenerativeEngine, queue_full_message
 from service.metrics import Metrics
 from service.models.memory import weights_bytes
 from service.settings import Settings
@@ -37,13 +37,21 @@ class _Job(EncoderJob):
 
 
 class EncoderEngine(BaseEngine):
-    def __init__(self, name: str, ckpt: Checkpoint, settings: Settings, metrics: Metrics):
+    def __init__(self, name: str, ckpt: Checkpoint, settings: Settings, metrics: Metrics,
+                 decoder: GenerativeEngine | None = None):
+        """``decoder``: the served engine of the causal LM the manifest names as rescorer, whose
+        model and decode step the rescorer shares instead of loading a second copy (the registry
+        keeps it loaded while this engine is); without it the rescorer loads its own."""
         super().__init__(name, ckpt, settings, metrics)
         # A causal LM that re-ranks the masked LM's candidates, where the model's manifest names one
         # (weights/fill-mask-en: Gemma 3 270M) and the settings allow it.
         rescorer: FillRescorer | None = None
-        if self.cfg.mlm_head and ckpt.fill_rescore is not None and settings.fill_mask_rescore:
-            rescorer = FillRescorer.load(ckpt.fill_rescore, settings.decode_options(), self.model.device)
+        spec = ckpt.fill_rescore
+        if self.cfg.mlm_head and spec is not None and settings.fill_mask_rescore:
+            if decoder is not None:
+                rescorer = FillRescorer(decoder.ckpt, spec, step=decoder.core.decode_step, lock=decoder.step_lock)
+            else:
+                rescorer = FillRescorer.load(spec, settings.decode_options(), self.model.device)
         self.core = EncoderCore(ckpt, self.max_len, rescorer)
         self.max_len = self.core.max_len  # an embedding model's trained length (sentence-transformers' max_seq_length)
         self.mask_id, self.mask_token = self.core.mask_id, self.core.mask_token
@@ -85,8 +93,9 @@ class EncoderEngine(BaseEngine):
                                       "dimensions")
 
     def step_bytes(self) -> int:
-        """The rescorer's causal LM, which this model holds besides its own weights."""
-        if self.rescorer is None:
+        """The rescorer's causal LM, which this model holds besides its own weights (unless it
+        shares a served decoder's, which that model counts)."""
+        if self.rescorer is None or self.rescorer.shared:
             return 0
         return weights_bytes(self.rescorer.model) + self.rescorer.extra_bytes
 
