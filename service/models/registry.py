@@ -315,10 +315,10 @@ class EngineRegistry:
     def _rescorer_entry(self, entry: ModelEntry) -> ModelEntry | None:
         """The served decoder whose model and decode step ``entry``'s fill-mask rescorer shares:
         the model at the path its manifest's ``rescore`` names, where this registry serves it
-        (``fill-mask-en`` -> ``gemma3-270m``) and TSERVE_FILL_MASK_RESCORE is on; else None (the
-        rescorer, if any, loads its own copy)."""
-        if not self.settings.fill_mask_rescore:
-            return None
+        (``fill-mask-en`` -> ``gemma3-270m``), TSERVE_FILL_MASK_RESCORE is on and the serving dtype
+        is float32; else None (the rescorer, if any, loads its own copy)."""
+        if not self.settings.fill_mask_rescore or self.settings.dtype != "float32":
+            return None  # a copy of its own loads float32: a decoder served at another dtype would score otherwise
         spec = rescore_spec(entry.path)
         if spec is None:
             return None

@@ -88,3 +88,10 @@ async def test_without_the_decoder_served_nothing_is_shared(weights_dir, monkeyp
         assert off._rescorer_entry(off.entries["fill-mask-tiny"]) is None
     finally:
         await off.stop(1.0)
+    half = EngineRegistry(settings_for(weights_dir, models="fill-mask-tiny,generate-tiny", preload="none",
+                                       dtype="bfloat16"), Metrics())
+    await half.start()
+    try:  # a bfloat16 decoder would score otherwise than the float32 copy the rescorer loads
+        assert half._rescorer_entry(half.entries["fill-mask-tiny"]) is None
+    finally:
+        await half.stop(1.0)
