@@ -45,6 +45,14 @@ def test_imports_go_one_way(where, forbidden):
     assert offenders(py_files(*where), forbidden) == []
 
 
+def test_the_encoder_engine_leaves_pytorch_to_the_model_side_core():
+    """service/engines/encoder.py keeps the queue, the thread, deadlines, metrics and errors; the
+    batching, pooling, normalising and top-k are ``model.encoder.EncoderCore``'s."""
+    engine = ROOT / "service" / "engines" / "encoder.py"
+    assert offenders([engine], ("torch",)) == []
+    assert "model.encoder" in imported_modules(engine)
+
+
 # The service's sub-packages, each one concern; a module at service/'s top level is shared by all
 # of them (settings, metrics, units, logging) or is the entry point.
 SERVICE_PACKAGES = {"http", "routes", "engines", "models", "schemas", "chat", "translation", "playground"}

@@ -383,7 +383,7 @@ class NativeStep:
                      logit_rows: Sequence[int], starts: Sequence[int] | None = None) -> Tensor:
         """``prefill``, with the logits of any of the rows (indices into the prompts' tokens laid
         end to end) coming back, (len(logit_rows), V) float32, in that order: what scoring the
-        tokens of a text needs (``model.engine.rescore``)."""
+        tokens of a text needs (``model.encoder.rescore``)."""
         starts = list(starts or [0] * len(prompts))
         ids = [t for p in prompts for t in p]
         rows = [s for p, s in zip(prompts, slots) for _ in p]

@@ -6,7 +6,7 @@ same prefix from position 0; the K/V it holds was computed at the same absolute 
 new request would compute it at, so a new request's block table simply starts with those
 blocks (rope, learned or sinusoidal positions alike): no copy, whatever the prefix's length.
 
-The names live in the pool (``model.nn.kv_cache.BlockPool``): a named block nobody references
+The names live in the pool (``model.engine.block_pool.BlockPool``): a named block nobody references
 any more stays readable until an allocation needs it, least recently released first, and a
 sequence releases its blocks last first, so that a chain's root is evicted last (a block whose
 parent is gone can never match again). This class keeps the policy and the counters.
@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import struct
 
-from model.nn.kv_cache import BlockPool
+from model.engine.block_pool import BlockPool
 
 
 def block_hashes(tokens: list[int], block: int) -> list[bytes]:

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from model.decode.step import DecodeStep
+from model.engine.block_pool import BlockPool
 from model.engine.families import DecoderPrompts, SourcePrompts
 from model.engine.generation import split_sample
 from model.engine.grammar import allowed_tokens
@@ -25,6 +26,7 @@ from model.engine.requests import BeamDecoding, Sample, Sequence
 from model.engine.sampling import Sampler
 from model.engine.speculative import verify
 from model.nn.host_transfer import to_device
+from model.nn.kv_cache import blocks_for
 from model.nn.transformer import DecoderLM, EncoderDecoder
 
 
@@ -40,8 +42,10 @@ class ModelRunner:
                  max_len: int, step: DecodeStep, max_src_len: int = 0, n_blocks: int | None = None):
         self.model, self.prompts, self.step = model, prompts, step
         self.device = model.device
+        # the scheduler's pool (prefix-cache names, eviction) keeps the cache's block tables
+        pool = BlockPool(n_blocks if n_blocks is not None else 1 + n_slots * blocks_for(max_len))
         self.cache = model.new_cache(n_slots, max_len, max_src_len if prompts.encodes_source else 0,
-                                     dtype=step.kv_dtype, n_blocks=n_blocks)
+                                     dtype=step.kv_dtype, pool=pool)
         self.seen = torch.zeros(n_slots, model.cfg.vocab_size, dtype=torch.bool, device=self.device)
         self.counts = torch.zeros(n_slots, model.cfg.vocab_size, dtype=torch.float32, device=self.device)
         self.sampler = Sampler()

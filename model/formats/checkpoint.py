@@ -36,7 +36,7 @@ class CheckpointError(RuntimeError):
 
 @dataclass(frozen=True)
 class RescoreSpec:
-    """A fill-mask manifest's ``rescore`` field (``model.engine.rescore``): a causal LM re-ranks
+    """A fill-mask manifest's ``rescore`` field (``model.encoder.rescore``): a causal LM re-ranks
     the masked LM's top ``candidates`` words, ``mlm_weight`` x the masked LM's log-probability
     plus the causal LM's over the word and ``context`` tokens after it."""
 
@@ -55,7 +55,7 @@ class Checkpoint:
     metrics: dict[str, Any] = field(default_factory=dict)
     chat_template: str | None = None  # rendered only by model.tokenization.chat_template's sandbox
     stop_token_ids: list[int] = field(default_factory=list)  # end generation besides config.eos_token_id
-    fill_rescore: RescoreSpec | None = None  # fill-mask: a causal LM re-ranks the candidates (model.engine.rescore)
+    fill_rescore: RescoreSpec | None = None  # fill-mask: a causal LM re-ranks the candidates (model.encoder.rescore)
 
 
 def _stored_keys(model: TransformerModel) -> dict[str, torch.Tensor]:

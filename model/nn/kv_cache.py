@@ -12,7 +12,8 @@ a row has a block table (``tables[row]``, on the host) that maps position p to b
 ``tables[row, p // BLOCK_LEN]``, offset ``p % BLOCK_LEN``. Rows are a batch cap, not memory:
 a row that holds 20 tokens holds two blocks whatever the model's context length.
 
-Sharing. Blocks are reference counted (``BlockPool``). A block may sit in several tables at
+Sharing. Blocks are reference counted (``BlockRefs``; the engine's ``BlockPool``,
+model.engine.block_pool, adds the prefix cache's names). A block may sit in several tables at
 once: a prompt prefix found in the prefix cache, the common history of beam-search
 hypotheses. Only full blocks are ever shared by the prefix cache, so nobody writes a shared
 block; a beam fork shares its last, partial block too, and the engine copies it before the
@@ -37,7 +38,6 @@ sources the copies no longer fit the caches, and cross-attention waited on memor
 from __future__ import annotations
 
 import functools
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -64,10 +64,11 @@ def blocks_for(positions: int, block_len: int = BLOCK_LEN) -> int:
     return -(-positions // block_len)
 
 
-class BlockPool:
-    """Host bookkeeping of a pool's blocks: reference counts, the free list, and the prefix
-    cache's names for blocks (hash -> block), with the unreferenced named blocks kept in LRU
-    order to be evicted when the free list runs dry. Never touches a tensor."""
+class BlockRefs:
+    """Reference counts and the free list of a pool's blocks: what the block tables need to
+    share and give back blocks. Never touches a tensor. The engine's ``BlockPool``
+    (model.engine.block_pool) adds the prefix cache's names and their eviction; a cache used
+    alone (``new_cache`` in a notebook, the fill-mask rescorer) gets this one."""
 
     def __init__(self, n_blocks: int):
         if n_blocks < 2:
@@ -75,17 +76,13 @@ class BlockPool:
         self.n_blocks = n_blocks
         self.refs = [0] * n_blocks
         self.free = list(range(n_blocks - 1, 0, -1))  # pop() hands out the lowest block first
-        self.named: dict[bytes, int] = {}  # prefix cache: chained block hash -> block
-        self.name_of: dict[int, bytes] = {}
-        self.evictable: OrderedDict[int, None] = OrderedDict()  # named, unreferenced: least recently used first
         self.fresh: list[int] = []  # handed out for the first time: zeroed before they are read
         self._highest = NULL_BLOCK  # the highest block ever handed out (never-used ones leave `free` in order)
-        self.evictions = 0
 
     @property
     def available(self) -> int:
-        """Blocks an allocation can get now: free ones and cached ones nobody references."""
-        return len(self.free) + len(self.evictable)
+        """Blocks an allocation can get now."""
+        return len(self.free)
 
     @property
     def used(self) -> int:
@@ -93,26 +90,25 @@ class BlockPool:
         return self.n_blocks - 1 - self.available
 
     def allocate(self) -> int | None:
-        if self.free:
-            block = self.free.pop()
-            if block > self._highest:  # its first use
-                self._highest = block
-                self.fresh.append(block)
-        elif self.evictable:
-            block, _ = self.evictable.popitem(last=False)
-            del self.named[self.name_of.pop(block)]
-            self.evictions += 1
-        else:
+        block = self._take()
+        if block is None:
             return None
         self.refs[block] = 1
         return block
 
+    def _take(self) -> int | None:
+        """An unreferenced block to hand out, or None."""
+        if not self.free:
+            return None
+        block = self.free.pop()
+        if block > self._highest:  # its first use
+            self._highest = block
+            self.fresh.append(block)
+        return block
+
     def incref(self, block: int) -> None:
-        if block == NULL_BLOCK:
-            return
-        if self.refs[block] == 0:
-            self.evictable.pop(block, None)
-        self.refs[block] += 1
+        if block != NULL_BLOCK:
+            self.refs[block] += 1
 
     def decref(self, block: int) -> None:
         if block == NULL_BLOCK:
@@ -121,37 +117,10 @@ class BlockPool:
         if self.refs[block] < 0:
             raise RuntimeError(f"KV block {block} released more often than it was taken")
         if self.refs[block] == 0:
-            if block in self.name_of:
-                self.evictable[block] = None  # most recently used end
-            else:
-                self.free.append(block)
+            self._unreferenced(block)
 
-    # --- the prefix cache's names --------------------------------------------------------
-    def lookup(self, hashes: Sequence[bytes], limit: int) -> list[int]:
-        """The blocks of the longest run of ``hashes[:limit]`` the pool names."""
-        out = []
-        for h in hashes[:limit]:
-            block = self.named.get(h)
-            if block is None:
-                break
-            out.append(block)
-        return out
-
-    def name(self, h: bytes, block: int) -> None:
-        """Name a full block of prompt K/V by its chained hash (first name wins)."""
-        if h not in self.named and block not in self.name_of:
-            self.named[h] = block
-            self.name_of[block] = h
-
-    def forget(self, block: int) -> None:
-        """Drop a block's name (its K/V was never written: the step that was to write it failed)."""
-        h = self.name_of.pop(block, None)
-        if h is None:
-            return
-        del self.named[h]
-        if block in self.evictable:  # nobody references it: free (otherwise it is freed when released)
-            del self.evictable[block]
-            self.free.append(block)
+    def _unreferenced(self, block: int) -> None:
+        self.free.append(block)
 
 
 @dataclass
@@ -176,19 +145,26 @@ class PagedKVCache(nn.Module):
         device: torch.device | str = "cpu",
         n_blocks: int | None = None,
         block_len: int = BLOCK_LEN,
+        pool: BlockRefs | None = None,
     ):
         """``max_len``: positions one sequence may hold (its context); ``n_blocks``: the pool,
-        the null block included (default: every row at ``max_len``, nothing ever waits)."""
+        the null block included (default: every row at ``max_len``, nothing ever waits).
+        ``pool``: the blocks' bookkeeping, fresh, sized by ``n_blocks`` when both are given (the
+        engine passes its ``BlockPool``); default plain reference counts (``BlockRefs``)."""
         super().__init__()
         self.n_layers, self.n_slots, self.max_len, self.max_src_len = n_layers, n_slots, max_len, max_src_len
         self.n_heads, self.head_dim, self.block_len = n_heads, head_dim, block_len  # K/V heads
         self.max_blocks = blocks_for(max_len, block_len)  # table width: blocks of one full sequence
+        if pool is not None:
+            if n_blocks is not None and n_blocks != pool.n_blocks:
+                raise ValueError(f"n_blocks {n_blocks} but the pool has {pool.n_blocks}")
+            n_blocks = pool.n_blocks
         n_blocks = n_blocks if n_blocks is not None else 1 + n_slots * self.max_blocks
         shape = (n_layers, n_heads, n_blocks, block_len, head_dim)
         # Allocated empty: the host touches a page when a block is first used (``pool.fresh``).
         self.register_buffer("k", torch.empty(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v", torch.empty(shape, dtype=dtype, device=device), persistent=False)
-        self.pool = BlockPool(n_blocks)
+        self.pool = pool if pool is not None else BlockRefs(n_blocks)
         self.pool.fresh.append(NULL_BLOCK)
         self.tables = torch.zeros((n_slots, self.max_blocks), dtype=torch.long)  # on the host
         self.rows: list[list[int]] = [[] for _ in range(n_slots)]  # the same, as lists (0: released)

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from model.config import ModelConfig
 from model.nn.host_transfer import to_device
-from model.nn.kv_cache import BLOCK_LEN, CacheView, PagedKVCache, blocks_for
+from model.nn.kv_cache import BLOCK_LEN, BlockRefs, CacheView, PagedKVCache, blocks_for
 from model.nn.layers import (
     ACTIVATION_FNS,
     AttentionContext,
@@ -154,14 +154,16 @@ class _CachedDecoder(TransformerModel):
 
     def new_cache(self, n_slots: int, max_len: int, max_src_len: int = 0,
                   dtype: torch.dtype | None = None, device: torch.device | str | None = None,
-                  n_blocks: int | None = None, block_len: int = BLOCK_LEN) -> PagedKVCache:
+                  n_blocks: int | None = None, block_len: int = BLOCK_LEN,
+                  pool: BlockRefs | None = None) -> PagedKVCache:
         """A paged cache of ``n_slots`` rows of up to ``max_len`` positions each, in a pool of
-        ``n_blocks`` blocks (default: enough for every row at ``max_len``)."""
+        ``n_blocks`` blocks (default: enough for every row at ``max_len``). ``pool``: the
+        blocks' bookkeeping (the engine's ``BlockPool``; default plain reference counts)."""
         if max_len > self.cfg.max_positions:
             raise ValueError(f"max_len {max_len} exceeds the model's max_positions {self.cfg.max_positions}")
         return PagedKVCache(
             len(self.decoder_layers), n_slots, self.cfg.kv_heads, self.cfg.head_dim, max_len,
-            max_src_len, dtype or self.dtype, device or self.device, n_blocks, block_len,
+            max_src_len, dtype or self.dtype, device or self.device, n_blocks, block_len, pool,
         )
 
     def forward_cached(

@@ -1,8 +1,10 @@
 """Encoder-only engine: fill-mask and embeddings, batched across concurrent requests.
 
-Jobs queue up while a forward pass runs; the worker then packs as many queued texts as
-``max_encoder_batch`` allows into one padded batch (fill-mask and embedding jobs
-together: both need the same hidden states) and answers every job from it.
+Jobs queue up while a forward pass runs; the worker then takes as many queued texts as
+``max_encoder_batch`` allows (fill-mask and embedding jobs together: both need the same hidden
+states) and the model-side core (``model.encoder.EncoderCore``) answers them all from one
+padded batch. This module keeps the queue, the thread, the deadlines, the metrics and the
+errors; the PyTorch is the core's.
 """
 
 from __future__ import annotations
@@ -14,14 +16,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-import torch.nn.functional as F
-
 from model import Checkpoint
-from model.engine.rescore import FillRescorer
-from model.formats.sentence_transformers import truncating
+from model.encoder import EncoderCore, EncoderJob
+from model.encoder.rescore import FillRescorer
 from service.engines.errors import EngineStoppedError, InvalidRequestError, QueueFullError, RequestFailedError
-from service.engines.generative import BaseEngine, queue_full_message
+from service.engines.generative import BaseEngine, GenerativeEngine, queue_full_message
 from service.metrics import Metrics
 from service.models.memory import weights_bytes
 from service.settings import Settings
@@ -30,32 +29,38 @@ log = logging.getLogger("tserve.engine")
 
 
 @dataclass(eq=False)
-class _Job:
-    kind: str  # "fill_mask" | "embed" | "embed_raw" (not normalised)
-    rows: list[list[int]]
-    top_k: int
-    future: asyncio.Future
+class _Job(EncoderJob):
+    """A core job with the client waiting on it."""
+
+    future: asyncio.Future | None = None
     arrival: float = field(default_factory=time.monotonic)
-    texts: list[str] | None = None  # fill-mask: the texts as sent, for the rescorer (model.engine.rescore)
 
 
 class EncoderEngine(BaseEngine):
-    def __init__(self, name: str, ckpt: Checkpoint, settings: Settings, metrics: Metrics):
+    def __init__(self, name: str, ckpt: Checkpoint, settings: Settings, metrics: Metrics,
+                 decoder: GenerativeEngine | None = None):
+        """``decoder``: the served engine of the causal LM the manifest names as rescorer, whose
+        model and decode step the rescorer shares instead of loading a second copy (the registry
+        keeps it loaded while this engine is); without it the rescorer loads its own."""
         super().__init__(name, ckpt, settings, metrics)
-        if self.cfg.max_input_tokens:  # an embedding model's trained length (sentence-transformers' max_seq_length)
-            self.max_len = min(self.max_len, self.cfg.max_input_tokens)
-        self._truncating = truncating(self.tokenizer, self.max_len)  # for clients that ask to truncate
-        self.mask_id = self.cfg.mask_token_id if self.cfg.mlm_head else None
-        self.mask_token = self.tokenizer.id_to_token(self.mask_id) if self.mask_id is not None else None
-        self._jobs: deque[_Job] = deque()
-        self._active = 0
-        # [CLS], [SEP], [PAD], [MASK]... are never offered as fill-mask candidates
-        self._special = torch.tensor(sorted(self.tokenizer.special_ids), dtype=torch.long, device=self.model.device)
         # A causal LM that re-ranks the masked LM's candidates, where the model's manifest names one
         # (weights/fill-mask-en: Gemma 3 270M) and the settings allow it.
-        self.rescorer: FillRescorer | None = None
-        if self.mask_id is not None and ckpt.fill_rescore is not None and settings.fill_mask_rescore:
-            self.rescorer = FillRescorer.load(ckpt.fill_rescore, settings.decode_options(), self.model.device)
+        rescorer: FillRescorer | None = None
+        spec = ckpt.fill_rescore
+        if self.cfg.mlm_head and spec is not None and settings.fill_mask_rescore:
+            if decoder is not None:
+                rescorer = FillRescorer(decoder.ckpt, spec, step=decoder.core.decode_step, lock=decoder.step_lock)
+            else:
+                rescorer = FillRescorer.load(spec, settings.decode_options(), self.model.device)
+        self.core = EncoderCore(ckpt, self.max_len, rescorer)
+        self.max_len = self.core.max_len  # an embedding model's trained length (sentence-transformers' max_seq_length)
+        self.mask_id, self.mask_token = self.core.mask_id, self.core.mask_token
+        self._jobs: deque[_Job] = deque()
+        self._active = 0
+
+    @property
+    def rescorer(self) -> FillRescorer | None:
+        return self.core.rescorer
 
     # --- the async API ------------------------------------------------------------------
     def _input_limit(self) -> int | None:
@@ -65,7 +70,7 @@ class EncoderEngine(BaseEngine):
         """Token ids of each text; too long is an error, or (``truncate``) cut to the limit as
         sentence-transformers and TEI do."""
         if truncate:
-            return self._truncating.encode_batch(texts)
+            return self.core.encode(texts, truncate=True)
         return super().tokenize(texts, field_name)
 
     @property
@@ -88,8 +93,9 @@ class EncoderEngine(BaseEngine):
                                       "dimensions")
 
     def step_bytes(self) -> int:
-        """The rescorer's causal LM, which this model holds besides its own weights."""
-        if self.rescorer is None:
+        """The rescorer's causal LM, which this model holds besides its own weights (unless it
+        shares a served decoder's, which that model counts)."""
+        if self.rescorer is None or self.rescorer.shared:
             return 0
         return weights_bytes(self.rescorer.model) + self.rescorer.extra_bytes
 
@@ -113,7 +119,7 @@ class EncoderEngine(BaseEngine):
     async def _submit(self, kind: str, rows: list[list[int]], top_k: int, texts: list[str] | None = None):
         self._check_accepting()
         future = asyncio.get_running_loop().create_future()
-        job = _Job(kind, rows, top_k, future, texts=texts)
+        job = _Job(kind, rows, top_k, texts, future)
         with self._cv:
             if len(self._jobs) >= self.settings.max_queue + 1:
                 self.metrics.rejected.labels(self.name, "queue_full").inc()
@@ -134,8 +140,7 @@ class EncoderEngine(BaseEngine):
         return bool(self._jobs) or self._active > 0
 
     def _warmup(self) -> None:
-        ids = self.tokenizer.encode("warm up the engine")
-        self._forward([_Job("embed", [ids], 0, None)])  # type: ignore[arg-type]
+        self.core.warmup()
 
     def _take_batch(self) -> list[_Job]:
         batch, rows = [], 0
@@ -151,7 +156,6 @@ class EncoderEngine(BaseEngine):
         return batch
 
     def _run(self) -> None:
-        torch.set_grad_enabled(False)
         while True:
             with self._cv:
                 while not (self._stopping or self._jobs):
@@ -190,66 +194,10 @@ class EncoderEngine(BaseEngine):
         m.batch_size.labels(name).set(rows)
         m.step_batch.labels(name).observe(rows)
 
-    @torch.inference_mode()
+
     def _forward(self, batch: list[_Job]) -> list[Any]:
-        rows = [r for job in batch for r in job.rows]
-        hidden, pooled = self.model.encode_rows(rows)  # per row (T_i, d); (B, d)
-        results, start = [], 0
-        for job in batch:
-            part = slice(start, start + len(job.rows))
-            start += len(job.rows)
-            if job.kind in ("embed", "embed_raw"):
-                results.append((F.normalize(pooled[part], dim=-1) if job.kind == "embed" else pooled[part]).tolist())
-            else:
-                results.append(self._fill(job, hidden[part]))
-        return results
-
-    def _fill(self, job: _Job, hidden: list[torch.Tensor]) -> list[list[list[dict[str, Any]]]]:
-        where = [(row, pos) for row, ids in enumerate(job.rows) for pos, t in enumerate(ids) if t == self.mask_id]
-        at_masks = torch.stack([hidden[row][pos] for row, pos in where])  # (n_masks, d)
-        logits = self.model.lm_head(at_masks).float()  # (n_masks, V)
-        logits[:, self._special] = float("-inf")
-        logp = logits.log_softmax(-1)
-        rescored = self._rescored(job, where)
-        wanted = max(job.top_k, self.rescorer.spec.candidates) if rescored else job.top_k
-        top_logp, top_tokens = logp.topk(min(wanted, logp.size(-1)), dim=-1)
-        ranked = [list(zip(sc, tk)) for sc, tk in zip(top_logp.exp().tolist(), top_tokens.tolist())]
-        if rescored:
-            ranked = self._rerank(job, where, rescored, ranked, top_logp)
-        out: list[list[list[dict[str, Any]]]] = [[] for _ in job.rows]
-        for (row, pos), row_ranked in zip(where, ranked):
-            candidates = []
-            for score, token in row_ranked[:job.top_k]:
-                filled = list(job.rows[row])
-                filled[pos] = token
-                candidates.append({"score": score, "token": token,
-                                   "token_str": self.tokenizer.decode([token]).strip(),
-                                   "sequence": self.tokenizer.decode(filled)})
-            out[row].append(candidates)
-        return out
-
-    def _rescored(self, job: _Job, where: list[tuple[int, int]]) -> list[int]:
-        """Indices into ``where`` of the masks the rescorer re-ranks: each the only mask of its text,
-        the text as sent holding the mask token once."""
-        if self.rescorer is None or job.texts is None:
-            return []
-        per_row = [0] * len(job.rows)
-        for row, _ in where:
-            per_row[row] += 1
-        return [i for i, (row, _) in enumerate(where)
-                if per_row[row] == 1 and job.texts[row].count(self.mask_token) == 1]
-
-    def _rerank(self, job: _Job, where, rescored: list[int], ranked: list[list[tuple[float, int]]],
-                top_logp: torch.Tensor) -> list[list[tuple[float, int]]]:
-        """The rescorer's order and scores for the masks it takes: every candidate ``_fill``
-        drew (the rescorer's number, or ``top_k`` where larger), so the scores still descend."""
-        words = [[self.tokenizer.id_to_token(t) for _, t in ranked[i]] for i in rescored]
-        orders = self.rescorer.rerank([job.texts[where[i][0]] for i in rescored], self.mask_token, words,
-                                      [top_logp[i].tolist() for i in rescored])
-        ranked = list(ranked)
-        for i, order in zip(rescored, orders):
-            ranked[i] = [(score, ranked[i][j][1]) for j, score in order]
-        return ranked
+        """The one pass through the model: every job's answer (``EncoderCore.run``)."""
+        return self.core.run(batch)
 
 
 def _resolve(future: asyncio.Future, setter, value) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -94,6 +95,9 @@ class GenerativeEngine(BaseEngine):
                                    max_batch=settings.speculative_max_batch))
         # One sequence may use the whole pool, no more: the context a request sees is the smaller.
         self.max_len = min(self.max_len, self.core.scheduler.capacity_tokens())
+        # Held around each step: a fill-mask rescorer may share this decoder's model and decode
+        # step from its own thread (model.encoder.rescore), and the native plan is not reentrant.
+        self.step_lock = threading.Lock()
         self._inbox: list[EngineRequest] = []
         self._aborts: set[str] = set()
         self._streams: dict[str, RequestStream] = {}
@@ -319,7 +323,8 @@ class GenerativeEngine(BaseEngine):
                                 ignore_eos=True)
         self.core.add(EngineRequest("warmup", ids, params))
         while self.core.has_work:
-            self.core.step()
+            with self.step_lock:
+                self.core.step()
 
     def _run(self) -> None:
         torch.set_grad_enabled(False)
@@ -341,7 +346,8 @@ class GenerativeEngine(BaseEngine):
             events = self.core.expire(time.monotonic())
             if self.core.has_work:
                 try:
-                    result = self.core.step()
+                    with self.step_lock:
+                        result = self.core.step()
                 except Exception:  # a bug must not hang every client: fail the batch, keep serving
                     log.exception("engine step failed", extra={"model": self.name})
                     events += self.core.fail_all("internal", "internal engine error")

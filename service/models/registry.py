@@ -27,7 +27,7 @@ from typing import Any
 from model import CheckpointError, is_model_dir, load_model
 from model.config import DTYPES
 from model.decode import prepare, prepare_weights
-from model.formats.manifest import ManifestError, is_manifest_dir, locate, read_manifest
+from model.formats.manifest import ManifestError, RescoreSpec, is_manifest_dir, locate, read_manifest
 from service.engines.base import TASKS
 from service.engines.encoder import EncoderEngine
 from service.engines.errors import (
@@ -70,6 +70,16 @@ EXPIRY_TICK_S = 0.25  # how often idle models are checked against their keep-ali
 _LEASES: ContextVar[list[ModelEntry] | None] = ContextVar("tserve_model_leases", default=None)
 
 
+def rescore_spec(path: Path) -> RescoreSpec | None:
+    """The fill-mask rescorer a model's manifest names (``rescore``), read without loading it."""
+    if not is_manifest_dir(path):
+        return None
+    try:
+        return read_manifest(path).rescore
+    except ManifestError:
+        return None
+
+
 def mib(n: int) -> str:
     return f"{n / 2**20:,.1f} MiB"
 
@@ -86,12 +96,14 @@ class ModelEntry:
     loading: asyncio.Task | None = None  # the one load every request for this model waits on
     last_used: float = 0.0  # monotonic: when its last request ended (or it was seen in flight)
     leases: int = 0  # HTTP requests holding it now
+    users: int = 0  # loaded fill-mask models whose rescorer shares this decoder: it stays loaded for them
+    rescorer_source: ModelEntry | None = None  # the served decoder this model's rescorer shares while loaded
     keep_alive: float | None = None  # the last request's keep_alive (seconds, -1 forever); None: the setting
     measured_bytes: int | None = None  # weights + KV caches at its last load
     card: dict[str, Any] | None = None  # its /v1/models entry while it was last loaded
 
     def in_use(self) -> bool:
-        return self.engine is not None and (self.leases > 0 or self.engine.in_flight)
+        return self.engine is not None and (self.leases > 0 or self.users > 0 or self.engine.in_flight)
 
 
 class EngineRegistry:
@@ -211,43 +223,67 @@ class EngineRegistry:
         """Load ``entry`` (the task ``load`` shares). It returns nothing: a task's result outlives
         it in every reference to the task, and an engine kept that way would never be freed."""
         async with self._load_lock:
-            if entry.state == "loaded" and entry.engine is not None:
-                return
-            entry.state, entry.error = "loading", None
-            started = time.perf_counter()
-            try:
-                await self._make_room(entry, entry.measured_bytes or await asyncio.to_thread(self._estimate, entry))
-                engine = await self._build(entry)
-                size = (await asyncio.to_thread(engine.memory))["total_bytes"]
-                entry.measured_bytes = size
-                try:
-                    await self._make_room(entry, size)  # the estimate was low: make room for what it is
-                except MemoryBudgetError:
-                    await engine.stop(0)
-                    del engine
-                    await asyncio.to_thread(release_memory)
-                    raise
-                # what reading, quantizing and packing left behind (a GGUF file's parsed tensors,
-                # float copies the native step let go): ~400 MiB of RSS for SmolLM2 otherwise
-                await asyncio.to_thread(release_memory)
-            except MemoryBudgetError as exc:  # not the model's fault: it stays available
-                entry.state, entry.error = "available", exc.message
-                raise
-            except Exception as exc:
-                entry.state, entry.error = "failed", f"{type(exc).__name__}: {exc}"
-                log.error("loading model %s failed: %s", entry.name, entry.error, extra={"model": entry.name})
-                raise
-            entry.engine, entry.state = engine, "loaded"
-            entry.last_used = time.monotonic()
-            self.engines[entry.name] = engine
-            entry.card = engine.info()
-            seconds = time.perf_counter() - started
-            self.metrics.load_seconds.labels(entry.name).observe(seconds)
-            self._observe_memory(entry)
-            log.info("model loaded", extra={"model": entry.name, "seconds": round(seconds, 2),
-                                            "bytes": size, "loaded": sorted(self.engines)})
+            await self._load_locked(entry)
 
-    async def _build(self, entry: ModelEntry) -> BaseEngine:
+    async def _load_locked(self, entry: ModelEntry) -> None:
+        """``_load`` under the load lock: a fill-mask model's rescorer first (the served decoder
+        it shares, ``_rescorer_entry``), held loaded from here until this model unloads."""
+        if entry.state == "loaded" and entry.engine is not None:
+            return
+        source = self._rescorer_entry(entry)
+        if source is not None and source.engine is None:
+            try:
+                await self._load_locked(source)
+            except Exception as exc:
+                entry.state = "available" if isinstance(exc, MemoryBudgetError) else "failed"
+                entry.error = f"its rescorer '{source.name}' did not load: {exc}"
+                raise
+        if source is not None:
+            source.users += 1  # never evicted to make room for this model, nor while it is loaded
+        try:
+            await self._load_one(entry, source)
+        except BaseException:
+            if source is not None:
+                source.users -= 1
+            raise
+        entry.rescorer_source = source
+
+    async def _load_one(self, entry: ModelEntry, source: ModelEntry | None) -> None:
+        entry.state, entry.error = "loading", None
+        started = time.perf_counter()
+        try:
+            await self._make_room(entry, entry.measured_bytes or await asyncio.to_thread(self._estimate, entry))
+            engine = await self._build(entry, source)
+            size = (await asyncio.to_thread(engine.memory))["total_bytes"]
+            entry.measured_bytes = size
+            try:
+                await self._make_room(entry, size)  # the estimate was low: make room for what it is
+            except MemoryBudgetError:
+                await engine.stop(0)
+                del engine
+                await asyncio.to_thread(release_memory)
+                raise
+            # what reading, quantizing and packing left behind (a GGUF file's parsed tensors,
+            # float copies the native step let go): ~400 MiB of RSS for SmolLM2 otherwise
+            await asyncio.to_thread(release_memory)
+        except MemoryBudgetError as exc:  # not the model's fault: it stays available
+            entry.state, entry.error = "available", exc.message
+            raise
+        except Exception as exc:
+            entry.state, entry.error = "failed", f"{type(exc).__name__}: {exc}"
+            log.error("loading model %s failed: %s", entry.name, entry.error, extra={"model": entry.name})
+            raise
+        entry.engine, entry.state = engine, "loaded"
+        entry.last_used = time.monotonic()
+        self.engines[entry.name] = engine
+        entry.card = engine.info()
+        seconds = time.perf_counter() - started
+        self.metrics.load_seconds.labels(entry.name).observe(seconds)
+        self._observe_memory(entry)
+        log.info("model loaded", extra={"model": entry.name, "seconds": round(seconds, 2),
+                                        "bytes": size, "loaded": sorted(self.engines)})
+
+    async def _build(self, entry: ModelEntry, source: ModelEntry | None = None) -> BaseEngine:
         """Load, prepare and warm up one model; the heavy parts run in worker threads."""
         name, settings = entry.name, self.settings
         ckpt = await asyncio.to_thread(load_model, entry.path, settings.device, DTYPES[settings.dtype])
@@ -262,7 +298,9 @@ class EngineRegistry:
             self.metrics.decode_step.labels(name, engine.decode_step_name).set(1)  # as /v1/models says
         else:
             await asyncio.to_thread(prepare_weights, ckpt.model, options, ckpt.tokenizer)
-            engine = EncoderEngine(name, ckpt, settings, self.metrics)
+            decoder = source.engine if source is not None else None
+            engine = EncoderEngine(name, ckpt, settings, self.metrics,
+                                   decoder if isinstance(decoder, GenerativeEngine) else None)
         engine.source_facts = await asyncio.to_thread(source_facts, entry.path)
         await engine.start()
         return engine
@@ -271,7 +309,21 @@ class EngineRegistry:
         """Bytes a first load will take, before it is measured: the source's tensors at the
         serving dtype (a GGUF file's quantized tensors dequantized). Serving adds KV caches and int8
         copies on top, so the measured size after the load is checked against the budget again."""
-        return source_weight_bytes(entry.path, DTYPES[self.settings.dtype])
+        shared = self._rescorer_entry(entry) is not None  # the decoder's own entry counts its weights
+        return source_weight_bytes(entry.path, DTYPES[self.settings.dtype], rescorer=not shared)
+
+    def _rescorer_entry(self, entry: ModelEntry) -> ModelEntry | None:
+        """The served decoder whose model and decode step ``entry``'s fill-mask rescorer shares:
+        the model at the path its manifest's ``rescore`` names, where this registry serves it
+        (``fill-mask-en`` -> ``gemma3-270m``), TSERVE_FILL_MASK_RESCORE is on and the serving dtype
+        is float32; else None (the rescorer, if any, loads its own copy)."""
+        if not self.settings.fill_mask_rescore or self.settings.dtype != "float32":
+            return None  # a copy of its own loads float32: a decoder served at another dtype would score otherwise
+        spec = rescore_spec(entry.path)
+        if spec is None:
+            return None
+        target = spec.model.resolve()
+        return next((e for e in self.entries.values() if e is not entry and e.path.resolve() == target), None)
 
     async def _make_room(self, entry: ModelEntry, needed: int) -> None:
         """Unload least recently used idle models until ``needed`` more bytes fit the budget."""
@@ -313,11 +365,18 @@ class EngineRegistry:
         async with self._load_lock:
             if entry.engine is None:
                 raise InvalidRequestError(f"model '{printable(name)}' is not loaded (state: {entry.state})", "model")
+            users = sorted(e.name for e in self.entries.values() if e.rescorer_source is entry)
+            if users:
+                raise InvalidRequestError(f"model '{printable(name)}' is the fill-mask rescorer of {users}, which "
+                                          "share its weights; unload those first", "model")
             await self._unload(entry, "request")
 
     async def _unload(self, entry: ModelEntry, reason: str) -> None:
         engine, entry.engine = entry.engine, None
         self.engines.pop(entry.name, None)
+        if entry.rescorer_source is not None:  # the shared decoder may go from now on
+            entry.rescorer_source.users -= 1
+            entry.rescorer_source = None
         entry.state = "available"
         if engine is None:
             return

@@ -113,6 +113,33 @@ def save_bert(directory: Path, seed: int = 0) -> tuple[transformers.BertForMaske
     return model, tokenizer
 
 
+def save_sentence_transformer(directory: Path, pooling: str = "mean", normalize: bool = True,
+                              max_seq_length: int = 16, seed: int = 0) -> Path:
+    """A tiny random BertModel saved as sentence-transformers saves a model."""
+    save_bert(directory, seed)  # vocabulary + tokenizer files
+    for f in ("model.safetensors", "config.json"):
+        (directory / f).unlink()
+    torch.manual_seed(seed)
+    config = transformers.BertConfig(vocab_size=len((directory / "vocab.txt").read_text().splitlines()),
+                                     hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=64, max_position_embeddings=64)
+    model = transformers.BertModel(config).eval()
+    perturb(model)
+    model.save_pretrained(directory)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+    (directory / "modules.json").write_text(json.dumps(modules))
+    (directory / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_seq_length,
+                                                                      "do_lower_case": False}))
+    (directory / "1_Pooling").mkdir()
+    flags = {f"pooling_mode_{m}": m.startswith(pooling) for m in ("cls_token", "mean_tokens", "max_tokens")}
+    flags["pooling_mode_mean_sqrt_len_tokens"] = False
+    (directory / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32, **flags}))
+    return directory
+
+
 def _train_spm(lines: list[str], vocab_size: int) -> bytes:
     out = io.BytesIO()
     sentencepiece.SentencePieceTrainer.train(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import random
 import shutil
 from pathlib import Path
 
@@ -108,7 +109,7 @@ needs_gemma = pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gg
 
 @pytest.fixture(scope="module")
 def rescorer(fill_mask):
-    from model.engine.rescore import FillRescorer
+    from model.encoder.rescore import FillRescorer
 
     return FillRescorer.load(fill_mask.fill_rescore)
 
@@ -206,7 +207,8 @@ def _fake_sources(root: Path, monkeypatch) -> None:
                                        'gets cold today"\n')
     for pos in ("adj", "adv"):
         (wordnet / f"data.{pos}").write_text("")
-    monkeypatch.setattr(fmh, "debian_package", lambda package, cache: Fetched(f"debian:{package}", "1", root / package))
+    monkeypatch.setattr(fmh.data, "debian_package",
+                        lambda package, cache: Fetched(f"debian:{package}", "1", root / package))
 
 
 def test_heldout_files_and_sentences_never_reach_training(tmp_path, monkeypatch):
@@ -249,7 +251,7 @@ def test_built_heldout_set_is_disjoint_from_training():
 def test_training_masks_whole_words_by_berts_rule():
     ids = list(range(1000, 1030))
     word_ids = [None] + [i // 2 for i in range(28)] + [None]  # 14 words of two wordpieces each
-    masked, positions, targets = fmh.mask_for_training(ids, word_ids, fmh.random.Random(0), 103, 0.3, 30522,
+    masked, positions, targets = fmh.mask_for_training(ids, word_ids, random.Random(0), 103, 0.3, 30522,
                                                        keep=0.0, swap=0.0)
     assert len(positions) == 2 * round(0.3 * 14) and targets == [ids[i] for i in positions]
     assert {word_ids[i] for i in positions} == {word_ids[i] for i in range(30) if word_ids[i] is not None
@@ -259,7 +261,7 @@ def test_training_masks_whole_words_by_berts_rule():
     assert all(masked[i] == 103 for i in positions) and all(masked[i] == ids[i] for i in range(30)
                                                            if i not in positions)
     counts = {"mask": 0, "keep": 0, "swap": 0}
-    rng = fmh.random.Random(1)
+    rng = random.Random(1)
     for _ in range(400):
         masked, positions, _ = fmh.mask_for_training(ids, word_ids, rng, 103, 0.3, 30522, keep=0.1, swap=0.1)
         for i in positions:
@@ -269,7 +271,7 @@ def test_training_masks_whole_words_by_berts_rule():
 
 
 def test_epoch_batches_take_every_everyday_sentence_and_some_python_docs():
-    rng = fmh.random.Random(0)
+    rng = random.Random(0)
     rows = [{"ids": [0] * rng.randrange(3, 60), "python": i % 3 == 0} for i in range(3000)]
     batches = fmh.epoch_batches(rows, 0, 1, 16, 0.25)
     flat = [i for b in batches for i in b]
@@ -283,7 +285,7 @@ def test_epoch_batches_take_every_everyday_sentence_and_some_python_docs():
 
 def _tiny_corpus(out: Path) -> None:
     words = "the cat dog sat on a mat and ran to house in garden with red blue ball every day".split()
-    rng = fmh.random.Random(5)
+    rng = random.Random(5)
     rows = [{"doc": "fortunes:x" if i % 4 else "python3.11-doc:y",
              "text": " ".join(rng.choice(words) for _ in range(rng.randrange(5, 12))).capitalize() + "."}
             for i in range(80)]

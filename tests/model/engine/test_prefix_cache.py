@@ -13,8 +13,9 @@ import torch
 
 from model import SamplingParams, load_model
 from model.engine import EngineCore, EngineRequest
+from model.engine.block_pool import BlockPool
 from model.engine.prefix_cache import block_hashes
-from model.nn.kv_cache import BLOCK_LEN, BlockPool
+from model.nn.kv_cache import BLOCK_LEN
 from tests.conftest import tiny_model
 
 B = BLOCK_LEN

@@ -27,6 +27,7 @@ float forward.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -93,11 +94,16 @@ def _scored_spans(seqs: list[list[int]], context: int) -> list[_Scored]:
 class FillRescorer:
     """Re-ranks a masked LM's candidates with a causal LM (module docstring)."""
 
-    def __init__(self, lm: Checkpoint, spec: RescoreSpec, options=None):
+    def __init__(self, lm: Checkpoint, spec: RescoreSpec, options=None, step=None, lock=None):
         """``options``: the decode options of the service (default ``DecodeOptions()``). Under
         the native step the LM scores through its ``prefill_rows``, and ``prepare`` drops the
         float copies that only the Python path reads (``model.decode.native.drop_float_copies``:
-        Gemma 3 270M holds 1.3 GB instead of 2.7 GB) unless ``prefill='model'``."""
+        Gemma 3 270M holds 1.3 GB instead of 2.7 GB) unless ``prefill='model'``.
+
+        ``step``: a decode step already prepared for ``lm.model`` (a served decoder's, shared
+        rather than loaded twice); ``options`` then go unused. ``lock``: held around every pass
+        through the LM, so that another thread stepping the same decode step (the served
+        decoder's engine: the native plan is not reentrant) never runs at the same time."""
         from model.decode import DecodeOptions, prepare
         from model.decode.native import NativeStep
         from model.nn.transformer import DecoderLM
@@ -109,10 +115,13 @@ class FillRescorer:
             raise ValueError(f"{spec.model}: the fill-mask rescorer needs its tokenizer")
         self.lm, self.spec = lm, spec
         self.model = lm.model.eval()
-        step = prepare(self.model, options or DecodeOptions(), lm.tokenizer)
+        self.shared = step is not None
+        if step is None:
+            step = prepare(self.model, options or DecodeOptions(), lm.tokenizer)
         self.native = step if isinstance(step, NativeStep) else None
         self.kv_dtype = step.kv_dtype
         self.bos = lm.config.bos_token_id
+        self._lock = lock if lock is not None else contextlib.nullcontext()
 
     @classmethod
     def load(cls, spec: RescoreSpec, options=None, device: str | torch.device = "cpu") -> FillRescorer:
@@ -130,6 +139,7 @@ class FillRescorer:
     def extra_bytes(self) -> int:
         """Bytes the decode step holds beyond the causal LM's own tensors."""
         return int(getattr(self.native, "extra_bytes", 0) or 0)
+
 
     # --- scoring ---------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -177,7 +187,8 @@ class FillRescorer:
 
     def _logits(self, parts: list[_Scored]) -> torch.Tensor:
         """The logits of each part's rows ``first - 1 .. len(ids) - 1``, parts after each other."""
-        return self._native_logits(parts) if self.native is not None else self._float_logits(parts)
+        with self._lock:
+            return self._native_logits(parts) if self.native is not None else self._float_logits(parts)
 
     def _native_logits(self, parts: list[_Scored]) -> torch.Tensor:
         cache = self.model.new_cache(len(parts), max(len(p.ids) for p in parts) + 1, dtype=self.kv_dtype)

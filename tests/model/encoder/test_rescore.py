@@ -1,4 +1,4 @@
-"""model.engine.rescore: a causal LM re-ranks a masked LM's fill-mask candidates.
+"""model.encoder.rescore: a causal LM re-ranks a masked LM's fill-mask candidates.
 
 The scores are checked against the plainest reference there is: each filled-in text run whole
 through the model's own forward, its token log-probabilities summed."""
@@ -12,8 +12,8 @@ import torch
 
 from model import load_model, save
 from model.decode import DecodeOptions
-from model.engine import rescore
-from model.engine.rescore import LEFT_CONTEXT, FillRescorer, filled
+from model.encoder import rescore
+from model.encoder.rescore import LEFT_CONTEXT, FillRescorer, filled
 from model.formats.manifest import ManifestError, RescoreSpec, read_manifest
 from model.nn.transformer import build_model
 from model.tokenization.tokenizer import train_bpe
@@ -57,6 +57,41 @@ def test_scores_differ_between_candidates_as_the_whole_texts_log_probabilities_d
         for i in range(n):  # the shared beginning cancels: differences are the whole texts'
             assert scores[i] - scores[0] == pytest.approx(want[i] - want[0], abs=2e-3)
     assert len(set(got[0])) == 4  # the candidates really differ
+
+
+@pytest.mark.parametrize("native", ["off", "on"])
+def test_a_shared_step_scores_as_an_own_copy_and_holds_the_lock(lm_dir, native):
+    """A served decoder's model and prepared step, shared: the same scores bit for bit as a
+    rescorer that loads and prepares its own copy, every pass through the LM under the lock."""
+    import threading
+
+    from model.decode import prepare
+
+    options = DecodeOptions(quantize="none", kv_dtype="float32", native=native)
+    own = FillRescorer(load_model(lm_dir), RescoreSpec(lm_dir, 4, 0.5, 64), options)
+    served = load_model(lm_dir)
+    step = prepare(served.model, options, served.tokenizer)
+
+    class CountingLock:
+        def __init__(self):
+            self.lock, self.entered = threading.Lock(), 0
+
+        def __enter__(self):
+            self.lock.acquire()
+            self.entered += 1
+
+        def __exit__(self, *exc):
+            self.lock.release()
+
+    lock = CountingLock()
+    shared = FillRescorer(served, RescoreSpec(lm_dir, 4, 0.5, 64), step=step, lock=lock)
+    assert shared.shared and not own.shared and shared.model is served.model
+    assert (shared.native is step) == (native == "on")
+    text, words = "The quick brown [MASK] jumps over the lazy dog.", [["fox", "cat", "lazy", "whether"]]
+    assert shared.logprobs([GROUP]) == own.logprobs([GROUP])
+    assert shared.rerank([text], "[MASK]", words, [[-0.5, -1.5, -2.5, -3.0]]) == \
+        own.rerank([text], "[MASK]", words, [[-0.5, -1.5, -2.5, -3.0]])
+    assert lock.entered >= 3 and not lock.lock.locked()
 
 
 def test_context_limits_the_scored_tokens_after_the_word(lm_dir):
