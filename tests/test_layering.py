@@ -96,6 +96,25 @@ def test_the_http_edge_imports_only_what_it_is_listed_for(name):
     assert offenders([path], allowed), f"service/http/{name} no longer needs {allowed}: take it off HTTP_EDGE"
 
 
+# The registry (service/models/registry.py) composes its parts: the catalogue of entries, the
+# loader, the memory budget, leases and keep-alive, lookup. Its policies (budget, leases, lookup)
+# decide on plain records, without torch or a checkpoint; and the rest of the service reaches
+# the parts that hold its state only through ``EngineRegistry``.
+REGISTRY_POLICIES = ("budget.py", "leases.py", "lookup.py")
+REGISTRY_INTERNALS = ("service.models.catalogue", "service.models.loading", "service.models.budget",
+                      "service.models.leases")
+
+
+def test_the_registry_policies_need_no_model():
+    models = ROOT / "service" / "models"
+    assert offenders([models / name for name in REGISTRY_POLICIES], ("torch", "model")) == []
+
+
+def test_the_registry_parts_are_reached_through_the_registry():
+    models = ROOT / "service" / "models"
+    outside = [f for f in py_files("service") if models not in f.parents]
+    assert offenders(outside, REGISTRY_INTERNALS) == []
+
 # The placeholder-safe translation sequence is written once, in model/: both of its users
 # import it, and a translate request passes each layer once (route -> service.translation.translate ->
 # model.text.translate -> engine).

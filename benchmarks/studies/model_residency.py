@@ -39,13 +39,13 @@ REQUESTS = {  # family -> (path, body)
 async def _child(args: dict) -> dict:
     import httpx
 
-    import service.models.registry
+    import service.models.loading
     from service.http.app import create_app
     from service.models.memory import rss_bytes
     from service.settings import Settings
 
     if not args["trim"]:
-        service.models.registry.release_memory = lambda: gc.collect() and False  # gc only, no malloc_trim
+        service.models.loading.release_memory = lambda: gc.collect() and False  # gc only, no malloc_trim
     settings = Settings(preload=",".join(args["preload"]) or "none", log_level="warning",
                         memory_budget=args.get("budget"), request_timeout_s=600)
     app = create_app(settings)

@@ -8,7 +8,8 @@ The HTTP layer sees only this interface:
 - ``EncoderEngine.fill_mask(...)`` / ``embed(...)`` (``service.engines.encoder``), batched
   across concurrent requests;
 - what every engine shares (limits, usage, lifecycle): ``BaseEngine`` in ``service.engines.base``.
-``EngineRegistry`` (``service.models.registry``) loads the checkpoints and starts and stops the engines.
+``EngineRegistry`` (``service.models.registry``) loads the checkpoints (its ``ModelLoader``, in
+``service.models.loading``) and starts and stops the engines.
 The worker thread steps the model's engine core (``model.engine.EngineCore``); results cross
 to the event loop with one ``call_soon_threadsafe`` per step.
 """

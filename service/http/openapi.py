@@ -23,7 +23,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from service.engines.generative import MAX_STOP_STRINGS
-from service.models.registry import FAMILY_NAMES
+from service.models.lookup import FAMILY_NAMES
 from service.routes.compat.openapi import drop_ins
 from service.schemas.common import NOT_BLANK
 

@@ -1,4 +1,4 @@
-"""The models: discovery in the weights directory, loading on demand, eviction, lookup.
+"""The models: what is served, loaded on demand, evicted, looked up. ``EngineRegistry`` composes the parts.
 
 Every model ``discover()`` finds is *available*; the registry *loads* one (in a worker thread,
 while the others keep serving) at start-up when ``TSERVE_PRELOAD`` names it, when a request
@@ -8,160 +8,78 @@ has been idle for its keep-alive, or when loading another would pass ``TSERVE_ME
 States: ``available`` -> ``loading`` -> ``loaded`` -> ``available``; a load that fails leaves
 ``failed`` with the reason (the next request tries again).
 
+The parts, each in its own module of ``service.models``:
+
+- ``catalogue``: ``ModelEntry`` (one model's record), ``discover``, ``card`` (/v1/models);
+- ``loading``: ``ModelLoader``, loads and unloads, holds the lock that serialises them;
+- ``budget``: whether a model fits and which one to evict (pure);
+- ``leases``: requests' leases on models, and ``KeepAlive`` (unload after idle);
+- ``lookup``: which loaded model answers a request (family, placeholders, defaults).
+
+Shared state is owned here: ``entries`` (every available model) and ``engines`` (the loaded
+ones) are created once and never rebound; ``start`` fills ``entries``, the loader alone writes
+``engines``. The one lock (``loader.lock``) belongs to the loader; keep-alive and ``unload``
+take it too.
+
 ``start()`` runs in the background of the app's lifespan, so /health answers at once and
 /ready turns true once the preloaded models are loaded and warmed up.
+
+Threads: every method runs on the event loop (the loads' heavy parts go to worker threads
+inside ``ModelLoader``), except ``discover``, which benchmarks and tests also call outside one.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import time
-from collections.abc import Iterator
-from contextvars import ContextVar
-from dataclasses import dataclass
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from model import CheckpointError, is_model_dir, load_model
-from model.config import DTYPES
-from model.decode import prepare, prepare_weights
-from model.formats.manifest import ManifestError, RescoreSpec, is_manifest_dir, locate, read_manifest
+from model import CheckpointError
 from service.engines.base import TASKS
-from service.engines.encoder import EncoderEngine
-from service.engines.errors import (
-    EngineError,
-    EngineStoppedError,
-    InvalidRequestError,
-    MemoryBudgetError,
-    ModelNotFoundError,
-    RequestFailedError,
-)
-from service.engines.generative import BaseEngine, GenerativeEngine
+from service.engines.errors import EngineStoppedError, InvalidRequestError, ModelNotFoundError
+from service.engines.generative import BaseEngine
 from service.metrics import Metrics
-from service.models.facts import source_facts
-from service.models.memory import release_memory, source_weight_bytes
+from service.models import catalogue, leases
+from service.models.catalogue import ModelEntry
+from service.models.leases import KeepAlive
+from service.models.loading import ModelLoader
+from service.models.lookup import FAMILY_NAMES, check_family, is_placeholder, pick_default
 from service.schemas.common import printable
 from service.settings import Settings
 
 log = logging.getLogger("tserve.registry")
 
-# the setting that names each task's default model (``EngineRegistry.default``)
-DEFAULT_SETTINGS = {"text-generation": "default_generation_model", "feature-extraction": "default_embedding_model",
-                    "fill-mask": "default_fill_mask_model", "translation": "default_translation_model"}
-# what drop-in clients send when they have no model to name: TGI's and TEI's own names, test
-# placeholders, an empty string, or the server's URL (huggingface_hub with a base_url)
-PLACEHOLDER_MODELS = {"", "tgi", "tei", "dummy", "default", "unused", "none"}
-
-
-def is_placeholder(name: str | None) -> bool:
-    return name is None or name.strip().lower() in PLACEHOLDER_MODELS or name.startswith(("http://", "https://"))
-
-
-FAMILY_NAMES = {"encoder-decoder": "translation (encoder-decoder)", "decoder": "text generation (decoder)",
-                "encoder": "fill-mask/embedding (encoder)"}
 # What /ready reports per model (the loaded ones keep the word they always had).
 READY_WORDS = {"loaded": "ready", "loading": "loading", "available": "available", "failed": "failed"}
-EXPIRY_TICK_S = 0.25  # how often idle models are checked against their keep-alive
-# The models an HTTP request was handed (``acquire``), released when its response is done
-# (``request_leases``, entered by ``service.http.middleware.ModelLeaseMiddleware``): a model is in use
-# from the lookup to the last byte, grammar compilation and streaming included.
-_LEASES: ContextVar[list[ModelEntry] | None] = ContextVar("tserve_model_leases", default=None)
-
-
-def rescore_spec(path: Path) -> RescoreSpec | None:
-    """The fill-mask rescorer a model's manifest names (``rescore``), read without loading it."""
-    if not is_manifest_dir(path):
-        return None
-    try:
-        return read_manifest(path).rescore
-    except ManifestError:
-        return None
-
-
-def mib(n: int) -> str:
-    return f"{n / 2**20:,.1f} MiB"
-
-
-@dataclass(eq=False)
-class ModelEntry:
-    """One model the registry can serve, loaded or not."""
-
-    name: str
-    path: Path
-    state: str = "available"  # available | loading | loaded | failed
-    error: str | None = None  # why the last load failed
-    engine: BaseEngine | None = None
-    loading: asyncio.Task | None = None  # the one load every request for this model waits on
-    last_used: float = 0.0  # monotonic: when its last request ended (or it was seen in flight)
-    leases: int = 0  # HTTP requests holding it now
-    users: int = 0  # loaded fill-mask models whose rescorer shares this decoder: it stays loaded for them
-    rescorer_source: ModelEntry | None = None  # the served decoder this model's rescorer shares while loaded
-    keep_alive: float | None = None  # the last request's keep_alive (seconds, -1 forever); None: the setting
-    measured_bytes: int | None = None  # weights + KV caches at its last load
-    card: dict[str, Any] | None = None  # its /v1/models entry while it was last loaded
-
-    def in_use(self) -> bool:
-        return self.engine is not None and (self.leases > 0 or self.users > 0 or self.engine.in_flight)
 
 
 class EngineRegistry:
     def __init__(self, settings: Settings, metrics: Metrics):
         self.settings, self.metrics = settings, metrics
-        self.engines: dict[str, BaseEngine] = {}  # the loaded (serving) models
-        self.entries: dict[str, ModelEntry] = {}  # every available model
+        self.engines: dict[str, BaseEngine] = {}  # the loaded (serving) models; written by the loader
+        self.entries: dict[str, ModelEntry] = {}  # every available model; filled by start()
         self.preloaded: list[str] = []
         self.error: str | None = None
         self.started = False
         self.stopping = False
-        self._load_lock = asyncio.Lock()  # one load (and its evictions) at a time
-        self._expiry: asyncio.Task | None = None
+        self.loader = ModelLoader(settings, metrics, self.entries, self.engines, self._preloading)
+        self.keep_alive = KeepAlive(self.entries, settings, self.loader.lock, self.loader.unload)
 
-    # --- what there is ----------------------------------------------------------------------
-    def discover(self) -> list[tuple[str, Path]]:
-        """(name, path) of each model to serve. ``TSERVE_MODELS`` entries are names in the weights
-        directory or paths (a model directory or a ``.gguf`` file); without it, every model
-        directory there, skipping (with a warning) manifests whose weight package is missing."""
-        root = self.settings.weights_dir
-        found = {p.name: p for p in sorted(root.iterdir()) if is_model_dir(p)} if root.is_dir() else {}
-        wanted = self.settings.model_names()
-        if not wanted:
-            found = {name: p for name, p in found.items() if self._installed(p)}
-            if not found:
-                raise CheckpointError(f"no model directories (config.json + model.safetensors, or manifest.json) "
-                                      f"in {root.resolve()}")
-            return list(found.items())
-        chosen, missing = [], []
-        for entry in wanted:
-            path = Path(entry)
-            if entry in found:
-                chosen.append((entry, found[entry]))
-            elif ("/" in entry or entry.endswith(".gguf")) and path.exists():
-                chosen.append((path.name.removesuffix(".gguf"), path))
-            else:
-                missing.append(entry)
-        if missing:
-            raise CheckpointError(f"TSERVE_MODELS names {missing}: neither a model in {root} (found: {sorted(found)}) "
-                                  "nor an existing path")
-        return chosen
-
-    @staticmethod
-    def _installed(path: Path) -> bool:
-        if not is_manifest_dir(path):
-            return True
-        try:
-            locate(read_manifest(path))
-        except ManifestError as exc:
-            log.warning("skipping %s: %s", path.name, exc)
-            return False
-        return True
+    def _preloading(self) -> list[str] | None:
+        """The models start-up is preloading, until it is done (the budget keeps them)."""
+        return None if self.started else self.preloaded
 
     # --- lifecycle ----------------------------------------------------------------------------
+    def discover(self) -> list[tuple[str, Path]]:
+        """(name, path) of each model to serve (``catalogue.discover``)."""
+        return catalogue.discover(self.settings)
+
     async def start(self) -> None:
         """Find the models, load the preloaded ones in order; a failure is ``self.error``."""
         try:
-            self.entries = {name: ModelEntry(name, path) for name, path in self.discover()}
+            self.entries.update((name, ModelEntry(name, path)) for name, path in self.discover())
             wanted = self.settings.preload_names()
             self.preloaded = list(self.entries) if wanted is None else wanted
             unknown = [n for n in self.preloaded if n not in self.entries]
@@ -175,13 +93,11 @@ class EngineRegistry:
             log.error("model loading failed: %s", self.error)
         finally:
             self.started = True
-            if self._expiry is None:
-                self._expiry = asyncio.create_task(self._expire_idle())
+            self.keep_alive.start()
 
     async def stop(self, grace_s: float) -> None:
         self.stopping = True
-        if self._expiry is not None:
-            self._expiry.cancel()
+        self.keep_alive.cancel()
         await asyncio.gather(*(e.stop(grace_s) for e in self.engines.values()))
 
     @property
@@ -195,227 +111,31 @@ class EngineRegistry:
         return {"ready": self.ready, "error": self.error,
                 "models": {name: READY_WORDS[e.state] for name, e in self.entries.items()}}
 
-    # --- loading and unloading ---------------------------------------------------------------
+    # --- loading and unloading (``ModelLoader``) ------------------------------------------------
     async def load(self, name: str) -> BaseEngine:
         """The engine of ``name``, loading it first if needed; concurrent callers share one load.
         A caller that gives up (deadline, client gone) does not cancel it for the others."""
+        return await self.loader.load(self._entry(name))
+
+    async def load_within_deadline(self, name: str) -> BaseEngine:
+        """``load``, waiting at most TSERVE_REQUEST_TIMEOUT_S (504 after; the load goes on). A load
+        that fails for another reason than the budget is a 503 naming the cause."""
         entry = self._entry(name)
-        if entry.state == "loaded" and entry.engine is not None:
-            return entry.engine
-        if entry.loading is None or entry.loading.done():
-            entry.loading = asyncio.create_task(self._load(entry), name=f"load-{name}")
-            entry.loading.add_done_callback(self._loaded)
-        await asyncio.shield(entry.loading)
-        if entry.engine is None:  # unloaded again before this caller resumed (evicted by the next load)
-            raise EngineStoppedError(f"model '{name}' was unloaded again while loading; retry")
-        return entry.engine
-
-    def _loaded(self, task: asyncio.Task) -> None:
-        """The load task is done: forget it (it must not keep anything alive) and retrieve its
-        exception, which its waiters have raised already."""
-        for entry in self.entries.values():
-            if entry.loading is task:
-                entry.loading = None
-        if not task.cancelled():
-            task.exception()
-
-    async def _load(self, entry: ModelEntry) -> None:
-        """Load ``entry`` (the task ``load`` shares). It returns nothing: a task's result outlives
-        it in every reference to the task, and an engine kept that way would never be freed."""
-        async with self._load_lock:
-            await self._load_locked(entry)
-
-    async def _load_locked(self, entry: ModelEntry) -> None:
-        """``_load`` under the load lock: a fill-mask model's rescorer first (the served decoder
-        it shares, ``_rescorer_entry``), held loaded from here until this model unloads."""
-        if entry.state == "loaded" and entry.engine is not None:
-            return
-        source = self._rescorer_entry(entry)
-        if source is not None and source.engine is None:
-            try:
-                await self._load_locked(source)
-            except Exception as exc:
-                entry.state = "available" if isinstance(exc, MemoryBudgetError) else "failed"
-                entry.error = f"its rescorer '{source.name}' did not load: {exc}"
-                raise
-        if source is not None:
-            source.users += 1  # never evicted to make room for this model, nor while it is loaded
-        try:
-            await self._load_one(entry, source)
-        except BaseException:
-            if source is not None:
-                source.users -= 1
-            raise
-        entry.rescorer_source = source
-
-    async def _load_one(self, entry: ModelEntry, source: ModelEntry | None) -> None:
-        entry.state, entry.error = "loading", None
-        started = time.perf_counter()
-        try:
-            await self._make_room(entry, entry.measured_bytes or await asyncio.to_thread(self._estimate, entry))
-            engine = await self._build(entry, source)
-            size = (await asyncio.to_thread(engine.memory))["total_bytes"]
-            entry.measured_bytes = size
-            try:
-                await self._make_room(entry, size)  # the estimate was low: make room for what it is
-            except MemoryBudgetError:
-                await engine.stop(0)
-                del engine
-                await asyncio.to_thread(release_memory)
-                raise
-            # what reading, quantizing and packing left behind (a GGUF file's parsed tensors,
-            # float copies the native step let go): ~400 MiB of RSS for SmolLM2 otherwise
-            await asyncio.to_thread(release_memory)
-        except MemoryBudgetError as exc:  # not the model's fault: it stays available
-            entry.state, entry.error = "available", exc.message
-            raise
-        except Exception as exc:
-            entry.state, entry.error = "failed", f"{type(exc).__name__}: {exc}"
-            log.error("loading model %s failed: %s", entry.name, entry.error, extra={"model": entry.name})
-            raise
-        entry.engine, entry.state = engine, "loaded"
-        entry.last_used = time.monotonic()
-        self.engines[entry.name] = engine
-        entry.card = engine.info()
-        seconds = time.perf_counter() - started
-        self.metrics.load_seconds.labels(entry.name).observe(seconds)
-        self._observe_memory(entry)
-        log.info("model loaded", extra={"model": entry.name, "seconds": round(seconds, 2),
-                                        "bytes": size, "loaded": sorted(self.engines)})
-
-    async def _build(self, entry: ModelEntry, source: ModelEntry | None = None) -> BaseEngine:
-        """Load, prepare and warm up one model; the heavy parts run in worker threads."""
-        name, settings = entry.name, self.settings
-        ckpt = await asyncio.to_thread(load_model, entry.path, settings.device, DTYPES[settings.dtype])
-        options = settings.decode_options()
-        if ckpt.config.has_decoder:
-            # One place chooses the decode step (model.decode.prepare); the engine holds it.
-            step = await asyncio.to_thread(prepare, ckpt.model, options, ckpt.tokenizer)
-            build = getattr(step, "build_seconds", None)
-            log.info("decode step", extra={"model": name, "step": step.name, "kv_dtype": str(step.kv_dtype),
-                                           **({} if build is None else {"build_seconds": round(build, 1)})})
-            engine: BaseEngine = GenerativeEngine(name, ckpt, settings, self.metrics, step)
-            self.metrics.decode_step.labels(name, engine.decode_step_name).set(1)  # as /v1/models says
-        else:
-            await asyncio.to_thread(prepare_weights, ckpt.model, options, ckpt.tokenizer)
-            decoder = source.engine if source is not None else None
-            engine = EncoderEngine(name, ckpt, settings, self.metrics,
-                                   decoder if isinstance(decoder, GenerativeEngine) else None)
-        engine.source_facts = await asyncio.to_thread(source_facts, entry.path)
-        await engine.start()
-        return engine
-
-    def _estimate(self, entry: ModelEntry) -> int:
-        """Bytes a first load will take, before it is measured: the source's tensors at the
-        serving dtype (a GGUF file's quantized tensors dequantized). Serving adds KV caches and int8
-        copies on top, so the measured size after the load is checked against the budget again."""
-        shared = self._rescorer_entry(entry) is not None  # the decoder's own entry counts its weights
-        return source_weight_bytes(entry.path, DTYPES[self.settings.dtype], rescorer=not shared)
-
-    def _rescorer_entry(self, entry: ModelEntry) -> ModelEntry | None:
-        """The served decoder whose model and decode step ``entry``'s fill-mask rescorer shares:
-        the model at the path its manifest's ``rescore`` names, where this registry serves it
-        (``fill-mask-en`` -> ``gemma3-270m``), TSERVE_FILL_MASK_RESCORE is on and the serving dtype
-        is float32; else None (the rescorer, if any, loads its own copy)."""
-        if not self.settings.fill_mask_rescore or self.settings.dtype != "float32":
-            return None  # a copy of its own loads float32: a decoder served at another dtype would score otherwise
-        spec = rescore_spec(entry.path)
-        if spec is None:
-            return None
-        target = spec.model.resolve()
-        return next((e for e in self.entries.values() if e is not entry and e.path.resolve() == target), None)
-
-    async def _make_room(self, entry: ModelEntry, needed: int) -> None:
-        """Unload least recently used idle models until ``needed`` more bytes fit the budget."""
-        budget = self.settings.memory_budget
-        if budget is None:
-            return
-        if needed > budget:
-            raise MemoryBudgetError(f"model '{entry.name}' needs {mib(needed)} (weights + KV caches), more than "
-                                    f"TSERVE_MEMORY_BUDGET ({mib(budget)}) allows even with every other model "
-                                    "unloaded")
-        while True:
-            others = [e for e in self.entries.values() if e is not entry and e.engine is not None]
-            used = sum(e.engine.memory()["total_bytes"] for e in others)
-            if used + needed <= budget:
-                return
-            # While preloading, the preloaded models must all fit: evicting one for the next
-            # would leave start-up "ready" with models the operator wanted warm already gone.
-            idle = sorted((e for e in others if not e.in_use() and (self.started or e.name not in self.preloaded)),
-                          key=lambda e: e.last_used)
-            if not idle and not self.started:
-                raise MemoryBudgetError(
-                    f"the preloaded models need more than TSERVE_MEMORY_BUDGET ({mib(budget)}): {mib(used)} loaded "
-                    f"({', '.join(e.name for e in others)}) and '{entry.name}' needs {mib(needed)}; preload fewer "
-                    "(TSERVE_PRELOAD) or raise the budget")
-            if not idle:
-                raise MemoryBudgetError(
-                    f"model '{entry.name}' needs {mib(needed)} but TSERVE_MEMORY_BUDGET is {mib(budget)} and "
-                    f"{mib(used)} is held by models with requests in flight ({', '.join(e.name for e in others)}), "
-                    "which are never unloaded; retry when they are idle")
-            victim = idle[0]
-            log.info("evicting model", extra={"model": victim.name, "for": entry.name, "budget": budget,
-                                              "used": used, "needed": needed})
-            self.metrics.evictions.labels(victim.name).inc()
-            await self._unload(victim, "budget")
+        if self.stopping:
+            raise EngineStoppedError("the server is shutting down")
+        return await self.loader.load_within_deadline(entry)
 
     async def unload(self, name: str) -> None:
         """Unload ``name`` now (``POST /models/unload``); in-flight requests get the shutdown grace."""
         entry = self._entry(name)
-        async with self._load_lock:
+        async with self.loader.lock:
             if entry.engine is None:
                 raise InvalidRequestError(f"model '{printable(name)}' is not loaded (state: {entry.state})", "model")
             users = sorted(e.name for e in self.entries.values() if e.rescorer_source is entry)
             if users:
                 raise InvalidRequestError(f"model '{printable(name)}' is the fill-mask rescorer of {users}, which "
                                           "share its weights; unload those first", "model")
-            await self._unload(entry, "request")
-
-    async def _unload(self, entry: ModelEntry, reason: str) -> None:
-        engine, entry.engine = entry.engine, None
-        self.engines.pop(entry.name, None)
-        if entry.rescorer_source is not None:  # the shared decoder may go from now on
-            entry.rescorer_source.users -= 1
-            entry.rescorer_source = None
-        entry.state = "available"
-        if engine is None:
-            return
-        grace = self.settings.shutdown_grace_s if reason == "request" else 0.0
-        await engine.stop(grace)
-        del engine  # the last reference outside the routes still finishing with it
-        await asyncio.to_thread(release_memory)
-        self.metrics.unloads.labels(entry.name, reason).inc()
-        self._observe_memory(entry)
-        log.info("model unloaded", extra={"model": entry.name, "reason": reason, "loaded": sorted(self.engines)})
-
-    async def _expire_idle(self) -> None:
-        """Unload models idle past their keep-alive (the last request's ``keep_alive``, else
-        ``TSERVE_KEEP_ALIVE``); the idle time counts from the last request in flight."""
-        while True:
-            await asyncio.sleep(EXPIRY_TICK_S)
-            try:
-                await self._expire_once(time.monotonic())
-            except Exception:  # a bug here must not end expiry for good
-                log.exception("keep-alive check failed")
-
-    async def _expire_once(self, now: float) -> None:
-        for entry in list(self.entries.values()):
-            if entry.engine is None:
-                continue
-            if entry.engine.in_flight:
-                entry.last_used = now
-                continue
-            keep = self.settings.keep_alive if entry.keep_alive is None else entry.keep_alive
-            if keep >= 0 and now - entry.last_used >= keep and not entry.in_use():
-                async with self._load_lock:
-                    if entry.engine is not None and not entry.in_use():
-                        await self._unload(entry, "keep_alive")
-
-    def _observe_memory(self, entry: ModelEntry) -> None:
-        memory = entry.engine.memory() if entry.engine is not None else {"weights_bytes": 0, "kv_cache_bytes": 0}
-        self.metrics.model_loaded.labels(entry.name).set(1 if entry.engine is not None else 0)
-        self.metrics.model_memory.labels(entry.name, "weights").set(memory["weights_bytes"])
-        self.metrics.model_memory.labels(entry.name, "kv_cache").set(memory["kv_cache_bytes"])
+            await self.loader.unload(entry, "request")
 
     # --- lookup --------------------------------------------------------------------------------
     def _entry(self, name: str) -> ModelEntry:
@@ -435,75 +155,30 @@ class EngineRegistry:
         entry = self.entries.get(name) if name is not None else None
         if entry is not None and entry.engine is None and not self.stopping:
             if entry.card is not None:  # loaded before: its family is known without loading it
-                self.check_family(name, entry.card["family"], family, endpoint)
+                check_family(name, entry.card["family"], family, endpoint)
             await self.load_within_deadline(name)
         engine = self.get(name, family, endpoint, task, only_one)
         self.entries[engine.name].keep_alive = keep_alive
         return engine
 
-    @contextlib.contextmanager
-    def request_leases(self) -> Iterator[None]:
-        """The scope of one HTTP request: the models it is handed stay in use until it ends."""
-        token = _LEASES.set([])
-        try:
-            yield
-        finally:
-            held = _LEASES.get() or []
-            _LEASES.reset(token)
-            now = time.monotonic()
-            for entry in held:
-                entry.leases -= 1
-                entry.last_used = now
-
-    async def load_within_deadline(self, name: str) -> BaseEngine:
-        """``load``, waiting at most TSERVE_REQUEST_TIMEOUT_S (504 after; the load goes on). A load
-        that fails for another reason than the budget is a 503 naming the cause."""
-        self._entry(name)
-        if self.stopping:
-            raise EngineStoppedError("the server is shutting down")
-        timeout = self.settings.request_timeout_s
-        try:
-            return await asyncio.wait_for(self.load(name), timeout)
-        except asyncio.TimeoutError:  # noqa: UP041 - not the builtin before Python 3.11
-            raise RequestFailedError("timeout", f"model '{name}' did not load within {timeout:g} s "
-                                     "(TSERVE_REQUEST_TIMEOUT_S); it goes on loading") from None
-        except EngineError:
-            raise
-        except Exception as exc:
-            raise EngineStoppedError(f"model '{name}' failed to load: {type(exc).__name__}: {exc}") from None
-
-    @staticmethod
-    def check_family(name: str, actual: str, family: str, endpoint: str) -> None:
-        if actual != family:
-            raise InvalidRequestError(f"model '{name}' is a {FAMILY_NAMES[actual]} model; {endpoint} "
-                                      f"needs a {FAMILY_NAMES[family]} model", "model")
+    def request_leases(self) -> AbstractContextManager[None]:
+        """The scope of one HTTP request (a context manager): the models it is handed stay in use
+        until it ends (``leases.request_leases``)."""
+        return leases.request_leases()
 
     def default(self, task: str) -> BaseEngine | None:
         """The model a drop-in request of ``task`` (``TASKS``' values, or ``feature-extraction``)
-        without a model goes to: ``TSERVE_DEFAULT_<TASK>_MODEL`` when set, else for text generation
-        the first model with a chat template (then any), else the first of the task."""
+        without a model goes to (``lookup.pick_default``); None when no model of it is loaded."""
         candidates = [e for e in self.engines.values() if e.task == task]
-        return self._default(candidates, task) if candidates else None
-
-    def _default(self, candidates: list[BaseEngine], task: str) -> BaseEngine:
-        setting = DEFAULT_SETTINGS.get(task)
-        wanted = getattr(self.settings, setting) if setting else ""
-        if wanted:
-            found = next((e for e in candidates if e.name == wanted), None)
-            if found is None:
-                raise InvalidRequestError(f"TSERVE_{setting.upper()} names '{wanted}', which is not a loaded {task} "
-                                          f"model (loaded: {sorted(e.name for e in candidates)})", "model")
-            return found
-        if task == "text-generation":
-            return next((e for e in candidates if getattr(e, "chat", None) is not None), candidates[0])
-        return candidates[0]
+        return pick_default(candidates, task, self.settings) if candidates else None
 
     def get(self, name: str | None, family: str, endpoint: str, task: str | None = None,
             only_one: bool = False) -> BaseEngine:
         """The loaded engine for ``name``; without a name, the first loaded model of ``family`` (of
         ``task`` where models of other tasks could answer too). With ``only_one`` (the drop-in APIs,
         whose clients send no model or a placeholder such as ``"tgi"``) the task's default model
-        answers (``default``), and a placeholder counts as no name."""
+        answers (``default``), and a placeholder counts as no name. The model is leased to the
+        current request."""
         if only_one and is_placeholder(name):
             name = None
         if name is None:
@@ -514,7 +189,7 @@ class EngineRegistry:
                 if not self.started:
                     raise EngineStoppedError("models are still loading")
                 raise ModelNotFoundError(f"no {FAMILY_NAMES[family]} model is loaded", "model")
-            engine = self._default(candidates, task or TASKS[family]) if only_one else candidates[0]
+            engine = pick_default(candidates, task or TASKS[family], self.settings) if only_one else candidates[0]
         else:
             engine = self.engines.get(name)
             if engine is None:
@@ -526,35 +201,15 @@ class EngineRegistry:
                     raise EngineStoppedError("models are still loading")
                 raise ModelNotFoundError(f"model '{printable(name)}' not found; available: {sorted(self.entries)}",
                                          "model")
-            self.check_family(name, engine.family, family, endpoint)
+            check_family(name, engine.family, family, endpoint)
         if not engine.ready:
             raise EngineStoppedError(f"model '{engine.name}' is not ready")
-        self._lease(engine.name)
+        leases.lease(self.entries[engine.name])
         return engine
 
-    def _lease(self, name: str) -> None:
-        """``name`` is in use until the current HTTP request ends (outside one: just touched)."""
-        entry = self.entries[name]
-        entry.last_used = time.monotonic()
-        held = _LEASES.get()
-        if held is not None:
-            entry.leases += 1
-            held.append(entry)
-
-    # --- what /v1/models shows ----------------------------------------------------------------
+    # --- what /v1/models shows (``catalogue.card``) ---------------------------------------------
     def cards(self) -> list[dict[str, Any]]:
         return [self.card(name) for name in self.entries]
 
     def card(self, name: str) -> dict[str, Any]:
-        """One model's /v1/models entry: what it is (its last load's facts, once loaded) and where
-        it stands (state, why it failed, the memory it holds now)."""
-        entry = self._entry(name)
-        if entry.engine is not None:
-            card = entry.engine.info()
-        else:
-            created = int(entry.path.stat().st_mtime) if entry.path.exists() else 0
-            card = {**(entry.card or {"id": name, "object": "model", "created": created,
-                                      "owned_by": "transformer-serve"}),
-                    "memory": {"weights_bytes": 0, "kv_cache_bytes": 0, "total_bytes": 0}}
-        keep = self.settings.keep_alive if entry.keep_alive is None else entry.keep_alive
-        return {**card, "state": entry.state, "state_reason": entry.error, "keep_alive": keep}
+        return catalogue.card(self._entry(name), self.settings.keep_alive)

@@ -14,7 +14,7 @@ import weakref
 import httpx
 import pytest
 
-import service.models.registry as registry_module
+import service.models.loading as loading_module
 from service.http.app import create_app
 from tests.service.conftest import settings_for, wait_ready
 
@@ -83,7 +83,7 @@ async def test_models_lists_available_and_loaded_with_their_facts(weights_dir):
 async def test_a_request_loads_its_model_once_while_the_others_serve(weights_dir, monkeypatch):
     """Three concurrent requests for an unloaded model share one load; the load runs in a worker
     thread, so a loaded model answers meanwhile (the load is made slow to see it)."""
-    real_load = registry_module.load_model
+    real_load = loading_module.load_model
     loading = threading.Event()
 
     def slow_load(*args, **kwargs):
@@ -94,7 +94,7 @@ async def test_a_request_loads_its_model_once_while_the_others_serve(weights_dir
     app = create_app(settings_for(weights_dir, preload="generate-tiny"))
     async with app.router.lifespan_context(app), asgi_client(app) as c:
         await wait_ready(c)
-        monkeypatch.setattr(registry_module, "load_model", slow_load)
+        monkeypatch.setattr(loading_module, "load_model", slow_load)
         started = time.monotonic()
         fills = [asyncio.create_task(request(c, "fill-mask-tiny")) for _ in range(3)]
         while not loading.is_set():
@@ -266,10 +266,9 @@ async def test_an_unloaded_model_is_freed(weights_dir):
 async def test_a_load_hands_back_what_it_freed(weights_dir, monkeypatch):
     """After each load the heap its temporaries left is returned (gc + malloc_trim), once the
     model is measured and before it is marked loaded."""
-    from service.models import registry as registry_module
     calls = []
-    real = registry_module.release_memory
-    monkeypatch.setattr(registry_module, "release_memory", lambda: calls.append(sorted(app.state.registry.engines))
+    real = loading_module.release_memory
+    monkeypatch.setattr(loading_module, "release_memory", lambda: calls.append(sorted(app.state.registry.engines))
                         or real())
     app = create_app(settings_for(weights_dir, preload="generate-tiny,fill-mask-tiny"))
     async with app.router.lifespan_context(app), asgi_client(app) as c:

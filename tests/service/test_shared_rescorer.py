@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-import service.models.registry as registry_module
+import service.models.loading as registry_module
 from model import load_model
 from model.config import DTYPES
 from model.decode import prepare_weights
@@ -43,7 +43,7 @@ async def test_the_rescorer_shares_the_served_decoder_while_loaded(weights_dir, 
     await own.start()
     try:
         fill_entry, decoder_entry = registry.entries["fill-mask-tiny"], registry.entries["generate-tiny"]
-        assert registry._estimate(fill_entry) == source_weight_bytes(fill_entry.path, DTYPES["float32"],
+        assert registry.loader._estimate(fill_entry) == source_weight_bytes(fill_entry.path, DTYPES["float32"],
                                                                      rescorer=False)
         fill = await registry.load("fill-mask-tiny")
         decoder = registry.engines["generate-tiny"]  # loaded first, for the rescorer
@@ -59,7 +59,7 @@ async def test_the_rescorer_shares_the_served_decoder_while_loaded(weights_dir, 
 
         with pytest.raises(InvalidRequestError, match=r"fill-mask rescorer of \['fill-mask-tiny'\]"):
             await registry.unload("generate-tiny")
-        await registry._make_room(fill_entry, 0)  # nothing to evict, and the decoder is never idle for it
+        await registry.loader.make_room(fill_entry, 0)  # nothing to evict, and the decoder is never idle for it
         assert decoder_entry.engine is decoder
         await registry.unload("fill-mask-tiny")
         assert decoder_entry.users == 0 and not decoder_entry.in_use()
@@ -77,21 +77,21 @@ async def test_without_the_decoder_served_nothing_is_shared(weights_dir, monkeyp
     await registry.start()
     try:
         entry = registry.entries["fill-mask-tiny"]
-        assert registry._rescorer_entry(entry) is None
-        assert registry._estimate(entry) == source_weight_bytes(entry.path, DTYPES["float32"], rescorer=True)
+        assert registry.loader.rescorer_entry(entry) is None
+        assert registry.loader._estimate(entry) == source_weight_bytes(entry.path, DTYPES["float32"], rescorer=True)
     finally:
         await registry.stop(1.0)
     off = EngineRegistry(settings_for(weights_dir, models="fill-mask-tiny,generate-tiny", preload="none",
                                       fill_mask_rescore=False), Metrics())
     await off.start()
     try:  # rescoring switched off: nothing shared, nothing held
-        assert off._rescorer_entry(off.entries["fill-mask-tiny"]) is None
+        assert off.loader.rescorer_entry(off.entries["fill-mask-tiny"]) is None
     finally:
         await off.stop(1.0)
     half = EngineRegistry(settings_for(weights_dir, models="fill-mask-tiny,generate-tiny", preload="none",
                                        dtype="bfloat16"), Metrics())
     await half.start()
     try:  # a bfloat16 decoder would score otherwise than the float32 copy the rescorer loads
-        assert half._rescorer_entry(half.entries["fill-mask-tiny"]) is None
+        assert half.loader.rescorer_entry(half.entries["fill-mask-tiny"]) is None
     finally:
         await half.stop(1.0)

@@ -1,0 +1,120 @@
+"""What there is to serve: each model as a ``ModelEntry``, found by ``discover``, shown by ``card``.
+
+A ``ModelEntry`` is the registry's record of one model, loaded or not. The registry
+(``service.models.registry``) creates one per discovered model at start-up and keeps them in its
+``entries`` dict; the other parts (loading, budget, leases) read and update the entries it hands
+them. Entries are only ever touched on the event loop: the worker threads a load uses get paths
+and engines, never an entry to write.
+
+Threads: ``discover`` reads the weights directory synchronously; the registry calls it on the
+event loop at start-up (once, before any model is loaded), benchmarks and tests call it outside
+any loop. ``card`` runs on the event loop (``GET /v1/models``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from model import CheckpointError, is_model_dir
+from model.formats.manifest import ManifestError, RescoreSpec, is_manifest_dir, locate, read_manifest
+from service.engines.generative import BaseEngine
+from service.settings import Settings
+
+log = logging.getLogger("tserve.registry")
+
+NO_MEMORY = {"weights_bytes": 0, "kv_cache_bytes": 0, "total_bytes": 0}
+
+
+@dataclass(eq=False)
+class ModelEntry:
+    """One model the registry can serve, loaded or not."""
+
+    name: str
+    path: Path
+    state: str = "available"  # available | loading | loaded | failed
+    error: str | None = None  # why the last load failed
+    engine: BaseEngine | None = None
+    loading: asyncio.Task | None = None  # the one load every request for this model waits on
+    last_used: float = 0.0  # monotonic: when its last request ended (or it was seen in flight)
+    leases: int = 0  # HTTP requests holding it now
+    users: int = 0  # loaded fill-mask models whose rescorer shares this decoder: it stays loaded for them
+    rescorer_source: ModelEntry | None = None  # the served decoder this model's rescorer shares while loaded
+    keep_alive: float | None = None  # the last request's keep_alive (seconds, -1 forever); None: the setting
+    measured_bytes: int | None = None  # weights + KV caches at its last load
+    card: dict[str, Any] | None = None  # its /v1/models entry while it was last loaded
+
+    def in_use(self) -> bool:
+        return self.engine is not None and (self.leases > 0 or self.users > 0 or self.engine.in_flight)
+
+    def keep_alive_s(self, default: float) -> float:
+        """How long it stays loaded once idle: its last request's ``keep_alive``, else ``default``
+        (``TSERVE_KEEP_ALIVE``); -1 is forever."""
+        return default if self.keep_alive is None else self.keep_alive
+
+
+def discover(settings: Settings) -> list[tuple[str, Path]]:
+    """(name, path) of each model to serve. ``TSERVE_MODELS`` entries are names in the weights
+    directory or paths (a model directory or a ``.gguf`` file); without it, every model
+    directory there, skipping (with a warning) manifests whose weight package is missing."""
+    root = settings.weights_dir
+    found = {p.name: p for p in sorted(root.iterdir()) if is_model_dir(p)} if root.is_dir() else {}
+    wanted = settings.model_names()
+    if not wanted:
+        found = {name: p for name, p in found.items() if _installed(p)}
+        if not found:
+            raise CheckpointError(f"no model directories (config.json + model.safetensors, or manifest.json) "
+                                  f"in {root.resolve()}")
+        return list(found.items())
+    chosen, missing = [], []
+    for entry in wanted:
+        path = Path(entry)
+        if entry in found:
+            chosen.append((entry, found[entry]))
+        elif ("/" in entry or entry.endswith(".gguf")) and path.exists():
+            chosen.append((path.name.removesuffix(".gguf"), path))
+        else:
+            missing.append(entry)
+    if missing:
+        raise CheckpointError(f"TSERVE_MODELS names {missing}: neither a model in {root} (found: {sorted(found)}) "
+                              "nor an existing path")
+    return chosen
+
+
+def _installed(path: Path) -> bool:
+    """False (with a warning) for a manifest whose weight package is not installed."""
+    if not is_manifest_dir(path):
+        return True
+    try:
+        locate(read_manifest(path))
+    except ManifestError as exc:
+        log.warning("skipping %s: %s", path.name, exc)
+        return False
+    return True
+
+
+def card(entry: ModelEntry, default_keep_alive: float) -> dict[str, Any]:
+    """One model's /v1/models entry: what it is (its last load's facts, once loaded) and where
+    it stands (state, why it failed, the memory it holds now)."""
+    if entry.engine is not None:
+        shown = entry.engine.info()
+    else:
+        created = int(entry.path.stat().st_mtime) if entry.path.exists() else 0
+        shown = {**(entry.card or {"id": entry.name, "object": "model", "created": created,
+                                   "owned_by": "transformer-serve"}),
+                 "memory": dict(NO_MEMORY)}
+    return {**shown, "state": entry.state, "state_reason": entry.error,
+            "keep_alive": entry.keep_alive_s(default_keep_alive)}
+
+
+def rescore_spec(path: Path) -> RescoreSpec | None:
+    """The fill-mask rescorer a model's manifest names (``rescore``), read without loading it."""
+    if not is_manifest_dir(path):
+        return None
+    try:
+        return read_manifest(path).rescore
+    except ManifestError:
+        return None
