@@ -135,10 +135,11 @@ class EngineCore:
                 "query_tokens": self.prefix.query_tokens}
 
     def add(self, req: EngineRequest) -> None:
-        """Queue a request; a grammar not yet compiled is compiled here (offline use: the
-        service compiles off the engine thread, with a deadline, and passes ``req.grammar``)."""
-        if req.params.grammar is not None and req.grammar is None:
-            req.grammar = self.grammars.compile(req.params.grammar)
+        """Queue a request. Its grammar, if any, comes compiled (``self.grammars``): compiling
+        is never done here, on the thread that steps every other request."""
+        if req.grammar is not None and req.params.beam_size > 1:
+            raise ValueError("beam search cannot follow a grammar: constrained decoding needs beam_size 1, "
+                             f"got beam_size {req.params.beam_size}")
         self.scheduler.add(req)
 
     def abort(self, request_id: str) -> bool:

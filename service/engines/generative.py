@@ -16,6 +16,7 @@ to the event loop with one ``call_soon_threadsafe`` per step.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -184,8 +185,6 @@ class GenerativeEngine(BaseEngine):
             return self.submit_all(items, group_field, limit_field)
         self._check_accepting()
         grammar = await self.compile_grammar(spec, spec_field)
-        for _, params, _ in items:
-            params.grammar = spec
         return self.submit_all(items, group_field, limit_field, grammar=grammar)
 
     def speculative(self) -> dict[str, Any] | None:
@@ -276,8 +275,7 @@ class GenerativeEngine(BaseEngine):
         self._check_accepting()
         for ids, params, field in items:
             self.validate(ids, params, field, limit_field)
-            if self.ckpt.stop_token_ids and not params.ignore_eos:  # e.g. <|eot_id|> besides <|end_of_text|>
-                params.stop_token_ids = sorted({*params.stop_token_ids, *self.ckpt.stop_token_ids})
+        items = [(ids, self._with_stop_tokens(params), field) for ids, params, field in items]
         capacity = self.settings.max_queue + self.settings.max_batch
         if len(items) > capacity:
             raise InvalidRequestError(
@@ -301,6 +299,14 @@ class GenerativeEngine(BaseEngine):
             self._inbox.extend(reqs)
             self._cv.notify()
         return streams
+
+    def _with_stop_tokens(self, params: SamplingParams) -> SamplingParams:
+        """The params with the checkpoint's extra stop tokens (e.g. <|eot_id|> besides
+        <|end_of_text|>): a copy, the caller's params stay as they were."""
+        extra = set(self.ckpt.stop_token_ids) - set(params.stop_token_ids)
+        if not extra or params.ignore_eos:
+            return params
+        return dataclasses.replace(params, stop_token_ids=sorted({*params.stop_token_ids, *extra}))
 
     def abort(self, request_id: str) -> None:
         with self._cv:
