@@ -92,7 +92,8 @@ class GenerativeEngine(BaseEngine):
                                settings.max_prefill_tokens, settings.prefix_cache and not self.encdec, step=step,
                                kv_cache_bytes=settings.kv_cache_bytes, speculative=SpeculativeConfig(
                                    settings.speculative, settings.speculative_tokens,
-                                   max_batch=settings.speculative_max_batch))
+                                   max_batch=settings.speculative_max_batch),
+                               grammar_cache_size=settings.grammar_cache_size)
         # One sequence may use the whole pool, no more: the context a request sees is the smaller.
         self.max_len = min(self.max_len, self.core.scheduler.capacity_tokens())
         self._inbox: list[EngineRequest] = []
@@ -159,7 +160,6 @@ class GenerativeEngine(BaseEngine):
             raise InvalidRequestError(f"model '{self.name}' cannot follow a grammar (decoder models with an "
                                       "end-of-sequence token only)", field)
         compiler = self.core.grammars
-        compiler.cache_size = self.settings.grammar_cache_size
         timeout = self.settings.grammar_timeout_s
         start = time.perf_counter()
         future = asyncio.get_running_loop().run_in_executor(self._grammar_pool, compiler.lookup, spec)
