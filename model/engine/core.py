@@ -14,13 +14,14 @@ retires finished sequences. Synchronous and single-threaded by design: the servi
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
 
 from model.decode.step import DecodeStep, PythonStep
 from model.engine.families import prompts_for
-from model.engine.grammar import GrammarCompiler
+from model.engine.grammar import DEFAULT_CACHE_SIZE, GrammarCompiler
 from model.engine.prefix_cache import PrefixCache
 from model.engine.requests import BeamDecoding, EngineEvent, EngineRequest
 from model.engine.runner import ModelRunner, StepOutput
@@ -49,12 +50,13 @@ class EngineCore:
     def __init__(self, model: DecoderLM | EncoderDecoder, tokenizer: Tokenizer | None, n_slots: int, max_len: int,
                  max_src_len: int = 0, max_prefill_tokens: int = 2048, prefix_cache: bool = False,
                  step: DecodeStep | None = None, kv_cache_bytes: int = 0,
-                 speculative: SpeculativeConfig | None = None):
+                 speculative: SpeculativeConfig | None = None, grammar_cache_size: int = DEFAULT_CACHE_SIZE):
         """``n_slots``: the most sequences in flight (rows); ``max_len``: one sequence's context;
         ``kv_cache_bytes``: the block pool's size, at most every row at ``max_len`` (0: exactly
         that, nothing waits for memory). ``prefix_cache``: share cached prompt blocks (decoder-only). ``step``: the
         decode step (``model.decode.prepare``); default the model's own Python step, float, SDPA.
-        ``speculative``: draft tokens by prompt lookup (model.engine.speculative); default none."""
+        ``speculative``: draft tokens by prompt lookup (model.engine.speculative); default none.
+        ``grammar_cache_size``: compiled grammars kept (LRU), fixed for the core's life."""
         self.model, self.tokenizer = model, tokenizer
         self.decode_step: DecodeStep = step or PythonStep(model)
         self.n_slots, self.max_len, self.max_src_len = n_slots, max_len, max_src_len
@@ -74,15 +76,21 @@ class EngineCore:
                                    cfg.sliding_window if every_layer_windowed else 0, speculative)
         self.drafted_tokens = self.accepted_tokens = 0  # speculative decoding, since start
         self._grammars: GrammarCompiler | None = None
+        self._grammar_cache_size = grammar_cache_size
+        self._grammars_lock = threading.Lock()
 
     @property
     def grammars(self) -> GrammarCompiler:
-        """Compiles this model's grammars (thread-safe: the service calls it off the engine thread)."""
-        if self._grammars is None:
-            if self.tokenizer is None:
-                raise ValueError("constrained decoding needs the model's tokenizer")
-            self._grammars = GrammarCompiler(self.tokenizer, self.model.cfg.vocab_size, self.model.cfg.eos_token_id)
-        return self._grammars
+        """Compiles this model's grammars; made on first use, once (the service's compile
+        threads may ask at the same time), with the cache size the core was given."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                if self.tokenizer is None:
+                    raise ValueError("constrained decoding needs the model's tokenizer")
+                cfg = self.model.cfg
+                self._grammars = GrammarCompiler(self.tokenizer, cfg.vocab_size, cfg.eos_token_id,
+                                                 self._grammar_cache_size)
+            return self._grammars
 
     @staticmethod
     def pool_blocks(model: DecoderLM | EncoderDecoder, budget_bytes: int, dtype) -> int:
@@ -135,10 +143,11 @@ class EngineCore:
                 "query_tokens": self.prefix.query_tokens}
 
     def add(self, req: EngineRequest) -> None:
-        """Queue a request; a grammar not yet compiled is compiled here (offline use: the
-        service compiles off the engine thread, with a deadline, and passes ``req.grammar``)."""
-        if req.params.grammar is not None and req.grammar is None:
-            req.grammar = self.grammars.compile(req.params.grammar)
+        """Queue a request. Its grammar, if any, comes compiled (``self.grammars``): compiling
+        is never done here, on the thread that steps every other request."""
+        if req.grammar is not None and req.params.beam_size > 1:
+            raise ValueError("beam search cannot follow a grammar: constrained decoding needs beam_size 1, "
+                             f"got beam_size {req.params.beam_size}")
         self.scheduler.add(req)
 
     def abort(self, request_id: str) -> bool:

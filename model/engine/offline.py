@@ -14,6 +14,7 @@ import torch
 from model.decode.step import DecodeOptions, DecodeStep, prepare
 from model.engine.core import EngineCore
 from model.engine.generation import FINISH_LENGTH, GenerationResult
+from model.engine.grammar import GrammarSpec
 from model.engine.requests import EngineEvent, EngineRequest
 from model.engine.sampling import SamplingParams
 from model.engine.speculative import SpeculativeConfig
@@ -21,10 +22,13 @@ from model.nn.transformer import DecoderLM, EncoderDecoder
 from model.tokenization.tokenizer import Tokenizer
 
 
-def _run(core: EngineCore, prompts: Sequence[Sequence[int]], params: list[SamplingParams]) -> list[list[EngineEvent]]:
+def _run(core: EngineCore, prompts: Sequence[Sequence[int]], params: list[SamplingParams],
+         grammars: Sequence[GrammarSpec | None] = ()) -> list[list[EngineEvent]]:
     events: dict[str, list[EngineEvent]] = {str(i): [] for i in range(len(prompts))}
-    for i, (prompt, p) in enumerate(zip(prompts, params)):
-        core.add(EngineRequest(str(i), list(prompt), p))
+    # every grammar compiled before any request is queued: a bad one fails the call, not a row
+    compiled = [None if g is None else core.grammars.compile(g) for g in grammars] or [None] * len(prompts)
+    for i, (prompt, p, grammar) in enumerate(zip(prompts, params, compiled)):
+        core.add(EngineRequest(str(i), list(prompt), p, grammar=grammar))
     while core.has_work:
         for event in core.step().events:
             events[event.request_id].append(event)
@@ -67,19 +71,23 @@ def generate(
     step: DecodeStep | None = None,
     options: DecodeOptions | None = None,
     speculative: SpeculativeConfig | None = None,
+    grammar: GrammarSpec | Sequence[GrammarSpec | None] | None = None,
 ) -> list[GenerationResult]:
     """Greedy or sampled generation for a batch of prompts (sources, for the encoder-decoder).
 
     Finished sequences leave the batch; the rest keep stepping at their own positions. With
     ``prefix_cache`` (decoder-only), prompts sharing leading blocks compute them once.
     ``step`` / ``options``: the decode step (see the module docstring). ``speculative``: draft
-    tokens by prompt lookup (decoder-only; model.engine.speculative).
+    tokens by prompt lookup (decoder-only; model.engine.speculative). ``grammar``: what the
+    output must match (model.engine.grammar), one for every prompt or one each (None: free);
+    a grammar that does not compile raises ``GrammarError`` before anything runs.
     """
     rows = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
     if any(r.beam_size > 1 for r in rows):
         raise ValueError("generate() samples or decodes greedily; use model.beam_search for beam_size > 1")
+    grammars = [grammar] * len(prompts) if grammar is None or isinstance(grammar, GrammarSpec) else list(grammar)
     core = _core(model, tokenizer, prompts, rows, prefix_cache, step, options, speculative)
-    return [_result(e) for e in _run(core, prompts, rows)]
+    return [_result(e) for e in _run(core, prompts, rows, grammars)]
 
 
 @torch.inference_mode()

@@ -28,7 +28,9 @@ class EngineRequest:
     params: SamplingParams
     arrival: float = field(default_factory=time.monotonic)
     deadline: float | None = None
-    grammar: CompiledGrammar | None = None  # params.grammar compiled (EngineCore.add compiles it when absent)
+    # constrained decoding: what the output must match, compiled (``EngineCore.grammars``); the one
+    # place a request carries a grammar, so the engine thread never compiles
+    grammar: CompiledGrammar | None = None
 
 
 @dataclass

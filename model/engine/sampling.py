@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from model.engine.grammar import GrammarSpec
 from model.nn.host_transfer import to_device
 
 MAX_STOP_STRINGS = 4
@@ -39,7 +38,6 @@ class SamplingParams:
     length_penalty: float = 1.0  # beam score = sum logprob / length ** length_penalty
     n_best: int = 1  # beam search: also return the texts of this many best hypotheses (a fallback's choices)
     ignore_eos: bool = False
-    grammar: GrammarSpec | None = None  # constrained decoding: the output must match it (model.engine.grammar)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -66,9 +64,6 @@ class SamplingParams:
             (self.beam_size >= 1, "beam_size", ">= 1"),
             (1 <= self.n_best <= self.beam_size, "n_best", "in [1, beam_size]"),
         ]
-        if self.grammar is not None and self.beam_size > 1:
-            raise ValueError("beam search cannot follow a grammar: constrained decoding needs beam_size 1, "
-                             f"got beam_size {self.beam_size}")
         for ok, name, rule in checks:
             if not ok:
                 raise ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}")

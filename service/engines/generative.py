@@ -17,6 +17,7 @@ to the event loop with one ``call_soon_threadsafe`` per step.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -93,7 +94,8 @@ class GenerativeEngine(BaseEngine):
                                settings.max_prefill_tokens, settings.prefix_cache and not self.encdec, step=step,
                                kv_cache_bytes=settings.kv_cache_bytes, speculative=SpeculativeConfig(
                                    settings.speculative, settings.speculative_tokens,
-                                   max_batch=settings.speculative_max_batch))
+                                   max_batch=settings.speculative_max_batch),
+                               grammar_cache_size=settings.grammar_cache_size)
         # One sequence may use the whole pool, no more: the context a request sees is the smaller.
         self.max_len = min(self.max_len, self.core.scheduler.capacity_tokens())
         # Held around each step: a fill-mask rescorer may share this decoder's model and decode
@@ -163,7 +165,6 @@ class GenerativeEngine(BaseEngine):
             raise InvalidRequestError(f"model '{self.name}' cannot follow a grammar (decoder models with an "
                                       "end-of-sequence token only)", field)
         compiler = self.core.grammars
-        compiler.cache_size = self.settings.grammar_cache_size
         timeout = self.settings.grammar_timeout_s
         start = time.perf_counter()
         future = asyncio.get_running_loop().run_in_executor(self._grammar_pool, compiler.lookup, spec)
@@ -189,8 +190,6 @@ class GenerativeEngine(BaseEngine):
             return self.submit_all(items, group_field, limit_field)
         self._check_accepting()
         grammar = await self.compile_grammar(spec, spec_field)
-        for _, params, _ in items:
-            params.grammar = spec
         return self.submit_all(items, group_field, limit_field, grammar=grammar)
 
     def speculative(self) -> dict[str, Any] | None:
@@ -281,8 +280,7 @@ class GenerativeEngine(BaseEngine):
         self._check_accepting()
         for ids, params, field in items:
             self.validate(ids, params, field, limit_field)
-            if self.ckpt.stop_token_ids and not params.ignore_eos:  # e.g. <|eot_id|> besides <|end_of_text|>
-                params.stop_token_ids = sorted({*params.stop_token_ids, *self.ckpt.stop_token_ids})
+        items = [(ids, self._with_stop_tokens(params), field) for ids, params, field in items]
         capacity = self.settings.max_queue + self.settings.max_batch
         if len(items) > capacity:
             raise InvalidRequestError(
@@ -306,6 +304,14 @@ class GenerativeEngine(BaseEngine):
             self._inbox.extend(reqs)
             self._cv.notify()
         return streams
+
+    def _with_stop_tokens(self, params: SamplingParams) -> SamplingParams:
+        """The params with the checkpoint's extra stop tokens (e.g. <|eot_id|> besides
+        <|end_of_text|>): a copy, the caller's params stay as they were."""
+        extra = set(self.ckpt.stop_token_ids) - set(params.stop_token_ids)
+        if not extra or params.ignore_eos:
+            return params
+        return dataclasses.replace(params, stop_token_ids=sorted({*params.stop_token_ids, *extra}))
 
     def abort(self, request_id: str) -> None:
         with self._cv:

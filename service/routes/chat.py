@@ -1,11 +1,12 @@
 """POST /v1/chat/completions: the OpenAI chat API on a decoder model with a chat template.
 
-The messages are rendered by the model's own template (in a sandbox) into one prompt; each
-of the ``n`` choices is one engine request. Streaming sends a first chunk with the role,
-then content deltas, a final chunk with ``finish_reason``, an optional usage chunk, and
-``data: [DONE]``. ``response_format`` / ``structured_outputs`` / ``guided_*`` and tools
-(``service/chat/structured.py``, ``service/chat/tool_calls.py``) constrain the output with a grammar;
-tool calls come back as ``message.tool_calls`` (streamed: ``delta.tool_calls``).
+The body becomes a chat turn (``service/chat/turn.py``, shared with the Anthropic and
+Responses doors): the messages rendered by the model's own template (in a sandbox) into one
+prompt, ``response_format`` / ``structured_outputs`` / ``guided_*`` or the tools
+(``service/chat/structured.py``, ``service/chat/tool_calls.py``) as the one grammar on the
+output. Each of the ``n`` choices is one engine request. Streaming sends a first chunk with the
+role, then content deltas, a final chunk with ``finish_reason``, an optional usage chunk, and
+``data: [DONE]``; tool calls come back as ``message.tool_calls`` (streamed: ``delta.tool_calls``).
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from dataclasses import dataclass, field
 
 from fastapi import APIRouter, Request
 
-from service.chat import tool_calls
 from service.chat.structured import request_constraint
+from service.chat.turn import ChatTurn, OutputDeltas, chat_turn
 from service.engines.generative import EngineEvent, GenerativeEngine, RequestStream, SamplingParams
 from service.engines.waiting import collect
 from service.http.dependencies import RegistryDep, SettingsDep
@@ -44,12 +45,14 @@ STREAM_RESPONSES = {200: {"content": {"text/event-stream": {"schema": {"type": "
 
 @dataclass
 class _Reply:
-    engine: GenerativeEngine
+    turn: ChatTurn
     rid: str
     created: int
-    prompt: list[int]
-    parse_calls: bool = False
-    calls: list[tool_calls.CallStream] = field(default_factory=list)
+    deltas: list[OutputDeltas] = field(default_factory=list)  # one per choice
+
+    @property
+    def engine(self) -> GenerativeEngine:
+        return self.turn.engine
 
 
 def _finish(reason: str | None, called: bool = False) -> str | None:
@@ -82,6 +85,13 @@ def _logprobs(engine: GenerativeEngine, events: list[EngineEvent]) -> ChoiceLogp
     return ChoiceLogprobs(content=content)
 
 
+def build_turn(body: ChatCompletionRequest, engine: GenerativeEngine, settings) -> ChatTurn:
+    """The body as a chat turn: its messages and tools, and response_format / structured_outputs /
+    guided_* as the output's format."""
+    return chat_turn(engine, settings, body.messages, body.tools, body.tool_choice, body.parallel_tool_calls,
+                     output_format=lambda: request_constraint(body, settings))
+
+
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse, response_model_exclude_none=True,
              responses={**ERROR_RESPONSES, **STREAM_RESPONSES},
              summary="OpenAI-compatible chat completion (stream=true for SSE)")
@@ -90,28 +100,20 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, regist
     engine: GenerativeEngine = await registry.acquire(body.model, "decoder", "/v1/chat/completions",
                                                            keep_alive=body.keep_alive)
     mark(request, engine.name)
-    tools = tool_calls.plan(body.tools, body.tool_choice, body.parallel_tool_calls, body.messages,
-                            engine.template_takes_tools, settings)
-    constraint = request_constraint(body, settings, tools.constraint)
-    prompt = engine.chat_prompt(tools.messages, tools.template_tools)
-    limit = body.token_limit if body.token_limit is not None else max(1, engine.max_len - len(prompt))
+    turn = build_turn(body, engine, settings)
+    limit = turn.max_tokens(body.token_limit)
     limit_field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-    streams = await engine.submit_constrained(
-        [(prompt, _params(body, limit, j), "messages") for j in range(body.n)],
-        constraint.spec if constraint else None, constraint.field if constraint else "",
-        group_field="n" if body.n > 1 else "messages", limit_field=limit_field)
-    reply = _Reply(engine, f"chatcmpl-{streams[0].request_id}", int(time.time()), prompt, tools.parse_calls,
-                   [tool_calls.CallStream() for _ in streams])
+    streams = await turn.submit([_params(body, limit, j) for j in range(body.n)], "messages", limit_field,
+                                group_field="n" if body.n > 1 else "messages")
+    reply = _Reply(turn, f"chatcmpl-{streams[0].request_id}", int(time.time()), [turn.deltas() for _ in streams])
     if body.stream:
         return sse_response(_chunks(reply, streams, request, body), streams, request)
     results = await collect(client_gone(request), streams)
-    usage = engine.usage([prompt], [events[-1] for events in results])
+    usage = engine.usage([turn.prompt], [events[-1] for events in results])
     mark(request, usage=usage)
     choices = []
     for i, events in enumerate(results):
-        content, calls = "".join(e.text for e in events), []
-        if reply.parse_calls:
-            content, calls = tool_calls.parse(content)
+        content, calls = turn.parse("".join(e.text for e in events))
         choices.append(ChatChoice(index=i, message=AssistantMessage(content=content, tool_calls=calls or None),
                                   finish_reason=_finish(events[-1].finish_reason, bool(calls)),
                                   logprobs=_logprobs(engine, events) if body.logprobs else None))
@@ -132,15 +134,14 @@ async def _chunks(reply: _Reply, streams: list[RequestStream], request: Request,
     async with aclosing(merged(streams)) as events:  # closed at once on an error: the pumps stop
         async for index, event in events:
             check_event(event)
-            if reply.parse_calls:  # content or tool-call deltas, as the call parser decides them
-                calls = reply.calls[index]
-                deltas = calls.feed(event.text) + (calls.finish() if event.finished else [])
-                for delta in deltas:
+            if reply.turn.parse_calls:  # content or tool-call deltas, as the call parser decides them
+                deltas = reply.deltas[index]
+                for delta in deltas.feed(event.text, event.finished):
                     yield _chunk(reply, [{"index": index, "delta": delta, "finish_reason": None}])
                 if event.finished:
                     finals.append(event)
                     yield _chunk(reply, [{"index": index, "delta": {},
-                                          "finish_reason": _finish(event.finish_reason, calls.calls > 0)}])
+                                          "finish_reason": _finish(event.finish_reason, deltas.called)}])
                 continue
             choice = {"index": index, "delta": {"content": event.text} if event.text else {},
                       "finish_reason": _finish(event.finish_reason)}
@@ -150,7 +151,7 @@ async def _chunks(reply: _Reply, streams: list[RequestStream], request: Request,
                 finals.append(event)
             if event.text or event.finished or body.logprobs:
                 yield _chunk(reply, [choice])
-    usage = engine.usage([reply.prompt], finals)
+    usage = engine.usage([reply.turn.prompt], finals)
     mark(request, usage=usage)
     if body.stream_options and body.stream_options.include_usage:
         yield {**_chunk(reply, []), "usage": usage.as_dict()}

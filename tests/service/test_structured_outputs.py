@@ -435,3 +435,35 @@ def test_gemma3_completions_follow_a_json_schema():
         r = client.completions.create(model="gemma3-270m", prompt="Is Paris in France?", max_tokens=5,
                                       extra_body={"guided_choice": ["yes", "no"]})
         assert r.choices[0].text in ("yes", "no")
+
+
+def test_the_grammar_cache_size_is_set_once_and_compiles_leave_it(weights_dir):
+    import asyncio
+    import threading
+
+    from model import load
+    from model.engine.grammar import GrammarSpec
+    from service.engines.generative import GenerativeEngine
+    from service.metrics import Metrics
+
+    engine = GenerativeEngine("generate-tiny", load(weights_dir / "generate-tiny"),
+                              settings_for(weights_dir, warmup=False, grammar_cache_size=3), Metrics())
+    seen = []
+    threads = [threading.Thread(target=lambda: seen.append(engine.core.grammars)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    compiler = seen[0]
+    assert all(c is compiler for c in seen) and compiler.cache_size == 3  # made once, sized by the settings
+
+    async def compile_twice():
+        await engine.compile_grammar(GrammarSpec("regex", "a+"), "f")
+        compiler.cache_size = 1  # sized otherwise after the first compile: the second must not undo it
+        await engine.compile_grammar(GrammarSpec("regex", "b+"), "f")
+
+    try:
+        asyncio.run(compile_twice())
+    finally:
+        engine._grammar_pool.shutdown()
+    assert compiler.cache_size == 1 and len(compiler) == 1

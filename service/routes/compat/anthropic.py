@@ -3,10 +3,11 @@
 As Anthropic documents it (https://docs.anthropic.com/en/api/messages): ``system``, ``messages``
 of text / ``tool_use`` / ``tool_result`` blocks, ``max_tokens`` (required), ``temperature``,
 ``top_p``, ``top_k``, ``stop_sequences``, ``tools`` and ``tool_choice``. A thin adapter over the
-chat route's engine calls: the conversation becomes chat messages (tool calls and results as
-``service/chat/tool_calls.py`` renders them), the model's template makes the prompt, tools become the
-same grammar, and the output comes back as ``text`` and ``tool_use`` blocks. ``stop_reason`` is
-``end_turn``, ``max_tokens``, ``stop_sequence`` (with ``stop_sequence``) or ``tool_use``.
+chat turn (``service/chat/turn.py``) the chat route also runs: the conversation becomes chat
+messages (tool calls and results as ``service/chat/tool_calls.py`` renders them), the model's
+template makes the prompt, tools become the same grammar, and the output comes back as ``text``
+and ``tool_use`` blocks. ``stop_reason`` is ``end_turn``, ``max_tokens``, ``stop_sequence`` (with
+``stop_sequence``) or ``tool_use``.
 The stream sends ``message_start``, ``content_block_start``, ``ping``, ``content_block_delta``
 (``text_delta`` / ``input_json_delta``), ``content_block_stop``, ``message_delta`` and
 ``message_stop``, each with its ``event:`` line. Errors are ``{"type": "error", "error": {"type",
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 
 from fastapi import APIRouter, Depends, Request
 
-from service.chat import tool_calls
+from service.chat.turn import ChatTurn, chat_turn
 from service.engines.errors import EngineError, InvalidRequestError
 from service.engines.generative import EngineEvent, GenerativeEngine, RequestStream, SamplingParams
 from service.engines.waiting import collect
@@ -108,26 +109,30 @@ def _tools(tools: list[ToolParam] | None) -> list[Tool] | None:
                                                              parameters=t.input_schema)) for t in tools]
 
 
-def _plan(body: CountTokensRequest, engine: GenerativeEngine, settings) -> tuple[tool_calls.ToolPlan, list[int]]:
+def build_turn(body: CountTokensRequest, engine: GenerativeEngine, settings) -> ChatTurn:
+    """The body as a chat turn: ``tool_choice`` ``any`` is OpenAI's ``required``, a ``tool``
+    choice a named function; no output format (Anthropic has none)."""
     choice, parallel = None, True
     if body.tool_choice is not None:
         kind = body.tool_choice.type
         choice = {"auto": "auto", "any": "required", "none": "none"}.get(kind) or NamedToolChoice(
             type="function", function={"name": body.tool_choice.name})
         parallel = not body.tool_choice.disable_parallel_tool_use
-    plan = tool_calls.plan(_tools(body.tools), choice, parallel, chat_messages(body), engine.template_takes_tools,
-                           settings)
-    return plan, engine.chat_prompt(plan.messages, plan.template_tools)
+    tools = _tools(body.tools)
+    return chat_turn(engine, settings, chat_messages(body), tools, choice, parallel)
 
 
 # --- the reply ---------------------------------------------------------------------------------
 
 @dataclass
 class _Reply:
-    engine: GenerativeEngine
+    turn: ChatTurn
     id: str
-    prompt: list[int]
     stops: list[str]
+
+    @property
+    def engine(self) -> GenerativeEngine:
+        return self.turn.engine
 
 
 def _stop(reply: _Reply, events: list[EngineEvent], text: str, called: bool) -> tuple[str, str | None]:
@@ -148,7 +153,7 @@ def _stop(reply: _Reply, events: list[EngineEvent], text: str, called: bool) -> 
 
 
 def _usage(reply: _Reply, final: EngineEvent) -> dict:
-    return {"input_tokens": len(reply.prompt), "output_tokens": reply.engine.completion_tokens(final)}
+    return {"input_tokens": len(reply.turn.prompt), "output_tokens": reply.engine.completion_tokens(final)}
 
 
 def _tool_block(call) -> dict:
@@ -160,23 +165,18 @@ def _tool_block(call) -> dict:
 async def messages(body: MessagesRequest, request: Request, registry: RegistryDep, settings: SettingsDep):
     engine: GenerativeEngine = registry.get(body.model, "decoder", "/v1/messages")
     mark(request, engine.name)
-    plan, prompt = _plan(body, engine, settings)
+    turn = build_turn(body, engine, settings)
     params = SamplingParams(max_new_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p,
                             top_k=body.top_k, stop=list(body.stop_sequences))
-    constraint = plan.constraint
-    streams = await engine.submit_constrained([(prompt, params, "messages")], constraint.spec if constraint else None,
-                                              constraint.field if constraint else "", group_field="messages",
-                                              limit_field="max_tokens")
-    reply = _Reply(engine, f"msg_{streams[0].request_id}", prompt, list(body.stop_sequences))
+    streams = await turn.submit([params], "messages", "max_tokens")
+    reply = _Reply(turn, f"msg_{streams[0].request_id}", list(body.stop_sequences))
     if body.stream:
-        return sse_response(_events(reply, streams[0], plan.parse_calls, request), streams, request, done=False,
+        return sse_response(_events(reply, streams[0], request), streams, request, done=False,
                             error_chunk=error_body, named=True)
     (events,) = await collect(client_gone(request), streams)
-    usage = engine.usage([prompt], [events[-1]])
+    usage = engine.usage([turn.prompt], [events[-1]])
     mark(request, usage=usage)
-    text, calls = "".join(e.text for e in events), []
-    if plan.parse_calls:
-        text, calls = tool_calls.parse(text)
+    text, calls = turn.parse("".join(e.text for e in events))
     content = ([{"type": "text", "text": text}] if text or not calls else []) + [_tool_block(c) for c in calls]
     stop_reason, stop_sequence = _stop(reply, events, text or "", bool(calls))
     return {"id": reply.id, "type": "message", "role": "assistant", "model": engine.name, "content": content,
@@ -204,19 +204,17 @@ class _Blocks:
         return [{"type": "content_block_stop", "index": self.index}]
 
 
-async def _events(reply: _Reply, stream: RequestStream, parse_calls: bool, request: Request) -> AsyncIterator[dict]:
-    engine = reply.engine
+async def _events(reply: _Reply, stream: RequestStream, request: Request) -> AsyncIterator[dict]:
+    engine, prompt = reply.engine, reply.turn.prompt
     yield {"type": "message_start", "message": {
         "id": reply.id, "type": "message", "role": "assistant", "model": engine.name, "content": [],
-        "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": len(reply.prompt), "output_tokens": 0}}}
+        "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": len(prompt), "output_tokens": 0}}}
     yield {"type": "ping"}
-    blocks, calls, events, text = _Blocks(), tool_calls.CallStream(), [], ""
+    blocks, deltas, events, text = _Blocks(), reply.turn.deltas(), [], ""
     async for event in stream:
         check_event(event)
         events.append(event)
-        deltas = calls.feed(event.text) + (calls.finish() if event.finished else []) if parse_calls else (
-            [{"content": event.text}] if event.text else [])
-        for delta in deltas:
+        for delta in deltas.feed(event.text, event.finished):
             if "content" in delta:
                 if blocks.open != "text":
                     for e in blocks.start({"type": "text", "text": ""}):
@@ -237,8 +235,8 @@ async def _events(reply: _Reply, stream: RequestStream, parse_calls: bool, reque
     for e in blocks.stop():
         yield e
     final = events[-1]
-    mark(request, usage=engine.usage([reply.prompt], [final]))
-    stop_reason, stop_sequence = _stop(reply, events, text, calls.calls > 0)
+    mark(request, usage=engine.usage([prompt], [final]))
+    stop_reason, stop_sequence = _stop(reply, events, text, deltas.called)
     yield {"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
            "usage": _usage(reply, final)}
     yield {"type": "message_stop"}
@@ -248,6 +246,5 @@ async def _events(reply: _Reply, stream: RequestStream, parse_calls: bool, reque
 async def count_tokens(body: CountTokensRequest, request: Request, registry: RegistryDep, settings: SettingsDep):
     engine: GenerativeEngine = registry.get(body.model, "decoder", "/v1/messages/count_tokens")
     mark(request, engine.name)
-    _, prompt = _plan(body, engine, settings)
-    return {"input_tokens": len(prompt)}
+    return {"input_tokens": len(build_turn(body, engine, settings).prompt)}
 

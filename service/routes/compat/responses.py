@@ -1,11 +1,12 @@
 """OpenAI's Responses API, stateless: ``POST /v1/responses`` (plain and streamed).
 
-A thin adapter over the chat route's engine calls: ``instructions`` + ``input`` become chat
-messages (``function_call`` items the assistant's tool calls, ``function_call_output`` items tool
-results), the model's template makes the prompt, ``text.format`` becomes the same constraint as
-``response_format`` (``service/chat/structured.py``) and function ``tools`` the same tool grammar
-(``service/chat/tool_calls.py``). The output is a ``message`` item with one ``output_text`` part, or
-``function_call`` items. ``max_output_tokens`` reached: ``status: "incomplete"`` with
+A thin adapter over the chat turn (``service/chat/turn.py``) the chat route also runs:
+``instructions`` + ``input`` become chat messages (``function_call`` items the assistant's tool
+calls, ``function_call_output`` items tool results), the model's template makes the prompt,
+``text.format`` becomes the same constraint as ``response_format`` (``service/chat/structured.py``)
+and function ``tools`` the same tool grammar (``service/chat/tool_calls.py``). The output is a
+``message`` item with one ``output_text`` part, or ``function_call`` items.
+``max_output_tokens`` reached: ``status: "incomplete"`` with
 ``incomplete_details.reason: "max_output_tokens"``.
 
 Nothing is stored: ``store`` is accepted and the response says ``store: false``;
@@ -26,8 +27,8 @@ from dataclasses import dataclass, field
 
 from fastapi import APIRouter, Request
 
-from service.chat import tool_calls
-from service.chat.structured import Constraint, GrammarSpec, one_constraint, schema_text
+from service.chat.structured import Constraint, GrammarSpec, schema_text
+from service.chat.turn import ChatTurn, chat_turn
 from service.engines.errors import InvalidRequestError
 from service.engines.generative import EngineEvent, GenerativeEngine, RequestStream, SamplingParams
 from service.engines.waiting import collect
@@ -87,26 +88,31 @@ def _text_constraint(body: ResponsesRequest, settings) -> Constraint | None:
                       "text.format.schema")
 
 
-def _plan(body: ResponsesRequest, engine: GenerativeEngine, settings) -> tool_calls.ToolPlan:
+def build_turn(body: ResponsesRequest, engine: GenerativeEngine, settings) -> ChatTurn:
+    """The body as a chat turn: function ``tools`` in the chat API's shape, ``text.format`` as
+    the output's format."""
     tools = [Tool(type="function", function=FunctionDefinition(name=t.name, description=t.description,
                                                                parameters=t.parameters)) for t in body.tools or []]
     choice = body.tool_choice
     if not isinstance(choice, str | None):
         choice = NamedToolChoice(type="function", function={"name": choice.name})
     parallel = body.parallel_tool_calls is not False
-    return tool_calls.plan(tools or None, choice, parallel, chat_messages(body), engine.template_takes_tools,
-                           settings)
+    return chat_turn(engine, settings, chat_messages(body), tools or None, choice, parallel,
+                     output_format=lambda: _text_constraint(body, settings))
 
 
 @dataclass
 class _Reply:
-    engine: GenerativeEngine
+    turn: ChatTurn
     body: ResponsesRequest
     id: str
     created: int
-    prompt: list[int]
     seq: int = 0
     output: list[dict] = field(default_factory=list)
+
+    @property
+    def engine(self) -> GenerativeEngine:
+        return self.turn.engine
 
     def event(self, kind: str, **fields) -> dict:
         self.seq += 1
@@ -127,7 +133,7 @@ class _Reply:
                "tools": [t.model_dump(exclude_none=True) for t in body.tools or []], "truncation": "disabled",
                "metadata": body.metadata or {}, "usage": None}
         if final is not None:
-            prompt, completion = len(self.prompt), self.engine.completion_tokens(final)
+            prompt, completion = len(self.turn.prompt), self.engine.completion_tokens(final)
             out["usage"] = {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0},
                             "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
                             "total_tokens": prompt + completion}
@@ -162,41 +168,31 @@ async def responses(body: ResponsesRequest, request: Request, registry: Registry
                                   "the whole conversation in 'input'", "previous_response_id")
     engine: GenerativeEngine = registry.get(body.model, "decoder", "/v1/responses")
     mark(request, engine.name)
-    plan = _plan(body, engine, settings)
-    constraint = one_constraint(_text_constraint(body, settings), plan.constraint)
-    prompt = engine.chat_prompt(plan.messages, plan.template_tools)
-    limit = body.max_output_tokens if body.max_output_tokens is not None else max(1, engine.max_len - len(prompt))
-    params = SamplingParams(max_new_tokens=limit, temperature=_temperature(body),
+    turn = build_turn(body, engine, settings)
+    params = SamplingParams(max_new_tokens=turn.max_tokens(body.max_output_tokens), temperature=_temperature(body),
                             top_p=body.top_p if body.top_p is not None else 1.0, seed=body.seed)
-    streams = await engine.submit_constrained([(prompt, params, "input")], constraint.spec if constraint else None,
-                                              constraint.field if constraint else "", group_field="input",
-                                              limit_field="max_output_tokens")
-    reply = _Reply(engine, body, f"resp_{streams[0].request_id}", int(time.time()), prompt)
+    streams = await turn.submit([params], "input", "max_output_tokens")
+    reply = _Reply(turn, body, f"resp_{streams[0].request_id}", int(time.time()))
     if body.stream:
-        return sse_response(_events(reply, streams[0], plan.parse_calls, request), streams, request, done=False,
-                            named=True)
+        return sse_response(_events(reply, streams[0], request), streams, request, done=False, named=True)
     (events,) = await collect(client_gone(request), streams)
     final = events[-1]
-    mark(request, usage=engine.usage([prompt], [final]))
-    text, calls = "".join(e.text for e in events), []
-    if plan.parse_calls:
-        text, calls = tool_calls.parse(text)
+    mark(request, usage=engine.usage([turn.prompt], [final]))
+    text, calls = turn.parse("".join(e.text for e in events))
     status = _status(final)
     reply.output = [_call_item(c.id, c.function.name, c.function.arguments) for c in calls] if calls else \
         [_text_item(reply, text or "", status)]
     return reply.response(status, final)
 
 
-async def _events(reply: _Reply, stream: RequestStream, parse_calls: bool, request: Request) -> AsyncIterator[dict]:
+async def _events(reply: _Reply, stream: RequestStream, request: Request) -> AsyncIterator[dict]:
     yield reply.event("response.created", response=reply.response("in_progress"))
     yield reply.event("response.in_progress", response=reply.response("in_progress"))
-    parser, events, text, item = tool_calls.CallStream(), [], "", None
+    deltas, events, text, item = reply.turn.deltas(), [], "", None
     async for event in stream:
         check_event(event)
         events.append(event)
-        deltas = parser.feed(event.text) + (parser.finish() if event.finished else []) if parse_calls else (
-            [{"content": event.text}] if event.text else [])
-        for delta in deltas:
+        for delta in deltas.feed(event.text, event.finished):
             if "content" in delta:
                 if item is None:
                     item = _text_item(reply, "", "in_progress")
@@ -234,7 +230,7 @@ async def _events(reply: _Reply, stream: RequestStream, parse_calls: bool, reque
         done = _text_item(reply, text, status)
         reply.output = [done]
         yield reply.event("response.output_item.done", output_index=0, item=done)
-    mark(request, usage=reply.engine.usage([reply.prompt], [final]))
+    mark(request, usage=reply.engine.usage([reply.turn.prompt], [final]))
     yield reply.event("response.completed" if status == "completed" else "response.incomplete",
                       response=reply.response(status, final))
 

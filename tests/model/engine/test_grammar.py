@@ -46,8 +46,14 @@ def spec(schema=SCHEMA) -> GrammarSpec:
     return GrammarSpec("json_schema", json.dumps(schema))
 
 
-def sampled(seed: int | None, n: int = 80, grammar: GrammarSpec | None = None, **kw) -> SamplingParams:
-    return SamplingParams(max_new_tokens=n, temperature=kw.pop("temperature", 1.0), seed=seed, grammar=grammar, **kw)
+def sampled(seed: int | None, n: int = 80, **kw) -> SamplingParams:
+    return SamplingParams(max_new_tokens=n, temperature=kw.pop("temperature", 1.0), seed=seed, **kw)
+
+
+def constrained(core: EngineCore, request_id: str, ids: list[int], params: SamplingParams,
+                grammar: GrammarSpec) -> EngineRequest:
+    """A request carrying its grammar compiled, as the engine takes it."""
+    return EngineRequest(request_id, ids, params, grammar=core.grammars.compile(grammar))
 
 
 def prompt(tok, i: int = 0) -> list[int]:
@@ -81,7 +87,7 @@ def test_bitmask_bits_are_tokens():
 
 @pytest.mark.parametrize("seed", range(12))
 def test_outputs_validate_against_the_schema_for_any_seed(lm, tok, seed):
-    result = generate(lm, [prompt(tok, seed)], sampled(seed, 120, spec()), tokenizer=tok)[0]
+    result = generate(lm, [prompt(tok, seed)], sampled(seed, 120), tokenizer=tok, grammar=spec())[0]
     assert result.finish_reason in ("stop", "eos"), result
     jsonschema.validate(json.loads(result.text), SCHEMA)
     # every token was one the grammar allowed: a fresh matcher accepts the whole sequence
@@ -97,29 +103,29 @@ def test_regex_choice_and_lark(lm, tok):
               r"^\([1-9][0-9]?(,[1-9][0-9]?)*\)$")]
     for seed in range(4):
         for grammar, pattern in kinds:
-            r = generate(lm, [prompt(tok, seed)], sampled(seed, 40, grammar), tokenizer=tok)[0]
+            r = generate(lm, [prompt(tok, seed)], sampled(seed, 40), tokenizer=tok, grammar=grammar)[0]
             assert r.finish_reason == "length" or re.match(pattern, r.text), (grammar, r)
-    obj = generate(lm, [prompt(tok)], sampled(3, 200, GrammarSpec("json_object")), tokenizer=tok)[0]
+    obj = generate(lm, [prompt(tok)], sampled(3, 200), tokenizer=tok, grammar=GrammarSpec("json_object"))[0]
     if obj.finish_reason != "length":
         assert isinstance(json.loads(obj.text), dict)
 
 
 def test_batched_constrained_and_free_rows_equal_one_at_a_time(lm, tok):
     grammars = [spec(), None, GrammarSpec("regex", "[a-z ]{1,30}"), None, spec(), GrammarSpec("json_object")]
-    params = [sampled(40 + i, 30, g, temperature=[0.0, 1.0][i % 2]) for i, g in enumerate(grammars)]
+    params = [sampled(40 + i, 30, temperature=[0.0, 1.0][i % 2]) for i in range(len(grammars))]
     prompts = [prompt(tok, i) for i in range(len(params))]
-    together = generate(lm, prompts, params, tokenizer=tok)
-    for i, (p, sp) in enumerate(zip(prompts, params)):
-        alone = generate(lm, [p], sp, tokenizer=tok)[0]
+    together = generate(lm, prompts, params, tokenizer=tok, grammar=grammars)
+    for i, (p, sp, g) in enumerate(zip(prompts, params, grammars)):
+        alone = generate(lm, [p], sp, tokenizer=tok, grammar=g)[0]
         assert together[i].token_ids == alone.token_ids, i
-    free = [generate(lm, [p], sampled(40 + i, 30, None, temperature=[0.0, 1.0][i % 2]), tokenizer=tok)[0]
+    free = [generate(lm, [p], sampled(40 + i, 30, temperature=[0.0, 1.0][i % 2]), tokenizer=tok)[0]
             for i, p in enumerate(prompts) if grammars[i] is None]
     assert [r.token_ids for r in free] == [together[1].token_ids, together[3].token_ids]
 
 
 def test_max_tokens_inside_a_value_ends_with_length(lm, tok):
     long = {"type": "object", "properties": {"text": {"type": "string", "minLength": 50}}, "required": ["text"]}
-    r = generate(lm, [prompt(tok)], sampled(1, 10, spec(long)), tokenizer=tok)[0]
+    r = generate(lm, [prompt(tok)], sampled(1, 10), tokenizer=tok, grammar=spec(long))[0]
     assert r.finish_reason == "length" and len(r.token_ids) == 10
     with pytest.raises(json.JSONDecodeError):
         json.loads(r.text)
@@ -141,9 +147,16 @@ def test_eos_only_where_the_grammar_accepts(lm, tok):
     assert allowed() == {2}
 
 
-def test_beam_search_refuses_a_grammar():
+def test_beam_search_refuses_a_grammar(lm, tok):
+    core = EngineCore(lm, tok, n_slots=4, max_len=64)
     with pytest.raises(ValueError, match="beam search cannot follow a grammar"):
-        SamplingParams(beam_size=4, grammar=spec())
+        core.add(constrained(core, "b", prompt(tok), SamplingParams(beam_size=4), spec()))
+    assert not core.has_work
+
+
+def test_sampling_params_carry_no_grammar():
+    """A grammar travels compiled on the request (``EngineRequest.grammar``), one way only."""
+    assert not hasattr(SamplingParams(), "grammar")
 
 
 def test_bad_grammars_raise_grammar_error_naming_the_problem(lm, tok):
@@ -154,7 +167,9 @@ def test_bad_grammars_raise_grammar_error_naming_the_problem(lm, tok):
                        (GrammarSpec("choice", "[]"), "choice"),
                        (GrammarSpec("lark", "start: missing_rule"), "missing_rule")]:
         with pytest.raises(GrammarError, match=words):
-            core.add(EngineRequest("x", prompt(tok), sampled(1, 5, bad)))
+            generate(lm, [prompt(tok), prompt(tok, 1)], sampled(1, 5), tokenizer=tok, grammar=[None, bad])
+        with pytest.raises(GrammarError, match=words):
+            core.grammars.compile(bad)
     with pytest.raises(GrammarError, match="kind"):
         GrammarSpec("yaml", "")
     assert not core.has_work
@@ -172,7 +187,7 @@ def test_compiled_grammars_are_cached_with_a_bound(tok):
 
 def test_step_counts_constrained_tokens(lm, tok):
     core = EngineCore(lm, tok, n_slots=2, max_len=96)
-    core.add(EngineRequest("c", prompt(tok), sampled(1, 8, spec())))
+    core.add(constrained(core, "c", prompt(tok), sampled(1, 8), spec()))
     core.add(EngineRequest("f", prompt(tok, 1), sampled(1, 8)))
     counted = 0
     while core.has_work:
@@ -182,7 +197,7 @@ def test_step_counts_constrained_tokens(lm, tok):
 
 def test_a_grammar_past_the_engines_limits_fails_its_request_alone(lm, tok):
     core = EngineCore(lm, tok, n_slots=2, max_len=96)
-    core.add(EngineRequest("hostile", prompt(tok), sampled(1, 20, GrammarSpec("regex", "(a{1,1000}){1000}"))))
+    core.add(constrained(core, "hostile", prompt(tok), sampled(1, 20), GrammarSpec("regex", "(a{1,1000}){1000}")))
     core.add(EngineRequest("free", prompt(tok, 1), sampled(1, 20)))
     events: dict[str, list] = {}
     while core.has_work:

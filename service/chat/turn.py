@@ -1,0 +1,86 @@
+"""One chat turn, whichever API asked for it: OpenAI chat, Anthropic Messages, OpenAI Responses.
+
+Each of those doors turns its own body into the same inputs (chat messages, tools in OpenAI's
+shape, a tool choice, the output format it constrains) and calls ``chat_turn``, which makes of them
+
+- the prompt ids: the tools planned (``tool_calls.plan``), the conversation rendered by the
+  model's own template;
+- the one constraint on the output: the door's format or the tools' grammar, never both (a 400);
+- how the output is read back: tool-call blocks parsed out of it, or plain text.
+
+The door then sends the turn (``ChatTurn.submit``: the grammar compiled off the engine thread)
+and reads its output through the turn (``parse`` whole, ``deltas`` streamed), shaping both
+into its own response or events. The checks run in one order for every door (the tools, then
+the format, then the template), so a request wrong in two ways gets the same error through each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from service.chat import tool_calls
+from service.chat.structured import Constraint, one_constraint
+from service.engines.generative import GenerativeEngine, RequestStream, SamplingParams
+from service.schemas.structured import NamedToolChoice, Tool, ToolCall
+from service.settings import Settings
+
+
+@dataclass(frozen=True)
+class ChatTurn:
+    engine: GenerativeEngine
+    prompt: list[int]  # the conversation, as the model's template renders it
+    constraint: Constraint | None  # the one grammar the output follows
+    parse_calls: bool  # the output may hold tool-call blocks: read them out
+
+    def max_tokens(self, asked: int | None) -> int:
+        """What the door asked for, or else all the room the prompt leaves."""
+        return asked if asked is not None else max(1, self.engine.max_len - len(self.prompt))
+
+    async def submit(self, params: Sequence[SamplingParams], prompt_field: str, limit_field: str,
+                     group_field: str | None = None) -> list[RequestStream]:
+        """One request per ``params`` (choices), all following the constraint; errors name the
+        door's own fields."""
+        c = self.constraint
+        return await self.engine.submit_constrained(
+            [(self.prompt, p, prompt_field) for p in params], c.spec if c else None, c.field if c else "",
+            group_field=group_field or prompt_field, limit_field=limit_field)
+
+    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        """(content, calls) of a whole output."""
+        return tool_calls.parse(text) if self.parse_calls else (text, [])
+
+    def deltas(self) -> OutputDeltas:
+        """A reader for one streamed output (one per choice)."""
+        return OutputDeltas(tool_calls.CallStream() if self.parse_calls else None)
+
+
+class OutputDeltas:
+    """One streamed output as OpenAI-style deltas: ``{"content": text}`` or, where the turn reads
+    calls, ``{"tool_calls": [...]}`` as each call block closes."""
+
+    def __init__(self, calls: tool_calls.CallStream | None):
+        self._calls = calls
+
+    def feed(self, text: str, finished: bool) -> list[dict]:
+        if self._calls is None:
+            return [{"content": text}] if text else []
+        return self._calls.feed(text) + (self._calls.finish() if finished else [])
+
+    @property
+    def called(self) -> bool:
+        """At least one tool call came out."""
+        return self._calls is not None and self._calls.calls > 0
+
+
+def chat_turn(engine: GenerativeEngine, settings: Settings, messages: list[Any], tools: list[Tool] | None = None,
+              tool_choice: str | NamedToolChoice | None = None, parallel_tool_calls: bool = True,
+              output_format: Callable[[], Constraint | None] | None = None) -> ChatTurn:
+    """The turn of a conversation. ``messages``: chat messages (``role``, ``text()``,
+    ``tool_calls``); ``output_format``: the door's own format constraint, read after the tools
+    are checked (see the module docstring)."""
+    plan = tool_calls.plan(tools, tool_choice, parallel_tool_calls, messages, engine.template_takes_tools, settings)
+    constraint = one_constraint(output_format() if output_format else None, plan.constraint)
+    prompt = engine.chat_prompt(plan.messages, plan.template_tools)
+    return ChatTurn(engine, prompt, constraint, plan.parse_calls)
