@@ -312,7 +312,8 @@ class EngineRegistry:
         entry = self._entry(name)
         async with self._load_lock:
             if entry.engine is None:
-                raise InvalidRequestError(f"model '{printable(name)}' is not loaded (state: {entry.state})", "model")
+                raise InvalidRequestError(f"model '{printable(name)}' is not loaded (state: {entry.state})", "model",
+                                          code="model_not_loaded")
             await self._unload(entry, "request")
 
     async def _unload(self, entry: ModelEntry, reason: str) -> None:

@@ -86,6 +86,16 @@ def _target(code: str | None) -> str:
     return TARGET_VARIANTS.get(code, code.lower())
 
 
+def _flag(p: dict, name: str) -> bool:
+    """A boolean parameter: JSON true/false, or a form's true/false/1/0 (absent or empty: false)."""
+    value = p.get(name)
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, str) and value.lower() in ("", "0", "1", "true", "false"):
+        return value.lower() in ("1", "true")
+    raise _bad(f"Value for '{name}' not supported: true or false.", name)
+
+
 @router.post("/v2/translate", summary="DeepL: translate texts")
 async def translate(request: Request, registry: RegistryDep, settings: SettingsDep):
     _auth(request, settings)
@@ -113,6 +123,7 @@ async def translate(request: Request, registry: RegistryDep, settings: SettingsD
     tag_handling = p.get("tag_handling")
     if tag_handling not in (None, "", "html"):
         raise _bad("Value for 'tag_handling' not supported: this server handles 'html' only.", "tag_handling")
+    show = _flag(p, "show_billed_characters")
     found = engine_for(registry, source, target)  # without source_lang: the first model translating into target
     if found is None:
         raise _bad(f"Translation from '{source.upper() if source else 'auto'}' to '{target.upper()}' is not "
@@ -124,7 +135,6 @@ async def translate(request: Request, registry: RegistryDep, settings: SettingsD
         translated, _ = await translate_texts(request, engine, texts, "text", settings)
     billed = [len(t) for t in texts]
     _usage(request).add(sum(billed))
-    show = str(p.get("show_billed_characters", "")).lower() in ("1", "true")
     return {"translations": [{"detected_source_language": detected.upper(), "text": t,
                               **({"billed_characters": n} if show else {})} for t, n in zip(translated, billed)]}
 

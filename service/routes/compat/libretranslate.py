@@ -71,10 +71,12 @@ async def translate(request: Request, registry: RegistryDep, settings: SettingsD
     fmt = params.get("format") or "text"
     if fmt not in ("text", "html"):
         raise InvalidRequestError(f"{fmt} format is not supported", "format")
-    try:
-        alternatives = int(params.get("alternatives") or 0)
-    except (TypeError, ValueError):
-        raise InvalidRequestError("Invalid request: alternatives must be an integer", "alternatives") from None
+    alternatives = params.get("alternatives")
+    alternatives = 0 if alternatives is None or alternatives == "" else alternatives  # a form's value is text: "2"
+    if isinstance(alternatives, str) and alternatives.strip().isdecimal():
+        alternatives = int(alternatives)
+    if isinstance(alternatives, bool) or not isinstance(alternatives, int):
+        raise InvalidRequestError("Invalid request: alternatives must be an integer", "alternatives")
     if not 0 <= alternatives <= 3:
         raise InvalidRequestError("Invalid request: alternatives must be between 0 and 3", "alternatives")
     texts = text_list(q, "q", settings)

@@ -97,6 +97,7 @@ def drop_ins(schema: dict[str, Any], settings, registry) -> None:
     for path, body in (("/translate", _libretranslate(texts, pairs)), ("/detect", _detect(texts)),
                        ("/v2/translate", _deepl(texts, pairs)), ("/v2/languages", _deepl_type())):
         paths[path]["post"]["requestBody"] = _json_body(body, form=True)
+    paths["/v2/languages"]["post"]["requestBody"]["required"] = False  # no body: type=source
     paths["/v2/languages"]["get"]["parameters"] = [{"name": "type", "in": "query", "required": False,
                                                     "schema": {"enum": ["source", "target"]}}]
     _anthropic(schema, components, [e.name for e in decoders if getattr(e, "chat", None) is not None])
