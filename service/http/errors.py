@@ -104,13 +104,16 @@ def _union_branches(errors: list[dict], param: str | None) -> list[str]:
 
 
 def _allowed_methods(request: Request) -> str:
-    """Every method the path answers. Starlette's 405 names only the first route that matched
+    """Every documented method the path answers. Starlette's 405 names only the first route that matched
     the path, but a path may have one route per method (``GET /`` and ``POST /``)."""
     def answers(method: str) -> bool:
         scope = {**request.scope, "method": method}
         return any(route.matches(scope)[0] is Match.FULL for route in request.app.router.routes)
 
-    return ", ".join(m for m in ("GET", "POST", "PUT", "PATCH", "DELETE") if answers(m))
+    # a method the schema leaves out of a path it lists (the playground's GET /) is not advertised
+    documented = request.app.openapi()["paths"].get(request.scope.get("path", ""))
+    return ", ".join(m for m in ("GET", "POST", "PUT", "PATCH", "DELETE")
+                     if answers(m) and (documented is None or m.lower() in documented))
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -23,9 +23,9 @@ from typing import Any
 from fastapi import FastAPI
 
 from service.engines.generative import MAX_STOP_STRINGS
-from service.http import openapi_rules
 from service.models.registry import FAMILY_NAMES
 from service.routes.compat.openapi import drop_ins
+from service.schemas import contract_rules
 from service.schemas.common import NOT_BLANK
 
 # request schema -> (the family its endpoint serves, its text-input fields)
@@ -119,7 +119,7 @@ def contract(app: FastAPI) -> dict[str, Any]:
             if path in STREAMING:
                 responses["200"]["content"]["text/event-stream"] = {"schema": _sse_event(STREAMING[path])}
     drop_ins(schema, settings, registry)
-    openapi_rules.apply(components, registry)
+    contract_rules.apply(components, registry)
     models = schema["paths"]["/v1/models/{model_id}"]["get"]["responses"]
     models["404"] = {"description": "no loaded model has this id", "content": {"application/json": {"schema": ERROR}}}
     for probe in ("/health", "/ready"):

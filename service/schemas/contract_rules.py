@@ -1,5 +1,5 @@
 """Rules the validators enforce across fields or on what a text holds, stated in the OpenAPI
-schema too (``service.http.openapi.contract`` applies them), so that data valid against the
+schema too (``service.http.openapi.contract`` applies them; pure dicts, no HTTP), so that data valid against the
 schema is data the server accepts, and a schema-driven fuzzer (schemathesis) agrees with it:
 
 - a user turn's text is not blank (Anthropic's messages, the Responses API's input, whose
@@ -55,12 +55,20 @@ def _not_blank_text(*, tool_results: bool) -> dict:
     return {"anyOf": [{"type": "string", "pattern": NOT_BLANK}, {"type": "array", "contains": {"anyOf": blocks}}]}
 
 
+def _without_block(kind: str) -> dict:
+    return {"properties": {"content": {"anyOf": [{"type": "string"}, {"type": "array", "items": {
+        "not": {"type": "object", "required": ["type"], "properties": {"type": {"const": kind}}}}}]}}}
+
+
 def _blank_turns(components: dict) -> None:
     for name, tool_results in (("MessageParam", True), ("MessageItem", False)):
         message = components.get(name)
         if message:  # an assistant turn may be empty (an earlier reply)
             message["if"] = {"required": ["role"], "properties": {"role": {"const": "assistant"}}}
             message["else"] = {"properties": {"content": _not_blank_text(tool_results=tool_results)}}
+            if tool_results:  # tool_use blocks belong in assistant turns, tool_result blocks in user turns
+                message["then"] = _without_block("tool_result")
+                message["else"] = {"allOf": [message["else"], _without_block("tool_use")]}
     responses = components.get("ResponsesRequest", {}).get("properties", {})
     for branch in responses.get("input", {}).get("anyOf", []):
         if branch.get("type") == "string":
