@@ -28,7 +28,7 @@ from service.routes.compat.common import (
 from service.routes.inputs import text_list
 from service.routes.streaming import mark
 from service.translation.language_id import detect as identify
-from service.translation.translate import engine_for, translation_pairs
+from service.translation.translate import engine_for, reload_translators, translation_pairs
 
 
 def _render(exc: EngineError) -> JSONResponse:
@@ -65,6 +65,7 @@ def _detect_all(texts: list[str], among: set[str]) -> list[dict]:
 
 @router.post("/translate", summary="LibreTranslate: translate text (JSON, form or query parameters)")
 async def translate(request: Request, registry: RegistryDep, settings: SettingsDep):
+    await reload_translators(registry)  # the pairs the schema lists
     params = await read_params(request)
     _check_key(settings, params)
     q, source, target = _need(params, "q"), _need(params, "source"), _need(params, "target")
@@ -74,6 +75,8 @@ async def translate(request: Request, registry: RegistryDep, settings: SettingsD
     alternatives = params.get("alternatives")
     alternatives = 0 if alternatives is None or alternatives == "" else alternatives  # a form's value is text: "2"
     if isinstance(alternatives, str) and alternatives.strip().isdecimal():
+        alternatives = int(alternatives)
+    if isinstance(alternatives, float) and alternatives.is_integer():  # JSON Schema's integer takes 2.0
         alternatives = int(alternatives)
     if isinstance(alternatives, bool) or not isinstance(alternatives, int):
         raise InvalidRequestError("Invalid request: alternatives must be an integer", "alternatives")
@@ -122,6 +125,7 @@ async def translate(request: Request, registry: RegistryDep, settings: SettingsD
 
 @router.get("/languages", summary="LibreTranslate: languages and the targets each can be translated to")
 async def languages(registry: RegistryDep):
+    await reload_translators(registry)  # the pairs the schema lists
     pairs = translation_pairs(registry)
     codes = sorted({c for pair in pairs for c in pair})
     return [{"code": c, "name": language_name(c), "targets": sorted(t for s, t in pairs if s == c)} for c in codes]
@@ -129,6 +133,7 @@ async def languages(registry: RegistryDep):
 
 @router.post("/detect", summary="LibreTranslate: identify the language of a text (langid)")
 async def detect(request: Request, registry: RegistryDep, settings: SettingsDep):
+    await reload_translators(registry)  # the pairs the schema lists
     params = await read_params(request)
     _check_key(settings, params)
     q = _need(params, "q")
@@ -146,6 +151,7 @@ async def detect(request: Request, registry: RegistryDep, settings: SettingsDep)
 
 @router.get("/frontend/settings", summary="LibreTranslate: the settings its web front end reads")
 async def frontend_settings(registry: RegistryDep, settings: SettingsDep):
+    await reload_translators(registry)  # the pairs the schema lists
     pairs = translation_pairs(registry)
     source, target = next(iter(pairs), ("en", "en"))
     return {"charLimit": settings.max_text_chars, "frontendTimeout": 500, "apiKeys": settings.api_key is not None,
