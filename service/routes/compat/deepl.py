@@ -86,13 +86,16 @@ def _target(code: str | None) -> str:
     return TARGET_VARIANTS.get(code, code.lower())
 
 
+FLAG_TEXTS = ("", "0", "1", "true", "false")  # a boolean as a form (or JSON text) writes it
+
+
 def _flag(p: dict, name: str) -> bool:
     """A boolean parameter: JSON true/false, or a form's true/false/1/0 (absent or empty: false)."""
-    value = p.get(name)
-    if value is None or isinstance(value, bool):
-        return bool(value)
-    if isinstance(value, str) and value.lower() in ("", "0", "1", "true", "false"):
-        return value.lower() in ("1", "true")
+    value = p.get(name, False)  # JSON null is not a boolean (the schema says so)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value in FLAG_TEXTS:
+        return value in ("1", "true")
     raise _bad(f"Value for '{name}' not supported: true or false.", name)
 
 
@@ -119,7 +122,7 @@ async def translate(request: Request, registry: RegistryDep, settings: SettingsD
         raise _bad("Value for 'formality' not supported.", "formality")
     if formality in ("more", "less"):
         raise _bad("'formality' is not supported for given 'target_lang'.", "formality")
-    if p.get("glossary_id"):
+    if p.get("glossary_id") not in (None, ""):  # any other value, {} included, names a glossary
         raise _bad("This server has no glossaries ('glossary_id' is not supported).", "glossary_id")
     tag_handling = p.get("tag_handling")
     if tag_handling not in (None, "", "html"):

@@ -52,6 +52,8 @@ def _need(params: dict, name: str):
     value = params.get(name)
     if value is None or value == "" or value == []:
         raise InvalidRequestError(f"Invalid request: missing {name} parameter", name)
+    if name != "q" and not isinstance(value, str):  # a language code (q: a text or a list, checked later)
+        raise InvalidRequestError(f"Invalid request: {name} must be a language code (a string)", name)
     return value
 
 
@@ -69,11 +71,12 @@ async def translate(request: Request, registry: RegistryDep, settings: SettingsD
     params = await read_params(request)
     _check_key(settings, params)
     q, source, target = _need(params, "q"), _need(params, "source"), _need(params, "target")
-    fmt = params.get("format") or "text"
+    fmt = params.get("format", "text")
+    fmt = "text" if fmt == "" else fmt  # an empty form field
     if fmt not in ("text", "html"):
         raise InvalidRequestError(f"{fmt} format is not supported", "format")
-    alternatives = params.get("alternatives")
-    alternatives = 0 if alternatives is None or alternatives == "" else alternatives  # a form's value is text: "2"
+    alternatives = params.get("alternatives", 0)  # JSON null is not an integer (the schema says so)
+    alternatives = 0 if alternatives == "" else alternatives  # a form's value is text: "2", or empty
     if isinstance(alternatives, str) and alternatives.strip().isdecimal():
         alternatives = int(alternatives)
     if isinstance(alternatives, float) and alternatives.is_integer():  # JSON Schema's integer takes 2.0

@@ -17,7 +17,7 @@ import re
 from typing import Any
 
 from service.engines.generative import MAX_STOP_STRINGS
-from service.routes.compat.deepl import FORMALITY, TARGET_VARIANTS
+from service.routes.compat.deepl import FLAG_TEXTS, FORMALITY, TARGET_VARIANTS
 from service.routes.compat.hf_inference import EMBED_KEYS
 from service.schemas.common import NOT_BLANK
 from service.translation.translate import language_pair
@@ -246,7 +246,7 @@ def _deepl(texts: dict, pairs: list) -> dict:
                       "description": "more / less: not supported for these models (400)"},
         "glossary_id": {"enum": [None, ""], "description": "no glossaries (400)"},
         "tag_handling": {"enum": [None, "", "html"], "description": "xml: not supported (400)"},
-        "show_billed_characters": {"type": "boolean"}}}
+        "show_billed_characters": {"anyOf": [{"type": "boolean"}, {"enum": list(FLAG_TEXTS)}]}}}
     if pairs:
         body["anyOf"] = _pairs_of(pairs, "source_lang", "target_lang", upper=True)
     return body
