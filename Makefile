@@ -16,7 +16,7 @@ INSTALL_INPUTS := pyproject.toml $(CONSTRAINTS) requirements-models.txt
 # Extra arguments for the benchmark, e.g. make bench BENCH_ARGS="--quick" or "--threads 1 --only decode"
 BENCH_ARGS ?=
 
-.PHONY: setup run test bench gpu-check lint clean reliability soak
+.PHONY: setup run test bench gpu-check lint clean reliability soak contract
 
 setup: $(VENV)/.installed-$(EXTRAS)
 
@@ -82,6 +82,11 @@ gpu-check: setup
 # disconnect storm, overload, SIGTERM with streams in flight. Bounded: about a minute.
 reliability: setup
 	$(BIN)/python -m pytest -q tests/reliability
+
+# The contract as an outsider runs it: stock schemathesis (every check and phase, 50 examples per
+# operation, seeds 1, 2, 3) against python -m service with tiny models (docs/testing.md). Slow: tens of minutes.
+contract: setup
+	$(BIN)/python -m tests.reliability.outsider_contract $(CONTRACT_ARGS)
 
 # Soak (not a test): mixed requests against python -m service, RSS growth (README, "Reliability")
 soak: setup

@@ -11,7 +11,8 @@ SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2,
 DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 # what parse_duration accepts as text, for request schemas
-DURATION_PATTERN = r"^[+-]?(\d+(\.\d+)?|(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+)$"
+# (ASCII digits, at most 9 before the point: a longer number of hours overflows a float to inf)
+DURATION_PATTERN = r"^[+-]?([0-9]{1,9}(\.[0-9]{1,9})?|([0-9]{1,9}(\.[0-9]{1,9})?(ns|us|µs|ms|s|m|h)){1,7})$"
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 
 

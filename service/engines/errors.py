@@ -21,6 +21,7 @@ ERRORS: dict[str, tuple[int, str]] = {
     "model_not_found": (404, "invalid_request_error"),  # OpenAI's type for an unknown model
     "not_found": (404, "not_found_error"),  # no such path
     "method_not_allowed": (405, "invalid_request_error"),
+    "model_not_loaded": (409, "invalid_request_error"),  # unloading a model that is not loaded (its state)
     "body_too_large": (413, "invalid_request_error"),
     "headers_too_large": (431, "invalid_request_error"),  # TSERVE_MAX_HEADER_BYTES / TSERVE_MAX_HEADERS
     "queue_full": (429, "overloaded_error"),  # with Retry-After
@@ -37,7 +38,7 @@ ERRORS: dict[str, tuple[int, str]] = {
 HTTP_STATUS_CODES = {401: "invalid_api_key", 404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
 
 # What the OpenAPI schema lists for every inference endpoint (499 reaches nobody).
-DOCUMENTED_STATUSES = sorted({status for status, _ in ERRORS.values()} - {405, 499})
+DOCUMENTED_STATUSES = sorted({status for status, _ in ERRORS.values()} - {405, 409, 499})
 
 
 def error_body(code: str, message: str, param: str | None = None) -> dict[str, Any]:

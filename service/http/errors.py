@@ -12,6 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from service.engines.errors import (
     DOCUMENTED_STATUSES,
@@ -102,6 +103,19 @@ def _union_branches(errors: list[dict], param: str | None) -> list[str]:
     return [b.replace("list[int]", "list[token id]").replace("none", "null") for b in branches]
 
 
+def _allowed_methods(request: Request) -> str:
+    """Every documented method the path answers. Starlette's 405 names only the first route that matched
+    the path, but a path may have one route per method (``GET /`` and ``POST /``)."""
+    def answers(method: str) -> bool:
+        scope = {**request.scope, "method": method}
+        return any(route.matches(scope)[0] is Match.FULL for route in request.app.router.routes)
+
+    # a method the schema leaves out of a path it lists (the playground's GET /) is not advertised
+    documented = request.app.openapi()["paths"].get(request.scope.get("path", ""))
+    return ", ".join(m for m in ("GET", "POST", "PUT", "PATCH", "DELETE")
+                     if answers(m) and (documented is None or m.lower() in documented))
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(EngineError)
     async def engine_error(request: Request, exc: EngineError) -> JSONResponse:
@@ -120,7 +134,10 @@ def install_error_handlers(app: FastAPI) -> None:
         message = str(exc.detail)
         if exc.status_code == 400 and message == BODY_PARSE_ERROR:  # not UTF-8, or nested too deep to parse
             code, message = "invalid_json", "request body is not valid JSON: it must be UTF-8 text of bounded depth"
-        return error_response(code, message, status=exc.status_code, headers=getattr(exc, "headers", None))
+        headers = getattr(exc, "headers", None)
+        if exc.status_code == 405:
+            headers = {**(headers or {}), "Allow": _allowed_methods(request)}
+        return error_response(code, message, status=exc.status_code, headers=headers)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -25,6 +25,7 @@ from fastapi import FastAPI
 from service.engines.generative import MAX_STOP_STRINGS
 from service.models.lookup import FAMILY_NAMES
 from service.routes.compat.openapi import drop_ins
+from service.schemas import contract_rules
 from service.schemas.common import NOT_BLANK
 
 # request schema -> (the family its endpoint serves, its text-input fields)
@@ -63,6 +64,8 @@ def contract(app: FastAPI) -> dict[str, Any]:
             cap = max_len - 1 if family != "encoder" else None  # at least one prompt token
             if "max_tokens" in props and cap:
                 _set(props["max_tokens"], maximum=min(cap, _get(props["max_tokens"], "maximum", cap)))
+                if isinstance(props["max_tokens"].get("default"), int):  # a default past the cap shrinks to it
+                    props["max_tokens"]["default"] = min(cap, props["max_tokens"]["default"])
             if "beam_size" in props:
                 _set(props["beam_size"], maximum=min(settings.max_batch, _get(props["beam_size"], "maximum", 16)))
             if "dimensions" in props:
@@ -116,6 +119,7 @@ def contract(app: FastAPI) -> dict[str, Any]:
             if path in STREAMING:
                 responses["200"]["content"]["text/event-stream"] = {"schema": _sse_event(STREAMING[path])}
     drop_ins(schema, settings, registry)
+    contract_rules.apply(components, registry)
     models = schema["paths"]["/v1/models/{model_id}"]["get"]["responses"]
     models["404"] = {"description": "no loaded model has this id", "content": {"application/json": {"schema": ERROR}}}
     for probe in ("/health", "/ready"):

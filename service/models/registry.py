@@ -130,7 +130,8 @@ class EngineRegistry:
         entry = self._entry(name)
         async with self.loader.lock:
             if entry.engine is None:
-                raise InvalidRequestError(f"model '{printable(name)}' is not loaded (state: {entry.state})", "model")
+                raise InvalidRequestError(f"model '{printable(name)}' is not loaded (state: {entry.state})", "model",
+                                          code="model_not_loaded")
             users = sorted(e.name for e in self.entries.values() if e.rescorer_source is entry)
             if users:
                 raise InvalidRequestError(f"model '{printable(name)}' is the fill-mask rescorer of {users}, which "

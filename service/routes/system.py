@@ -8,6 +8,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from service.http.dependencies import RegistryDep
 from service.http.errors import ERROR_RESPONSES
+from service.schemas.common import ErrorResponse
 from service.schemas.openai import ModelAction, ModelActionResult, ModelCard, ModelList
 
 probes = APIRouter(tags=["operations"])
@@ -50,7 +51,8 @@ async def load_model(body: ModelAction, registry: RegistryDep):
     return ModelActionResult(model=body.model, state=registry.card(body.model)["state"])
 
 
-@models.post("/models/unload", response_model=ModelActionResult, responses=ERROR_RESPONSES,
+@models.post("/models/unload", response_model=ModelActionResult, responses={**ERROR_RESPONSES, 409: {
+    "model": ErrorResponse, "description": "the model is not loaded (its state says why: available, loading)"}},
              summary="Unload a model now; its in-flight requests get TSERVE_SHUTDOWN_GRACE_S to finish")
 async def unload_model(body: ModelAction, registry: RegistryDep):
     await registry.unload(body.model)

@@ -33,7 +33,9 @@ async def translate(body: TranslateRequest, request: Request, registry: Registry
     texts = text_list(body.text, "text", settings)
     sources = translation.sources(engine, texts)
     ids = translation.source_ids(engine, sources, "text")
-    params = SamplingParams(max_new_tokens=body.max_tokens, beam_size=body.beam_size,
+    # the default (128) shrinks to a model with fewer positions; a value sent is checked as sent
+    max_tokens = body.max_tokens if "max_tokens" in body.model_fields_set else min(body.max_tokens, engine.max_len - 1)
+    params = SamplingParams(max_new_tokens=max_tokens, beam_size=body.beam_size,
                             length_penalty=body.length_penalty, temperature=body.temperature, seed=body.seed)
     rid, created = f"tr-{uuid.uuid4().hex}", int(time.time())
     if body.stream:

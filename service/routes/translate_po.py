@@ -29,8 +29,17 @@ router = APIRouter(tags=["translation"])
 
 PO_MEDIA_TYPE = "text/x-gettext-translation"
 RAW_MEDIA_TYPES = (PO_MEDIA_TYPE, "text/x-po", "application/x-po", "application/octet-stream")
-FILE_SCHEMA = {"type": "string", "format": "binary", "description": "a gettext .po file (UTF-8 or the charset its "
-               "header declares); at most TSERVE_MAX_BODY_BYTES and TSERVE_MAX_PO_ENTRIES entries"}
+# What "parses as a .po file" means cannot be said in JSON Schema; the pattern states a plain form
+# of one (comments, msgctxt, msgid and msgstr lines of quoted UTF-8 text), so a schema-driven
+# client or fuzzer sends catalogues. The server reads any catalogue gettext reads (a header,
+# plurals, another charset): the pattern is the form it promises to accept, not the only one.
+_PO_STRING = r'"([^"\\\x00-\x1f\x7f]|\\[\\"nt]){1,80}"'
+PO_PATTERN = (r"^((#[ .] [^\x00-\x1f\x7f]{0,40}\n){0,2}(msgctxt " + _PO_STRING + r"\n)?msgid " + _PO_STRING
+              + r'\nmsgstr ("[^"\\\x00-\x1f\x7f]{0,80}")\n\n?){1,8}$')
+FILE_SCHEMA = {"type": "string", "contentMediaType": PO_MEDIA_TYPE, "pattern": PO_PATTERN, "description": (
+    "a gettext .po file (UTF-8 or the charset its header declares); at most TSERVE_MAX_BODY_BYTES and "
+    "TSERVE_MAX_PO_ENTRIES entries. The pattern is a plain form of the format (the form a schema can state); any "
+    "catalogue gettext reads is accepted, and a file that is not one is refused with 400 naming `file`")}
 
 
 def _not_null(schema: dict[str, Any]) -> dict[str, Any]:
@@ -73,7 +82,8 @@ async def translate_po(request: Request, registry: RegistryDep, settings: Settin
             f"translates at most {capacity} texts (TSERVE_MAX_QUEUE + TSERVE_MAX_BATCH): send max_entries "
             f"(e.g. {max(1, capacity // 2)}) and send the returned file again for the rest", "max_entries",
             code="body_too_large")
-    params = SamplingParams(max_new_tokens=body.max_tokens, beam_size=body.beam_size, temperature=0.0)
+    max_tokens = body.max_tokens if "max_tokens" in body.model_fields_set else min(body.max_tokens, engine.max_len - 1)
+    params = SamplingParams(max_new_tokens=max_tokens, beam_size=body.beam_size, temperature=0.0)
     summary = await po_catalogue.translate_catalogue(client_gone(request), engine, po, texts, params,
                                                      settings.max_text_chars)
     mark(request, usage=summary.usage)

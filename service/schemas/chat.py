@@ -56,7 +56,7 @@ class ChatMessage(RequestModel):
     @model_validator(mode="after")
     def _plain(self) -> ChatMessage:
         for unsupported in ("function_call", "audio", "refusal"):
-            if getattr(self, unsupported, None):
+            if getattr(self, unsupported, None) is not None:  # the schema's type is null: {} or "" too
                 raise ValueError(f"'{unsupported}' in messages is not supported (no audio or legacy function support)")
         if self.tool_calls and self.role != "assistant":
             raise ValueError("only assistant messages carry 'tool_calls'")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, WithJsonSchema, field_validator
 
 from service.engines.generative import MAX_STOP_STRINGS, MAX_TOP_LOGPROBS
 from service.units import DURATION_PATTERN, parse_duration
@@ -136,13 +136,18 @@ class KeepAlive(RequestModel):
     request, in seconds or a duration (``"5m"``, ``"1h"``); negative = until unloaded, 0 = unload
     once the request is done. Parsed to seconds (-1 for forever); absent: TSERVE_KEEP_ALIVE."""
 
-    keep_alive: float | Annotated[str, Field(pattern=DURATION_PATTERN)] | None = Field(
+    # the pattern is checked here with Python's re, as a schema-driven client's generator reads it
+    # (its ``$`` also matches before a final newline, which the duration parser strips)
+    keep_alive: float | Annotated[str, WithJsonSchema({"type": "string", "pattern": DURATION_PATTERN})] | None = Field(
         None, description="seconds or a duration ('30s', '5m', '1h30m'); negative = forever, 0 = unload after "
                           "this request")
 
     @field_validator("keep_alive")
     @classmethod
     def _keep_alive(cls, value):
+        if isinstance(value, str) and not re.search(DURATION_PATTERN, value):
+            raise ValueError(f"{value[:40]!r} is not a duration: use seconds (300) or a duration such as '30s', '5m', "
+                             "'1h30m' (at most 9 digits a number); negative = forever")
         return None if value is None else parse_duration(value)
 
 

@@ -83,6 +83,17 @@ def engine_for(registry: EngineRegistry, source: str | None = None,
     return None
 
 
+async def reload_translators(registry: EngineRegistry) -> None:
+    """Load again the translation models unloaded since they last served (keep_alive, POST
+    /models/unload). The routes that pick a model by its language pair (LibreTranslate, DeepL,
+    the HF Inference API) read the pair from a loaded model, and the OpenAPI schema promises the
+    pairs of the models that were loaded."""
+    names = [e.name for e in registry.entries.values()
+             if e.engine is None and e.state == "available" and (e.card or {}).get("family") == "encoder-decoder"]
+    for name in names:
+        await registry.load(name)
+
+
 def translation_pairs(registry: EngineRegistry) -> dict[Pair, GenerativeEngine]:
     """Every language pair served, with the engine ``engine_for`` picks for it."""
     pairs: dict[Pair, GenerativeEngine] = {}

@@ -226,7 +226,7 @@ async def test_load_and_unload_routes(weights_dir):
         assert r.json() == {"success": True, "model": "fill-mask-tiny", "state": "available"}
         assert "fill-mask-tiny" not in app.state.registry.engines
         again = await c.post("/models/unload", json={"model": "fill-mask-tiny"}, headers=auth)
-        assert again.status_code == 400 and "not loaded" in again.json()["error"]["message"]
+        assert again.status_code == 409 and "not loaded" in again.json()["error"]["message"]  # its state conflicts
         for path in ("/models/load", "/models/unload"):
             unknown = await c.post(path, json={"model": "nope"}, headers=auth)
             assert unknown.status_code == 404 and unknown.json()["error"]["param"] == "model"

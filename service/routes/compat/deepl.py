@@ -28,7 +28,7 @@ from service.routes.compat.common import (
     translate_texts,
 )
 from service.routes.inputs import text_list
-from service.translation.translate import engine_for, translation_pairs
+from service.translation.translate import engine_for, reload_translators, translation_pairs
 
 CHARACTER_LIMIT = 1_000_000_000_000  # DeepL Pro reports a very large limit; there is no quota here
 TARGET_VARIANTS = {"EN-GB": "en", "EN-US": "en", "PT-PT": "pt", "PT-BR": "pt", "ZH-HANS": "zh", "ZH-HANT": "zh"}
@@ -86,8 +86,22 @@ def _target(code: str | None) -> str:
     return TARGET_VARIANTS.get(code, code.lower())
 
 
+FLAG_TEXTS = ("", "0", "1", "true", "false")  # a boolean as a form (or JSON text) writes it
+
+
+def _flag(p: dict, name: str) -> bool:
+    """A boolean parameter: JSON true/false, or a form's true/false/1/0 (absent or empty: false)."""
+    value = p.get(name, False)  # JSON null is not a boolean (the schema says so)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value in FLAG_TEXTS:
+        return value in ("1", "true")
+    raise _bad(f"Value for '{name}' not supported: true or false.", name)
+
+
 @router.post("/v2/translate", summary="DeepL: translate texts")
 async def translate(request: Request, registry: RegistryDep, settings: SettingsDep):
+    await reload_translators(registry)  # the pairs the schema lists
     _auth(request, settings)
     p = await read_params(request)
     texts = p.get("text")
@@ -108,11 +122,12 @@ async def translate(request: Request, registry: RegistryDep, settings: SettingsD
         raise _bad("Value for 'formality' not supported.", "formality")
     if formality in ("more", "less"):
         raise _bad("'formality' is not supported for given 'target_lang'.", "formality")
-    if p.get("glossary_id"):
+    if p.get("glossary_id") not in (None, ""):  # any other value, {} included, names a glossary
         raise _bad("This server has no glossaries ('glossary_id' is not supported).", "glossary_id")
     tag_handling = p.get("tag_handling")
     if tag_handling not in (None, "", "html"):
         raise _bad("Value for 'tag_handling' not supported: this server handles 'html' only.", "tag_handling")
+    show = _flag(p, "show_billed_characters")
     found = engine_for(registry, source, target)  # without source_lang: the first model translating into target
     if found is None:
         raise _bad(f"Translation from '{source.upper() if source else 'auto'}' to '{target.upper()}' is not "
@@ -124,7 +139,6 @@ async def translate(request: Request, registry: RegistryDep, settings: SettingsD
         translated, _ = await translate_texts(request, engine, texts, "text", settings)
     billed = [len(t) for t in texts]
     _usage(request).add(sum(billed))
-    show = str(p.get("show_billed_characters", "")).lower() in ("1", "true")
     return {"translations": [{"detected_source_language": detected.upper(), "text": t,
                               **({"billed_characters": n} if show else {})} for t, n in zip(translated, billed)]}
 
@@ -132,6 +146,7 @@ async def translate(request: Request, registry: RegistryDep, settings: SettingsD
 @router.get("/v2/languages", summary="DeepL: source or target languages", operation_id="deepl_languages_get")
 @router.post("/v2/languages", summary="DeepL: source or target languages", operation_id="deepl_languages_post")
 async def languages(request: Request, registry: RegistryDep, settings: SettingsDep):
+    await reload_translators(registry)  # the pairs the schema lists
     _auth(request, settings)
     kind = (await read_params(request)).get("type", "source")
     if kind not in ("source", "target"):

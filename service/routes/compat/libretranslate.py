@@ -28,7 +28,7 @@ from service.routes.compat.common import (
 from service.routes.inputs import text_list
 from service.routes.streaming import mark
 from service.translation.language_id import detect as identify
-from service.translation.translate import engine_for, translation_pairs
+from service.translation.translate import engine_for, reload_translators, translation_pairs
 
 
 def _render(exc: EngineError) -> JSONResponse:
@@ -52,6 +52,8 @@ def _need(params: dict, name: str):
     value = params.get(name)
     if value is None or value == "" or value == []:
         raise InvalidRequestError(f"Invalid request: missing {name} parameter", name)
+    if name != "q" and not isinstance(value, str):  # a language code (q: a text or a list, checked later)
+        raise InvalidRequestError(f"Invalid request: {name} must be a language code (a string)", name)
     return value
 
 
@@ -65,16 +67,22 @@ def _detect_all(texts: list[str], among: set[str]) -> list[dict]:
 
 @router.post("/translate", summary="LibreTranslate: translate text (JSON, form or query parameters)")
 async def translate(request: Request, registry: RegistryDep, settings: SettingsDep):
+    await reload_translators(registry)  # the pairs the schema lists
     params = await read_params(request)
     _check_key(settings, params)
     q, source, target = _need(params, "q"), _need(params, "source"), _need(params, "target")
-    fmt = params.get("format") or "text"
+    fmt = params.get("format", "text")
+    fmt = "text" if fmt == "" else fmt  # an empty form field
     if fmt not in ("text", "html"):
         raise InvalidRequestError(f"{fmt} format is not supported", "format")
-    try:
-        alternatives = int(params.get("alternatives") or 0)
-    except (TypeError, ValueError):
-        raise InvalidRequestError("Invalid request: alternatives must be an integer", "alternatives") from None
+    alternatives = params.get("alternatives", 0)  # JSON null is not an integer (the schema says so)
+    alternatives = 0 if alternatives == "" else alternatives  # a form's value is text: "2", or empty
+    if isinstance(alternatives, str) and alternatives.strip().isdecimal():
+        alternatives = int(alternatives)
+    if isinstance(alternatives, float) and alternatives.is_integer():  # JSON Schema's integer takes 2.0
+        alternatives = int(alternatives)
+    if isinstance(alternatives, bool) or not isinstance(alternatives, int):
+        raise InvalidRequestError("Invalid request: alternatives must be an integer", "alternatives")
     if not 0 <= alternatives <= 3:
         raise InvalidRequestError("Invalid request: alternatives must be between 0 and 3", "alternatives")
     texts = text_list(q, "q", settings)
@@ -120,6 +128,7 @@ async def translate(request: Request, registry: RegistryDep, settings: SettingsD
 
 @router.get("/languages", summary="LibreTranslate: languages and the targets each can be translated to")
 async def languages(registry: RegistryDep):
+    await reload_translators(registry)  # the pairs the schema lists
     pairs = translation_pairs(registry)
     codes = sorted({c for pair in pairs for c in pair})
     return [{"code": c, "name": language_name(c), "targets": sorted(t for s, t in pairs if s == c)} for c in codes]
@@ -127,6 +136,7 @@ async def languages(registry: RegistryDep):
 
 @router.post("/detect", summary="LibreTranslate: identify the language of a text (langid)")
 async def detect(request: Request, registry: RegistryDep, settings: SettingsDep):
+    await reload_translators(registry)  # the pairs the schema lists
     params = await read_params(request)
     _check_key(settings, params)
     q = _need(params, "q")
@@ -144,6 +154,7 @@ async def detect(request: Request, registry: RegistryDep, settings: SettingsDep)
 
 @router.get("/frontend/settings", summary="LibreTranslate: the settings its web front end reads")
 async def frontend_settings(registry: RegistryDep, settings: SettingsDep):
+    await reload_translators(registry)  # the pairs the schema lists
     pairs = translation_pairs(registry)
     source, target = next(iter(pairs), ("en", "en"))
     return {"charLimit": settings.max_text_chars, "frontendTimeout": 500, "apiKeys": settings.api_key is not None,

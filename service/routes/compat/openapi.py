@@ -17,7 +17,7 @@ import re
 from typing import Any
 
 from service.engines.generative import MAX_STOP_STRINGS
-from service.routes.compat.deepl import FORMALITY, TARGET_VARIANTS
+from service.routes.compat.deepl import FLAG_TEXTS, FORMALITY, TARGET_VARIANTS
 from service.routes.compat.hf_inference import EMBED_KEYS
 from service.schemas.common import NOT_BLANK
 from service.translation.translate import language_pair
@@ -97,6 +97,7 @@ def drop_ins(schema: dict[str, Any], settings, registry) -> None:
     for path, body in (("/translate", _libretranslate(texts, pairs)), ("/detect", _detect(texts)),
                        ("/v2/translate", _deepl(texts, pairs)), ("/v2/languages", _deepl_type())):
         paths[path]["post"]["requestBody"] = _json_body(body, form=True)
+    paths["/v2/languages"]["post"]["requestBody"]["required"] = False  # no body: type=source
     paths["/v2/languages"]["get"]["parameters"] = [{"name": "type", "in": "query", "required": False,
                                                     "schema": {"enum": ["source", "target"]}}]
     _anthropic(schema, components, [e.name for e in decoders if getattr(e, "chat", None) is not None])
@@ -245,7 +246,7 @@ def _deepl(texts: dict, pairs: list) -> dict:
                       "description": "more / less: not supported for these models (400)"},
         "glossary_id": {"enum": [None, ""], "description": "no glossaries (400)"},
         "tag_handling": {"enum": [None, "", "html"], "description": "xml: not supported (400)"},
-        "show_billed_characters": {"type": "boolean"}}}
+        "show_billed_characters": {"anyOf": [{"type": "boolean"}, {"enum": list(FLAG_TEXTS)}]}}}
     if pairs:
         body["anyOf"] = _pairs_of(pairs, "source_lang", "target_lang", upper=True)
     return body

@@ -25,7 +25,7 @@ from service.http.dependencies import RegistryDep, SettingsDep
 from service.routes.compat.common import error_route
 from service.routes.inputs import input_ids
 from service.routes.streaming import check_event, client_gone, mark, sse_event, sse_response
-from service.schemas.common import RequestModel
+from service.schemas.common import MAX_SEED, RequestModel
 
 TGI_FINISH = {"eos": "eos_token", "length": "length", "stop": "stop_sequence"}
 TGI_ERROR_TYPES = {400: "validation", 404: "validation", 413: "validation", 422: "validation", 429: "overloaded",
@@ -53,7 +53,7 @@ class TGIParameters(RequestModel):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
     stop: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list, max_length=MAX_STOP_STRINGS)
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
     details: bool = False
     return_full_text: bool = False
     decoder_input_details: bool = False
