@@ -160,12 +160,15 @@ def prepare(model: TransformerModel, options: DecodeOptions | None = None, token
 
 
 def kv_cache_dtype(setting: str, model: TransformerModel, native: bool) -> torch.dtype:
-    """``kv_dtype`` of a decoder-only model's cache; ``auto``: bfloat16 under the native step
-    (measured: ~12% faster decode steps at batch 8-32, half the cache's memory, SmolLM2's
-    perplexity unchanged), else the model's. An encoder-decoder keeps its own dtype: its
-    cross-attention reads the cache at the model's precision."""
+    """``kv_dtype`` of a decoder-only model's cache; ``auto``: the model's own dtype, under every
+    step. A bfloat16 cache (``TSERVE_KV_DTYPE=bfloat16``: ~12% faster decode steps at batch 8-32,
+    half the cache's memory) rounds every key and value to 8 significant bits, which turned
+    SmolLM2's greedy answer to the README's question into nonsense, and its prompt kernel
+    (AVX512-BF16, where the CPU has it) rounds the queries too, so the answer depended on the CPU.
+    An encoder-decoder keeps its own dtype: its cross-attention reads the cache at the model's
+    precision. ``native`` is kept for the callers' symmetry with the step's choice."""
     if isinstance(model, EncoderDecoder):
         return model.dtype
     if setting != "auto":
         return DTYPES[setting]
-    return torch.bfloat16 if native else model.dtype
+    return model.dtype

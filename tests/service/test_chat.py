@@ -214,7 +214,7 @@ def test_generate_runs_the_decode_step_the_service_runs(tmp_path):
         served = httpx.post(s.url + "/v1/completions", json=body, timeout=30).json()["choices"][0]["text"]
     ckpt = load_model(path)
     step = prepare(ckpt.model, settings.decode_options(), ckpt.tokenizer)
-    assert (step.name, step.kv_dtype) == (served_step.name, served_step.kv_dtype) == ("native", torch.bfloat16)
+    assert (step.name, step.kv_dtype) == (served_step.name, served_step.kv_dtype) == ("native", torch.float32)
     params = SamplingParams(max_new_tokens=16, temperature=0.0)
     ids = [ckpt.tokenizer.encode(prompt)]
     assert generate(ckpt.model, ids, params, ckpt.tokenizer, step=step)[0].text == served

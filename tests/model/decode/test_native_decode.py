@@ -112,13 +112,13 @@ def test_greedy_generation_identical_with_and_without_native(fresh_seed):
 
 def test_the_service_default_options_choose_the_native_step_for_int8_llama(fresh_seed):
     """``prepare`` with the service's defaults quantizes a Llama-architecture model, picks the
-    native step over a bfloat16 cache, and ``generate(options=...)`` runs that very step."""
+    native step over a cache in the model's own dtype, and ``generate(options=...)`` runs that very step."""
     from model import SamplingParams, generate
 
     served, offline = _model(fresh_seed), _model(fresh_seed)
     prompts = random_prompts(served, fresh_seed, (9, 30))
     step = prepare(served, DecodeOptions())
-    assert step.name == "native" and step.kv_dtype == torch.bfloat16
+    assert step.name == "native" and step.kv_dtype == served.dtype == torch.float32
     assert isinstance(served.decoder_layers[0].ffn.up, DecodeInt8Linear)
     params = SamplingParams(max_new_tokens=20, temperature=0.0, ignore_eos=True)
     by_options = [r.token_ids for r in generate(offline, prompts, params, options=DecodeOptions())]
