@@ -59,7 +59,7 @@ def settings_for(weights: Path, **overrides) -> Settings:
     return Settings(_env_file=None, **values)
 
 
-async def wait_ready(client: httpx.AsyncClient, timeout: float = 60.0) -> None:
+async def wait_ready(client: httpx.AsyncClient, timeout: float = 300.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         r = await client.get("/ready")
