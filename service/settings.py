@@ -35,8 +35,8 @@ class Settings(BaseSettings):
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     kv_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="KV cache of decoder-only models: auto = bfloat16 under the native decode step, "
-                            "else the model's dtype; bfloat16 halves the cache's memory and what a step reads")
+        "auto", description="KV cache of decoder-only models: auto = the model's dtype; bfloat16 halves the "
+                            "cache's memory and what a step reads, at a cost in fidelity")
     torch_threads: int = Field(0, ge=0, description="intra-op threads; 0 = torch's default")
     quantize: Literal["auto", "none", "int8"] = Field(
         "auto", description="int8: decode steps through per-channel int8 projections and head (CPU; prompts "

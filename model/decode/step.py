@@ -65,7 +65,7 @@ class DecodeOptions:
     quantize: str = "auto"  # auto: int8 decode copies for gated (Llama-style) decoders on the CPU; int8; none
     native: str = "auto"  # auto: the C++ step where it can run and decode steps are int8; on; off
     native_library: str | None = None  # a prebuilt library (python -m model.decode.native --out DIR)
-    kv_dtype: str = "auto"  # decoder-only caches; auto: bfloat16 under the native step, else the model's dtype
+    kv_dtype: str = "auto"  # decoder-only caches; auto: the model's dtype (kv_cache_dtype says why)
     # decode attention in the Python step: auto (the Triton kernel on CUDA where it runs; on the CPU
     # the native library's paged attention where it builds), sdpa, triton, native
     attention: str = "auto"

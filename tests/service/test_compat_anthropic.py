@@ -33,7 +33,7 @@ def warm(create, **kw):
     """``create(**kw)`` twice, the second answer: a prompt of more than one prefix-cache block (32
     tokens; SmolLM2's template adds a system prompt) reads its first block from the cache from the
     second time on, as the requests compared with it will. Copied K/V went through the cache's
-    dtype (bfloat16 under the native step), which can move a greedy choice of the real model."""
+    dtype (bfloat16 with TSERVE_KV_DTYPE=bfloat16), which can move a greedy choice of the real model."""
     create(**kw)
     return create(**kw)
 
