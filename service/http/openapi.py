@@ -38,8 +38,9 @@ REQUESTS = {
 }
 STREAMING = {"/v1/generate": "GenerateChunk", "/v1/completions": "CompletionChunk",
              "/v1/translate": "TranslateChunk", "/v1/chat/completions": "ChatCompletionChunk"}
-TOKEN_LIMIT = (" Tokens are checked too: a prompt's tokens + max_tokens (a translation source's or an encoder "
-               "input's tokens alone) must fit the model's max_seq_len (GET /v1/models), else 400.")
+TOKEN_LIMIT = (" Tokens are checked too: a prompt (a translation source, an encoder input) must fit the model's "
+               "max_seq_len (GET /v1/models), a prompt with room for one generated token, else 400. A generation "
+               "ends where the context does (finish_reason length), before max_tokens if the prompt leaves less.")
 ERROR = {"$ref": "#/components/schemas/ErrorResponse"}
 
 

@@ -152,8 +152,8 @@ def _neutral(prop: dict, *values: Any) -> None:
 
 def _tgi(components: dict, text: dict, decoders: list, max_stop: int) -> None:
     request, params = components["TGIRequest"]["properties"], components["TGIParameters"]["properties"]
-    request["inputs"] = {**text, "description": "the prompt; its tokens + max_new_tokens must fit the model "
-                         "(GET /info: max_total_tokens), else 422"}
+    request["inputs"] = {**text, "description": "the prompt; its tokens must leave room for one new token "
+                         "(GET /info: max_total_tokens), else 422; the output ends where the context does"}
     if decoders:
         request["model"] = {"enum": [None, *(e.name for e in decoders)], "description": "extension: a loaded "
                             "text-generation model (TGI serves one); another is a 422"}
