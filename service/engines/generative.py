@@ -39,6 +39,8 @@ from service.engines.errors import EmptyInputError, InputTooLongError, InvalidRe
 from service.metrics import Metrics
 from service.settings import Settings
 
+PREFILL_MARK = "\ue000tserve-prefill\ue000"  # a private-use character no template trims
+
 log = logging.getLogger("tserve.engine")
 
 # Routes and schemas take these from here, not from `model`: the engine is their one door to it.
@@ -254,26 +256,26 @@ class GenerativeEngine(BaseEngine):
         ``add_generation_prompt`` is false: /tokenize); ``tools`` (OpenAI's shape) for a template
         that renders them (``template_takes_tools``). ``continue_final``: a final assistant
         message is a prefill the model continues (its turn left open, as transformers'
-        ``continue_final_message`` does); a blank one is the opened turn."""
+        ``continue_final_message`` does; trailing whitespace dropped, as Anthropic asks)."""
         if self.chat is None:
             raise InvalidRequestError(f"model '{self.name}' has no chat template; use /v1/completions for plain "
                                       "text generation", "model")
-        prefill = ""
+        prefill = None
         if continue_final and messages and messages[-1].get("role") == "assistant":
-            prefill = (messages[-1].get("content") or "").strip()
-            if not prefill:
-                messages = messages[:-1]
+            # rendered with a marker for its text, cut at the marker: the turn stays open
+            prefill = (messages[-1].get("content") or "").rstrip()
+            messages = [*messages[:-1], {**messages[-1], "content": PREFILL_MARK}]
         try:
-            text = self.chat.render(messages, add_generation_prompt=add_generation_prompt and not prefill,
+            text = self.chat.render(messages, add_generation_prompt=add_generation_prompt and prefill is None,
                                     **({"tools": tools} if tools else {}))
         except (ChatMessageError, ChatTemplateError) as exc:
             raise InvalidRequestError(f"messages: {exc}", "messages") from None
-        if prefill:
-            end = text.rfind(prefill)
+        if prefill is not None:
+            end = text.rfind(PREFILL_MARK)
             if end < 0:
                 raise InvalidRequestError("messages: this model's chat template does not keep the final assistant "
                                           "message's text, so it cannot be continued", "messages")
-            text = text[:end + len(prefill)]
+            text = text[:end] + prefill
         ids = self.tokenizer.encode(text, add_special_tokens=False)  # the template wrote the special tokens
         self._check_lengths([ids], "messages", False)
         return ids

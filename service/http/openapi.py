@@ -56,8 +56,9 @@ def contract(app: FastAPI) -> dict[str, Any]:
         props = components[name]["properties"]
         engines = [e for e in registry.engines.values() if e.family == family]
         vocab = min((e.cfg.vocab_size for e in engines), default=None)
+        max_ids = min((e.max_len - (family == "decoder") for e in engines), default=None)
         for field in fields:
-            _text_input(props[field], settings.max_text_chars, settings.max_texts, vocab)
+            _text_input(props[field], settings.max_text_chars, settings.max_texts, vocab, max_ids)
             props[field]["description"] = (props[field].get("description", "") + TOKEN_LIMIT).strip()
         _model_field(props["model"], family, [e.name for e in engines])
         if engines:  # the model's own bounds, where one number states them
@@ -119,6 +120,7 @@ def contract(app: FastAPI) -> dict[str, Any]:
             responses.pop("422", None)
             if path in STREAMING:
                 responses["200"]["content"]["text/event-stream"] = {"schema": _sse_event(STREAMING[path])}
+    _po_query(schema["paths"].get("/v1/translate/po", {}).get("post"), registry, settings)
     drop_ins(schema, settings, registry)
     contract_rules.apply(components, registry)
     models = schema["paths"]["/v1/models/{model_id}"]["get"]["responses"]
@@ -173,9 +175,12 @@ def _sse_event(chunk: str) -> dict:
             "contentSchema": {"anyOf": [_ref(chunk), _ref("ErrorResponse")]}}}}}
 
 
-def _text_input(prop: dict, max_chars: int, max_items: int, vocab: int | None) -> None:
+def _text_input(prop: dict, max_chars: int, max_items: int, vocab: int | None, max_ids: int | None) -> None:
+    """``max_ids``: the most token ids one input may have (the model's limit, one token left for
+    the output where the model generates)."""
     text = {"type": "string", "minLength": 1, "maxLength": max_chars, "pattern": NOT_BLANK}
     ids = {"type": "integer", "minimum": 0, **({"maximum": vocab - 1} if vocab else {})}
+    bound = {"maxItems": max_ids} if max_ids else {}
     for branch in prop.get("anyOf", [prop]):
         if branch.get("type") == "string":
             branch.update(text)
@@ -184,9 +189,26 @@ def _text_input(prop: dict, max_chars: int, max_items: int, vocab: int | None) -
             if items.get("type") == "string":
                 branch.update(minItems=1, maxItems=max_items, items=text)
             elif items.get("type") == "integer":
-                branch.update(minItems=1, items=ids)
+                branch.update(minItems=1, items=ids, **bound)
             elif items.get("type") == "array":
-                branch.update(minItems=1, maxItems=max_items, items={"type": "array", "minItems": 1, "items": ids})
+                branch.update(minItems=1, maxItems=max_items, items={"type": "array", "minItems": 1, "items": ids,
+                                                                     **bound})
+
+
+def _po_query(op: dict | None, registry, settings) -> None:
+    """/v1/translate/po's query: a translation model, max_tokens and beam_size within its bounds."""
+    engines = [e for e in registry.engines.values() if e.family == "encoder-decoder"]
+    if not op or not engines:
+        return
+    query = {p["name"]: p for p in op.get("parameters", [])}
+    _model_field(query["model"]["schema"], "encoder-decoder", [e.name for e in engines])
+    query["model"]["description"] = query["model"]["schema"]["description"]
+    max_tokens = query["max_tokens"]["schema"]
+    max_tokens["maximum"] = min(max_tokens["maximum"], min(e.max_len for e in engines) - 1)
+    max_tokens["default"] = min(max_tokens["default"], max_tokens["maximum"])
+    beam = query["beam_size"]["schema"]
+    beam["maximum"] = min(beam["maximum"], settings.max_batch)
+    beam["default"] = min(beam["default"], beam["maximum"])
 
 
 def _model_field(prop: dict, family: str, names: list[str]) -> None:

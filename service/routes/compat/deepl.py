@@ -109,7 +109,10 @@ async def translate(request: Request, registry: RegistryDep, settings: SettingsD
         raise _bad("Parameter 'text' not specified.", "text")
     texts = text_list(texts if isinstance(texts, list) else [texts], "text", settings)
     target = _target(p.get("target_lang"))
-    source = (p.get("source_lang") or "").lower() or None
+    source = p.get("source_lang", "")
+    if not isinstance(source, str):  # null, {} or [] is no language code (falsy, but sent)
+        raise _bad("Value for 'source_lang' not supported.", "source_lang")
+    source = source.lower() or None
     pairs = translation_pairs(registry)
     if target not in {t for _, t in pairs}:
         raise _bad("Value for 'target_lang' not supported.", "target_lang")

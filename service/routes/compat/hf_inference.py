@@ -71,7 +71,7 @@ def pick_task(body: dict[str, Any], registry: EngineRegistry) -> str:
 
 @router.post("/", summary="TGI/TEI/HF Inference: the task is read from the payload (see the module docs)")
 async def root(request: Request, registry: RegistryDep, settings: SettingsDep):
-    await reload_translators(registry)  # the pairs the schema lists
+    await reload_translators(registry, ("encoder-decoder", "encoder", "decoder"))  # the tasks the schema lists
     body = await read_params(request)
     if not isinstance(body.get("parameters", {}), dict | None):
         raise InvalidRequestError("parameters: must be an object", "parameters")
@@ -109,7 +109,7 @@ async def _fill_mask(body: dict, request: Request, registry: EngineRegistry, set
     params = body.get("parameters") or {}
     if params.get("targets"):
         raise InvalidRequestError("parameters.targets is not supported", "parameters.targets")
-    top_k = params.get("top_k") or 5
+    top_k = params.get("top_k", 5)
     if not isinstance(top_k, int) or not 1 <= top_k <= 100:
         raise InvalidRequestError("parameters.top_k must be an integer in [1, 100]", "parameters.top_k")
     engine: EncoderEngine = registry.get(None, "encoder", "/", "fill-mask", only_one=True)

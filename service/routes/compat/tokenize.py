@@ -46,14 +46,17 @@ class DetokenizeRequest(RequestModel):
     tokens: list[int] = Field(max_length=1_000_000)
 
 
-def _engine(registry: EngineRegistry, name: str | None, endpoint: str) -> BaseEngine:
+async def _engine(registry: EngineRegistry, name: str | None, endpoint: str) -> BaseEngine:
+    """The named model of any family, loaded again if keep_alive or /models/unload unloaded it."""
     if name is None:
         found = registry.default("text-generation") or next(iter(registry.engines.values()), None)
         if found is None:
             return registry.get(None, "decoder", endpoint)  # raises: loading, or nothing loaded
         name = found.name
-    known = registry.engines.get(name)
-    return registry.get(name, known.family if known else "decoder", endpoint)
+    known, entry = registry.engines.get(name), registry.entries.get(name)
+    card = entry.card if entry is not None else None
+    family = known.family if known else card["family"] if card else "decoder"
+    return await registry.acquire(name, family, endpoint)
 
 
 @router.post("/tokenize", responses=ERROR_RESPONSES, summary="vLLM / llama.cpp: a prompt's (or a chat's) token ids")
@@ -62,7 +65,7 @@ async def tokenize(body: TokenizeRequest, request: Request, registry: RegistryDe
     if len(given) != 1:
         raise InvalidRequestError("/tokenize takes exactly one of 'prompt', 'content' (llama.cpp) or 'messages'; got "
                                   f"{len(given)}", given[1] if given else "prompt")
-    engine = _engine(registry, body.model, "/tokenize")
+    engine = await _engine(registry, body.model, "/tokenize")
     mark(request, engine.name)
     if body.messages is not None:
         if not isinstance(engine, GenerativeEngine) or engine.family != "decoder":
@@ -80,7 +83,7 @@ async def tokenize(body: TokenizeRequest, request: Request, registry: RegistryDe
 
 @router.post("/detokenize", responses=ERROR_RESPONSES, summary="vLLM / llama.cpp: the text of token ids")
 async def detokenize(body: DetokenizeRequest, request: Request, registry: RegistryDep):
-    engine = _engine(registry, body.model, "/detokenize")
+    engine = await _engine(registry, body.model, "/detokenize")
     mark(request, engine.name)
     bad = next((i for i, t in enumerate(body.tokens) if not 0 <= t < engine.vocab_size), None)
     if bad is not None:
