@@ -73,6 +73,14 @@ def contract(app: FastAPI) -> dict[str, Any]:
             if "dimensions" in props:
                 widths = sorted({e.cfg.d_model for e in engines})
                 _set(props["dimensions"], enum=widths)
+    decoders = [e for e in registry.engines.values() if e.family == "decoder"]
+    if decoders:  # the chat doors' output limits: at most what the smallest context leaves after one token
+        cap = min(e.max_len for e in decoders) - 1
+        for name, field in (("ChatCompletionRequest", "max_tokens"), ("ChatCompletionRequest", "max_completion_tokens"),
+                            ("MessagesRequest", "max_tokens"), ("ResponsesRequest", "max_output_tokens")):
+            prop = components.get(name, {}).get("properties", {}).get(field)
+            if prop:
+                _set(prop, maximum=min(cap, _get(prop, "maximum", cap)))
     for name, request in components.items():  # stop strings: non-empty, at most MAX_STOP_STRINGS
         stop = request.get("properties", {}).get("stop") if name.endswith("Request") else None
         for branch in (stop or {}).get("anyOf", []):

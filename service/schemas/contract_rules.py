@@ -45,9 +45,9 @@ def apply(components: dict[str, Any], registry) -> None:
                 if branch.get("type") == "string":
                     branch["minLength"] = 1
     text_format = components.get("TextFormat")
-    if text_format:  # a json_schema format carries its schema
-        text_format["if"] = {"required": ["type"], "properties": {"type": {"const": "json_schema"}}}
-        text_format["then"] = {"required": ["schema"], "properties": {"schema": {"type": "object"}}}
+    if text_format:  # a json_schema format carries its schema (branches: a generator may not apply an if/then)
+        text_format["anyOf"] = [{"properties": {"type": {"enum": ["text", "json_object"]}}},
+                                {"required": ["schema"], "properties": {"schema": {"type": "object"}}}]
     translate = components.get("TranslateRequest")
     if translate:  # a stream carries one text
         translate.setdefault("allOf", []).append({"anyOf": [{"properties": {"stream": {"const": False}}},

@@ -83,7 +83,7 @@ def engine_for(registry: EngineRegistry, source: str | None = None,
     return None
 
 
-async def reload_translators(registry: EngineRegistry, families: tuple[str, ...] = ("encoder-decoder",)) -> None:
+async def reload_unloaded(registry: EngineRegistry, families: tuple[str, ...] = ("encoder-decoder",)) -> None:
     """Load again the translation models (or those of ``families``) unloaded since they last
     served (keep_alive, POST /models/unload). The routes that pick a model by its language pair
     or its task (LibreTranslate, DeepL, the HF Inference API) read them from the loaded models,
