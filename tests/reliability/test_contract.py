@@ -42,7 +42,7 @@ NOT_IN_SCHEMA = re.compile(r"tokens|mask token|best_of must equal n|echo togethe
                            # the doors: a conversation that ends on the assistant (a prefill), blocks in the
                            # other role's message, a tool_result answering no call
                            r"prefill|belong in|input: must hold")
-OPERATIONS = 33  # the doors' five and POST /models/load, /models/unload included
+OPERATIONS = 34  # the doors' five, POST /models/load, /models/unload and GET / (the playground) included
 
 
 @pytest.fixture(scope="module")
