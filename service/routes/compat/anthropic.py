@@ -160,7 +160,7 @@ def _tool_block(call) -> dict:
 
 @router.post("/v1/messages", summary="Anthropic Messages: a reply of text and tool_use blocks (stream=true for SSE)")
 async def messages(body: MessagesRequest, request: Request, registry: RegistryDep, settings: SettingsDep):
-    engine: GenerativeEngine = registry.get(body.model, "decoder", "/v1/messages")
+    engine: GenerativeEngine = await registry.acquire(body.model, "decoder", "/v1/messages")
     mark(request, engine.name)
     turn = build_turn(body, engine, settings)
     params = SamplingParams(max_new_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p,
@@ -241,7 +241,7 @@ async def _events(reply: _Reply, stream: RequestStream, request: Request) -> Asy
 
 @router.post("/v1/messages/count_tokens", summary="Anthropic: the input tokens a Messages request would have")
 async def count_tokens(body: CountTokensRequest, request: Request, registry: RegistryDep, settings: SettingsDep):
-    engine: GenerativeEngine = registry.get(body.model, "decoder", "/v1/messages/count_tokens")
+    engine: GenerativeEngine = await registry.acquire(body.model, "decoder", "/v1/messages/count_tokens")
     mark(request, engine.name)
     return {"input_tokens": len(build_turn(body, engine, settings).prompt)}
 

@@ -167,7 +167,7 @@ async def responses(body: ResponsesRequest, request: Request, registry: Registry
     if body.previous_response_id is not None:
         raise InvalidRequestError("previous_response_id is not supported: this server stores no responses; send "
                                   "the whole conversation in 'input'", "previous_response_id")
-    engine: GenerativeEngine = registry.get(body.model, "decoder", "/v1/responses")
+    engine: GenerativeEngine = await registry.acquire(body.model, "decoder", "/v1/responses")
     mark(request, engine.name)
     turn = build_turn(body, engine, settings)
     params = SamplingParams(max_new_tokens=turn.max_tokens(body.max_output_tokens), temperature=_temperature(body),
