@@ -76,11 +76,12 @@ class OutputDeltas:
 
 def chat_turn(engine: GenerativeEngine, settings: Settings, messages: list[Any], tools: list[Tool] | None = None,
               tool_choice: str | NamedToolChoice | None = None, parallel_tool_calls: bool = True,
-              output_format: Callable[[], Constraint | None] | None = None) -> ChatTurn:
+              output_format: Callable[[], Constraint | None] | None = None, continue_final: bool = False) -> ChatTurn:
     """The turn of a conversation. ``messages``: chat messages (``role``, ``text()``,
     ``tool_calls``); ``output_format``: the door's own format constraint, read after the tools
-    are checked (see the module docstring)."""
+    are checked (see the module docstring); ``continue_final``: a final assistant message is a
+    prefill to continue (Anthropic's)."""
     plan = tool_calls.plan(tools, tool_choice, parallel_tool_calls, messages, engine.template_takes_tools, settings)
     constraint = one_constraint(output_format() if output_format else None, plan.constraint)
-    prompt = engine.chat_prompt(plan.messages, plan.template_tools)
+    prompt = engine.chat_prompt(plan.messages, plan.template_tools, continue_final=continue_final)
     return ChatTurn(engine, prompt, constraint, plan.parse_calls)

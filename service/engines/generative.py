@@ -39,6 +39,8 @@ from service.engines.errors import EmptyInputError, InputTooLongError, InvalidRe
 from service.metrics import Metrics
 from service.settings import Settings
 
+PREFILL_MARK = "\ue000tserve-prefill\ue000"  # a private-use character no template trims
+
 log = logging.getLogger("tserve.engine")
 
 # Routes and schemas take these from here, not from `model`: the engine is their one door to it.
@@ -235,10 +237,10 @@ class GenerativeEngine(BaseEngine):
                     f"{prompt_field} is {n} tokens; this model's limit is {self.max_len} tokens, prompt and "
                     f"generated tokens together ({self._limit_source()}), so a prompt may have at most "
                     f"{self.max_len - 1}", prompt_field.split("[", 1)[0])
-            if n + params.max_new_tokens > self.max_len:
+            if params.max_new_tokens > self.max_len - 1:  # more than any prompt leaves room for
                 raise InvalidRequestError(
-                    f"{prompt_field} ({n} tokens) + {limit_field} ({params.max_new_tokens}) exceeds this model's "
-                    f"limit of {self.max_len} tokens ({self._limit_source()})", limit_field)
+                    f"{limit_field} must be <= {self.max_len - 1}: this model's limit is {self.max_len} tokens, "
+                    f"prompt and generated tokens together ({self._limit_source()})", limit_field)
 
     def _limit_source(self) -> str:
         """What sets ``max_len``: the context (the model's positions, TSERVE_MAX_SEQ_LEN) or the pool."""
@@ -248,19 +250,32 @@ class GenerativeEngine(BaseEngine):
         return "its context length"
 
     def chat_prompt(self, messages: list[dict[str, str]], tools: list[dict] | None = None,
-                    add_generation_prompt: bool = True) -> list[int]:
+                    add_generation_prompt: bool = True, continue_final: bool = False) -> list[int]:
         """The prompt ids of a conversation, rendered by the model's own chat template (in a
         sandbox, with a time limit) with the assistant's turn opened (unless
         ``add_generation_prompt`` is false: /tokenize); ``tools`` (OpenAI's shape) for a template
-        that renders them (``template_takes_tools``)."""
+        that renders them (``template_takes_tools``). ``continue_final``: a final assistant
+        message is a prefill the model continues (its turn left open, as transformers'
+        ``continue_final_message`` does; trailing whitespace dropped, as Anthropic asks)."""
         if self.chat is None:
             raise InvalidRequestError(f"model '{self.name}' has no chat template; use /v1/completions for plain "
                                       "text generation", "model")
+        prefill = None
+        if continue_final and messages and messages[-1].get("role") == "assistant":
+            # rendered with a marker for its text, cut at the marker: the turn stays open
+            prefill = (messages[-1].get("content") or "").rstrip()
+            messages = [*messages[:-1], {**messages[-1], "content": PREFILL_MARK}]
         try:
-            text = self.chat.render(messages, add_generation_prompt=add_generation_prompt,
+            text = self.chat.render(messages, add_generation_prompt=add_generation_prompt and prefill is None,
                                     **({"tools": tools} if tools else {}))
         except (ChatMessageError, ChatTemplateError) as exc:
             raise InvalidRequestError(f"messages: {exc}", "messages") from None
+        if prefill is not None:
+            end = text.rfind(PREFILL_MARK)
+            if end < 0:
+                raise InvalidRequestError("messages: this model's chat template does not keep the final assistant "
+                                          "message's text, so it cannot be continued", "messages")
+            text = text[:end] + prefill
         ids = self.tokenizer.encode(text, add_special_tokens=False)  # the template wrote the special tokens
         self._check_lengths([ids], "messages", False)
         return ids
@@ -280,7 +295,7 @@ class GenerativeEngine(BaseEngine):
         self._check_accepting()
         for ids, params, field in items:
             self.validate(ids, params, field, limit_field)
-        items = [(ids, self._with_stop_tokens(params), field) for ids, params, field in items]
+        items = [(ids, self._with_stop_tokens(self._fitted(ids, params)), field) for ids, params, field in items]
         capacity = self.settings.max_queue + self.settings.max_batch
         if len(items) > capacity:
             raise InvalidRequestError(
@@ -304,6 +319,14 @@ class GenerativeEngine(BaseEngine):
             self._inbox.extend(reqs)
             self._cv.notify()
         return streams
+
+    def _fitted(self, ids: list[int], params: SamplingParams) -> SamplingParams:
+        """max_tokens is a ceiling: a decoder's output also ends where the context does (finish
+        reason ``length``), as llama.cpp and Ollama stop at a full context; the schema states it."""
+        room = self.max_len - len(ids)
+        if self.encdec or params.max_new_tokens <= room:
+            return params
+        return dataclasses.replace(params, max_new_tokens=room)
 
     def _with_stop_tokens(self, params: SamplingParams) -> SamplingParams:
         """The params with the checkpoint's extra stop tokens (e.g. <|eot_id|> besides

@@ -38,8 +38,9 @@ REQUESTS = {
 }
 STREAMING = {"/v1/generate": "GenerateChunk", "/v1/completions": "CompletionChunk",
              "/v1/translate": "TranslateChunk", "/v1/chat/completions": "ChatCompletionChunk"}
-TOKEN_LIMIT = (" Tokens are checked too: a prompt's tokens + max_tokens (a translation source's or an encoder "
-               "input's tokens alone) must fit the model's max_seq_len (GET /v1/models), else 400.")
+TOKEN_LIMIT = (" Tokens are checked too: a prompt (a translation source, an encoder input) must fit the model's "
+               "max_seq_len (GET /v1/models), a prompt with room for one generated token, else 400. A generation "
+               "ends where the context does (finish_reason length), before max_tokens if the prompt leaves less.")
 ERROR = {"$ref": "#/components/schemas/ErrorResponse"}
 
 
@@ -55,8 +56,9 @@ def contract(app: FastAPI) -> dict[str, Any]:
         props = components[name]["properties"]
         engines = [e for e in registry.engines.values() if e.family == family]
         vocab = min((e.cfg.vocab_size for e in engines), default=None)
+        max_ids = min((e.max_len - (family == "decoder") for e in engines), default=None)
         for field in fields:
-            _text_input(props[field], settings.max_text_chars, settings.max_texts, vocab)
+            _text_input(props[field], settings.max_text_chars, settings.max_texts, vocab, max_ids)
             props[field]["description"] = (props[field].get("description", "") + TOKEN_LIMIT).strip()
         _model_field(props["model"], family, [e.name for e in engines])
         if engines:  # the model's own bounds, where one number states them
@@ -71,6 +73,14 @@ def contract(app: FastAPI) -> dict[str, Any]:
             if "dimensions" in props:
                 widths = sorted({e.cfg.d_model for e in engines})
                 _set(props["dimensions"], enum=widths)
+    decoders = [e for e in registry.engines.values() if e.family == "decoder"]
+    if decoders:  # the chat doors' output limits: at most what the smallest context leaves after one token
+        cap = min(e.max_len for e in decoders) - 1
+        for name, field in (("ChatCompletionRequest", "max_tokens"), ("ChatCompletionRequest", "max_completion_tokens"),
+                            ("MessagesRequest", "max_tokens"), ("ResponsesRequest", "max_output_tokens")):
+            prop = components.get(name, {}).get("properties", {}).get(field)
+            if prop:
+                _set(prop, maximum=min(cap, _get(prop, "maximum", cap)))
     for name, request in components.items():  # stop strings: non-empty, at most MAX_STOP_STRINGS
         stop = request.get("properties", {}).get("stop") if name.endswith("Request") else None
         for branch in (stop or {}).get("anyOf", []):
@@ -118,6 +128,7 @@ def contract(app: FastAPI) -> dict[str, Any]:
             responses.pop("422", None)
             if path in STREAMING:
                 responses["200"]["content"]["text/event-stream"] = {"schema": _sse_event(STREAMING[path])}
+    _po_query(schema["paths"].get("/v1/translate/po", {}).get("post"), registry, settings)
     drop_ins(schema, settings, registry)
     contract_rules.apply(components, registry)
     models = schema["paths"]["/v1/models/{model_id}"]["get"]["responses"]
@@ -172,9 +183,12 @@ def _sse_event(chunk: str) -> dict:
             "contentSchema": {"anyOf": [_ref(chunk), _ref("ErrorResponse")]}}}}}
 
 
-def _text_input(prop: dict, max_chars: int, max_items: int, vocab: int | None) -> None:
+def _text_input(prop: dict, max_chars: int, max_items: int, vocab: int | None, max_ids: int | None) -> None:
+    """``max_ids``: the most token ids one input may have (the model's limit, one token left for
+    the output where the model generates)."""
     text = {"type": "string", "minLength": 1, "maxLength": max_chars, "pattern": NOT_BLANK}
     ids = {"type": "integer", "minimum": 0, **({"maximum": vocab - 1} if vocab else {})}
+    bound = {"maxItems": max_ids} if max_ids else {}
     for branch in prop.get("anyOf", [prop]):
         if branch.get("type") == "string":
             branch.update(text)
@@ -183,9 +197,26 @@ def _text_input(prop: dict, max_chars: int, max_items: int, vocab: int | None) -
             if items.get("type") == "string":
                 branch.update(minItems=1, maxItems=max_items, items=text)
             elif items.get("type") == "integer":
-                branch.update(minItems=1, items=ids)
+                branch.update(minItems=1, items=ids, **bound)
             elif items.get("type") == "array":
-                branch.update(minItems=1, maxItems=max_items, items={"type": "array", "minItems": 1, "items": ids})
+                branch.update(minItems=1, maxItems=max_items, items={"type": "array", "minItems": 1, "items": ids,
+                                                                     **bound})
+
+
+def _po_query(op: dict | None, registry, settings) -> None:
+    """/v1/translate/po's query: a translation model, max_tokens and beam_size within its bounds."""
+    engines = [e for e in registry.engines.values() if e.family == "encoder-decoder"]
+    if not op or not engines:
+        return
+    query = {p["name"]: p for p in op.get("parameters", [])}
+    _model_field(query["model"]["schema"], "encoder-decoder", [e.name for e in engines])
+    query["model"]["description"] = query["model"]["schema"]["description"]
+    max_tokens = query["max_tokens"]["schema"]
+    max_tokens["maximum"] = min(max_tokens["maximum"], min(e.max_len for e in engines) - 1)
+    max_tokens["default"] = min(max_tokens["default"], max_tokens["maximum"])
+    beam = query["beam_size"]["schema"]
+    beam["maximum"] = min(beam["maximum"], settings.max_batch)
+    beam["default"] = min(beam["default"], beam["maximum"])
 
 
 def _model_field(prop: dict, family: str, names: list[str]) -> None:

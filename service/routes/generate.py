@@ -37,7 +37,9 @@ async def generate(body: GenerateRequest, request: Request, registry: RegistryDe
                                                            keep_alive=body.keep_alive)
     mark(request, engine.name)
     prompts = input_ids(body.prompt, "prompt", engine, settings)
-    params = SamplingParams(max_new_tokens=body.max_tokens, temperature=body.temperature, top_k=body.top_k,
+    # the default (64) shrinks to a model with fewer positions, as the schema's default does
+    max_tokens = body.max_tokens if "max_tokens" in body.model_fields_set else min(body.max_tokens, engine.max_len - 1)
+    params = SamplingParams(max_new_tokens=max_tokens, temperature=body.temperature, top_k=body.top_k,
                             top_p=body.top_p, repetition_penalty=body.repetition_penalty, stop=body.stop,
                             seed=body.seed, logprobs=body.logprobs, ignore_eos=body.ignore_eos)
     stream = engine.submit(prompts[0], params)

@@ -12,11 +12,11 @@ from __future__ import annotations
 from importlib.resources import files
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from service.engines.errors import error_body
 
-router = APIRouter(include_in_schema=False)
+router = APIRouter()  # GET / is in the schema (an HTML page); the rest is not
 
 PAGE_DIR = files("service") / "playground"
 ASSETS = {"playground.css": "text/css; charset=utf-8", "main.js": "text/javascript; charset=utf-8",
@@ -34,17 +34,18 @@ def _page() -> Response:
     return Response((PAGE_DIR / "index.html").read_bytes(), media_type="text/html; charset=utf-8", headers=HEADERS)
 
 
-@router.get("/")
+@router.get("/", summary="The web playground (an HTML page)", response_class=HTMLResponse,
+            responses={200: {"content": {"text/html": {"schema": {"type": "string"}}}}})
 async def root() -> Response:
     return _page()
 
 
-@router.get("/playground")
+@router.get("/playground", include_in_schema=False)
 async def playground() -> Response:
     return _page()
 
 
-@router.get("/playground/assets/{name}")
+@router.get("/playground/assets/{name}", include_in_schema=False)
 async def asset(name: str) -> Response:
     if name not in ASSETS:
         return JSONResponse(error_body("not_found", f"no playground asset '{name}'"), status_code=404)

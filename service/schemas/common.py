@@ -171,7 +171,8 @@ class SamplingFields(StopStrings):
     """Sampling parameters shared by /v1/generate and /v1/completions."""
 
     max_tokens: int = Field(64, ge=1, le=4096, validation_alias=AliasChoices("max_tokens", "max_new_tokens"),
-                            description="tokens to generate; prompt + max_tokens must fit the model")
+                            description="tokens to generate at most; the output also ends where the "
+                            "model's context does (finish_reason length)")
     temperature: float = Field(1.0, ge=0.0, le=100.0, description="0 = greedy")
     top_k: int = Field(0, ge=0, le=100_000, description="0 = no limit")
     top_p: float = Field(1.0, gt=0.0, le=1.0)

@@ -4,8 +4,9 @@ schema is data the server accepts, and a schema-driven fuzzer (schemathesis) agr
 
 - a user turn's text is not blank (Anthropic's messages, the Responses API's input, whose
   validators refuse blank text);
-- ``top_logprobs`` needs ``logprobs: true`` (chat);
-- a choice constraint is a non-empty list of non-empty strings;
+- ``top_logprobs`` needs ``logprobs: true`` (chat); a tool choice needs tools (Responses, Anthropic);
+- a choice constraint is a non-empty list of non-empty strings; one field at most constrains the
+  output; a translation stream carries one text;
 - ``/tokenize`` takes exactly one of ``prompt``, ``content``, ``messages``; ``/detokenize``'s
   ids are in the vocabulary of the model that reads them;
 - a fill-mask text contains the model's mask token.
@@ -33,17 +34,67 @@ def apply(components: dict[str, Any], registry) -> None:
         for branch in components.get(name, {}).get("properties", {}).get(field, {}).get("anyOf", []):
             if branch.get("type") == "array":
                 branch.update(minItems=1, items={"type": "string", "minLength": 1})
+    _tool_choice_needs_tools(components)
+    for name in ("CompletionRequest", "ChatCompletionRequest"):
+        _one_constraint(components.get(name))
+    for name, fields in (("CompletionRequest", ("guided_regex", "guided_grammar", "guided_json")),
+                         ("ChatCompletionRequest", ("guided_regex", "guided_grammar", "guided_json")),
+                         ("StructuredOutputs", ("regex", "grammar", "json"))):
+        for field in fields:  # a pattern, grammar or schema text is not empty
+            for branch in components.get(name, {}).get("properties", {}).get(field, {}).get("anyOf", []):
+                if branch.get("type") == "string":
+                    branch["minLength"] = 1
+    text_format = components.get("TextFormat")
+    if text_format:  # a json_schema format carries its schema (branches: a generator may not apply an if/then)
+        text_format["anyOf"] = [{"properties": {"type": {"enum": ["text", "json_object"]}}},
+                                {"required": ["schema"], "properties": {"schema": {"type": "object"}}}]
+    translate = components.get("TranslateRequest")
+    if translate:  # a stream carries one text
+        translate.setdefault("allOf", []).append({"anyOf": [{"properties": {"stream": {"const": False}}},
+                                                            {"properties": {"text": {"type": "string"}}}]})
+    responses = components.get("ResponsesRequest")
+    if responses:  # a chat model
+        chat_models = [e.name for e in engines if e.family == "decoder" and getattr(e, "chat", None) is not None]
+        responses["properties"]["model"] = {"enum": chat_models, "description": "a loaded model with a chat "
+                                            "template (GET /v1/models: chat); another is a 400, an unknown one a 404"}
     tokenize = components.get("TokenizeRequest")
     if tokenize:
         fields = ("prompt", "content", "messages")
-        tokenize["oneOf"] = [{"required": [f], "properties": {f: NOT_NULL}} for f in fields]
+        # one branch per field, the others null or absent: exclusive by construction, and the
+        # messages branch names the chat models itself (a generator picks a branch; an if/then it may not apply)
+        tokenize["oneOf"] = [{"required": [f], "properties": {f: NOT_NULL, **{o: {"type": "null"} for o in fields
+                                                                              if o != f}}} for f in fields]
         tokenize["description"] = ("exactly one of prompt, content (llama.cpp's name) or messages; messages need a "
                                    "model with a chat template")
         chat_models = [e.name for e in engines if e.family == "decoder" and getattr(e, "chat", None) is not None]
-        tokenize["if"] = {"required": ["messages"], "properties": {"messages": NOT_NULL}}
-        tokenize["then"] = {"properties": {"model": {"enum": [None, *chat_models]}}}
+        tokenize["oneOf"][2]["properties"]["model"] = {"enum": [None, *chat_models]}
     _token_ids(components.get("DetokenizeRequest"), engines, registry)
     _mask_token(components.get("FillMaskRequest"), [e for e in engines if e.family == "encoder"])
+
+
+CONSTRAINTS = ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
+
+
+def _one_constraint(request: dict | None) -> None:
+    """At most one field constrains the output (``response_format`` is only ``text`` here)."""
+    if request:
+        fields = [f for f in CONSTRAINTS if f in request["properties"]]
+        request.setdefault("allOf", []).append({"anyOf": [
+            {"properties": {other: {"type": "null"} for other in fields if other != kept}} for kept in fields]})
+
+
+def _tool_choice_needs_tools(components: dict) -> None:
+    """A tool choice other than none needs a non-empty ``tools`` (Responses, Anthropic)."""
+    has_tools = {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}}
+    no_choice = {"ResponsesRequest": {"enum": [None, "none"]},
+                 "MessagesRequest": {"anyOf": [{"type": "null"}, {"type": "object", "properties": {
+                     "type": {"const": "none"}}}]}}
+    no_choice["CountTokensRequest"] = no_choice["MessagesRequest"]
+    for name, choice in no_choice.items():
+        request = components.get(name)
+        if request:
+            request.setdefault("allOf", []).append(
+                {"anyOf": [has_tools, {"properties": {"tool_choice": choice}}]})
 
 
 def _not_blank_text(*, tool_results: bool) -> dict:

@@ -83,13 +83,13 @@ def engine_for(registry: EngineRegistry, source: str | None = None,
     return None
 
 
-async def reload_translators(registry: EngineRegistry) -> None:
-    """Load again the translation models unloaded since they last served (keep_alive, POST
-    /models/unload). The routes that pick a model by its language pair (LibreTranslate, DeepL,
-    the HF Inference API) read the pair from a loaded model, and the OpenAPI schema promises the
-    pairs of the models that were loaded."""
+async def reload_unloaded(registry: EngineRegistry, families: tuple[str, ...] = ("encoder-decoder",)) -> None:
+    """Load again the translation models (or those of ``families``) unloaded since they last
+    served (keep_alive, POST /models/unload). The routes that pick a model by its language pair
+    or its task (LibreTranslate, DeepL, the HF Inference API) read them from the loaded models,
+    and the OpenAPI schema promises what the loaded models served."""
     names = [e.name for e in registry.entries.values()
-             if e.engine is None and e.state == "available" and (e.card or {}).get("family") == "encoder-decoder"]
+             if e.engine is None and e.state == "available" and (e.card or {}).get("family") in families]
     for name in names:
         await registry.load(name)
 

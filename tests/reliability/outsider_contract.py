@@ -20,10 +20,11 @@ from tests.reliability.conftest import CHATML
 from tests.reliability.live import LiveServer
 from tests.service.conftest import make_weights
 
-# the contract test's models and limits (tests/reliability/test_contract.py)
+# the contract test's models and limits (tests/reliability/test_contract.py): a text of max_text_chars
+# characters fits the context whatever they are (byte-level BPE: 4 tokens for a 4-byte character, + BOS)
 MODELS = (("generate-tiny", "generate-tiny"), ("translate-tiny-en-de", "translate-tiny"),
           ("fill-mask-tiny", "fill-mask-tiny"))
-LIMITS = dict(max_seq_len=64, max_texts=4, max_text_chars=100, max_queue=64, max_batch=8, log_level="warning")
+LIMITS = dict(max_seq_len=64, max_texts=4, max_text_chars=15, max_queue=64, max_batch=8, log_level="warning")
 
 
 def main() -> int:

@@ -104,7 +104,9 @@ CASES = [
     ("max-tokens-4096-model-limit", GEN, J({"prompt": "a", "max_tokens": 4096}), 400, "max_tokens"),
     ("max-tokens-4097", GEN, J({"prompt": "a", "max_tokens": 4097}), 400, "max_tokens"),
     ("prompt+max-tokens-at-limit", CMPL, J(M | {"prompt": [5] * 28, "max_tokens": 100, "ignore_eos": True}), OK, None),
-    ("prompt+max-tokens-past-limit", CMPL, J(M | {"prompt": [5] * 29, "max_tokens": 100}), 400, "max_tokens"),
+    # past the context, the output ends where the context does (finish_reason length)
+    ("prompt+max-tokens-past-limit", CMPL, J(M | {"prompt": [5] * 29, "max_tokens": 100}), OK, None),
+    ("max-tokens-past-context", CMPL, J(M | {"prompt": "a", "max_tokens": 128}), 400, "max_tokens"),
     ("temperature-2", CMPL, J(M | {"prompt": "a", "max_tokens": 1, "temperature": 2}), OK, None),
     ("temperature-2.001", CMPL, J(M | {"prompt": "a", "max_tokens": 1, "temperature": 2.001}), 400, "temperature"),
     ("top-p-1", GEN, J({"prompt": "a", "max_tokens": 1, "top_p": 1}), OK, None),
@@ -253,3 +255,12 @@ def test_server_is_healthy_after_all_of_it(live):
                   if line.startswith("tserve_requests_total") and 'status="5' in line and "/ready" not in line]
     assert not served_5xx, served_5xx
     assert live.metric("tserve_kv_cache_slots_used") == 0 and live.metric("tserve_running_requests") == 0
+
+
+def test_output_ends_where_the_context_does(live):
+    """max_tokens past what the prompt leaves: the output fills the context, finish_reason length."""
+    body = M | {"prompt": [5] * 29, "max_tokens": 100, "ignore_eos": True}
+    r = httpx.post(live.url + CMPL, json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["finish_reason"] == "length"
+    assert r.json()["usage"]["completion_tokens"] == LIMITS["max_seq_len"] - 29

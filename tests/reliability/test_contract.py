@@ -6,9 +6,10 @@ Every check runs as schemathesis ships it (server errors, status codes, content 
 response schemas and headers, negative data rejected, methods, ...) except one:
 ``positive_data_acceptance`` is replaced by a stricter-where-it-can version. Data valid
 against the schema must be accepted, or refused with a client error (400; TGI's 422, TEI's 413)
-for a reason JSON Schema cannot state: a prompt's tokens + max_tokens past the model's limit,
-no mask token, best_of != n, echo with logprobs, a streamed list, top_logprobs without
-logprobs, a file that is not a gettext .po catalogue, a language LibreTranslate detected
+for a reason JSON Schema cannot state: a prompt's tokens past the model's limit,
+no mask token, best_of != n, echo with logprobs, top_logprobs without logprobs, a grammar
+that does not compile, a tool choice naming no tool, a file that is not a gettext .po
+catalogue, a language LibreTranslate detected
 (source=auto) that no model translates. Those reasons are listed here and on the fields.
 """
 
@@ -32,17 +33,15 @@ EXAMPLES = 25  # per operation and mode
 # client errors for schema-valid data: limits that depend on tokenization, on two fields together
 # or on what a text is (its language)
 NOT_IN_SCHEMA = re.compile(r"tokens|mask token|best_of must equal n|echo together with logprobs|"
-                           r"stream=true needs a single text|queues at most|'top_logprobs' needs 'logprobs'|"
+                           r"queues at most|'top_logprobs' needs 'logprobs'|"
                            r"not a gettext \.po file|file is empty|compiled \.mo catalogue|"
-                           # structured outputs: whether a schema, regex or grammar compiles, one constraint at most
-                           r"cannot be compiled|constrain the output|takes exactly one of|TSERVE_GRAMMAR_|"
-                           r"TSERVE_MAX_TOOLS|is not valid JSON|must be a JSON Schema|needs 'tools'|"
-                           r"names must be unique|not in tools|cannot follow a grammar|non-empty list|"
-                           r"must not be empty|needs a 'json_schema' object|detected|"
-                           # the doors: a conversation that ends on the assistant (a prefill), blocks in the
-                           # other role's message, a tool_result answering no call
-                           r"prefill|belong in|input: must hold")
-OPERATIONS = 33  # the doors' five and POST /models/load, /models/unload included
+                           # structured outputs: whether a schema, regex or grammar compiles; tool names
+                           r"cannot be compiled|TSERVE_GRAMMAR_|TSERVE_MAX_TOOLS|is not valid JSON|"
+                           r"must be a JSON Schema|names must be unique|not in tools|cannot follow a grammar|"
+                           r"non-empty list|must not be empty|needs a 'json_schema' object|detected|"
+                           # the doors: blocks in the other role's message, a tool_result answering no call
+                           r"belong in|input: must hold")
+OPERATIONS = 34  # the doors' five, POST /models/load, /models/unload and GET / (the playground) included
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,8 @@ import jsonschema
 import openai
 import pytest
 
+from service.routes.compat.anthropic import build_turn
+from service.routes.compat.anthropic_schemas import CountTokensRequest
 from tests.service.conftest import SMOLLM2, settings_for
 from tests.service.server_thread import ServerThread
 
@@ -197,7 +199,6 @@ def test_tool_result_round_trip(doors_server, client):
     ({"messages": ASK, "max_tokens": 5, "stop_sequences": [""]}, "stop_sequences"),
     ({"messages": ASK, "max_tokens": 5, "tool_choice": {"type": "any"}}, "tool_choice"),
     ({"messages": ASK, "max_tokens": 5, "thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
-    ({"messages": ASK + [{"role": "assistant", "content": "Sure"}], "max_tokens": 5}, "prefill"),
 ])
 def test_bad_input_is_an_invalid_request_error_naming_the_field(doors_server, body, field):
     r = httpx.post(doors_server.url + "/v1/messages", json={"model": "chat-tiny", **body})
@@ -205,6 +206,22 @@ def test_bad_input_is_an_invalid_request_error_naming_the_field(doors_server, bo
     error = r.json()
     assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
     assert field in error["error"]["message"]
+
+
+def test_a_final_assistant_message_is_a_prefill_the_reply_continues(doors_server):
+    def prompt_ids(messages):
+        engine = doors_server.app.state.registry.engines["chat-tiny"]
+        body = CountTokensRequest.model_validate({"model": "chat-tiny", "messages": messages})
+        return build_turn(body, engine, doors_server.app.state.settings).prompt
+
+    opened, engine = prompt_ids(ASK), doors_server.app.state.registry.engines["chat-tiny"]
+    prefilled = prompt_ids(ASK + [{"role": "assistant", "content": "Sure, in Paris"}])
+    assert prefilled[:len(opened)] == opened  # the assistant's turn, opened and left open
+    assert engine.tokenizer.decode(prefilled[len(opened):]).strip() == "Sure, in Paris"
+    assert prompt_ids(ASK + [{"role": "assistant", "content": "  "}]) == opened  # a blank prefill: the opened turn
+    r = httpx.post(doors_server.url + "/v1/messages", json={
+        "model": "chat-tiny", "max_tokens": 3, "messages": ASK + [{"role": "assistant", "content": "Sure"}]})
+    assert r.status_code == 200 and r.json()["role"] == "assistant", r.text
 
 
 def test_errors_are_the_clients_typed_exceptions(client):

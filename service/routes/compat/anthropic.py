@@ -6,8 +6,8 @@ of text / ``tool_use`` / ``tool_result`` blocks, ``max_tokens`` (required), ``te
 chat turn (``service/chat/turn.py``) the chat route also runs: the conversation becomes chat
 messages (tool calls and results as ``service/chat/tool_calls.py`` renders them), the model's
 template makes the prompt, tools become the same grammar, and the output comes back as ``text``
-and ``tool_use`` blocks. ``stop_reason`` is ``end_turn``, ``max_tokens``, ``stop_sequence`` (with
-``stop_sequence``) or ``tool_use``.
+and ``tool_use`` blocks; a final assistant message is a prefill the reply continues.
+``stop_reason`` is ``end_turn``, ``max_tokens``, ``stop_sequence`` (with ``stop_sequence``) or ``tool_use``.
 The stream sends ``message_start``, ``content_block_start``, ``ping``, ``content_block_delta``
 (``text_delta`` / ``input_json_delta``), ``content_block_stop``, ``message_delta`` and
 ``message_stop``, each with its ``event:`` line. Errors are ``{"type": "error", "error": {"type",
@@ -90,10 +90,7 @@ def chat_messages(body: CountTokensRequest) -> list[ChatMessage]:
                 else:
                     out.append(_message("tool", block.text()))
         text = "".join(texts)
-        if m.role == "assistant":
-            if i == len(body.messages) - 1:
-                raise InvalidRequestError(f"messages[{i}]: a final assistant message (a prefill to continue) is "
-                                          "not supported; end with a user message", "messages")
+        if m.role == "assistant":  # the final one is a prefill: the reply continues it
             out.append(_message("assistant", text, calls))
         elif text.strip():
             out.append(_message("user", text))
@@ -119,7 +116,7 @@ def build_turn(body: CountTokensRequest, engine: GenerativeEngine, settings) -> 
             type="function", function={"name": body.tool_choice.name})
         parallel = not body.tool_choice.disable_parallel_tool_use
     tools = _tools(body.tools)
-    return chat_turn(engine, settings, chat_messages(body), tools, choice, parallel)
+    return chat_turn(engine, settings, chat_messages(body), tools, choice, parallel, continue_final=True)
 
 
 # --- the reply ---------------------------------------------------------------------------------
@@ -163,7 +160,7 @@ def _tool_block(call) -> dict:
 
 @router.post("/v1/messages", summary="Anthropic Messages: a reply of text and tool_use blocks (stream=true for SSE)")
 async def messages(body: MessagesRequest, request: Request, registry: RegistryDep, settings: SettingsDep):
-    engine: GenerativeEngine = registry.get(body.model, "decoder", "/v1/messages")
+    engine: GenerativeEngine = await registry.acquire(body.model, "decoder", "/v1/messages")
     mark(request, engine.name)
     turn = build_turn(body, engine, settings)
     params = SamplingParams(max_new_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p,
@@ -244,7 +241,7 @@ async def _events(reply: _Reply, stream: RequestStream, request: Request) -> Asy
 
 @router.post("/v1/messages/count_tokens", summary="Anthropic: the input tokens a Messages request would have")
 async def count_tokens(body: CountTokensRequest, request: Request, registry: RegistryDep, settings: SettingsDep):
-    engine: GenerativeEngine = registry.get(body.model, "decoder", "/v1/messages/count_tokens")
+    engine: GenerativeEngine = await registry.acquire(body.model, "decoder", "/v1/messages/count_tokens")
     mark(request, engine.name)
     return {"input_tokens": len(build_turn(body, engine, settings).prompt)}
 

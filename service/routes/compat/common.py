@@ -30,6 +30,10 @@ from service.routes.streaming import client_gone, mark
 from service.settings import Settings
 from service.translation import translate as translation
 
+# a named Server-Sent Event, as a schema-driven client reads one off the stream
+SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"event": {"type": "string"},
+                                                                   "data": {"type": "string"}}}
+
 Render = Callable[[EngineError], Response]
 
 

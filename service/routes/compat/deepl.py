@@ -28,7 +28,7 @@ from service.routes.compat.common import (
     translate_texts,
 )
 from service.routes.inputs import text_list
-from service.translation.translate import engine_for, reload_translators, translation_pairs
+from service.translation.translate import engine_for, reload_unloaded, translation_pairs
 
 CHARACTER_LIMIT = 1_000_000_000_000  # DeepL Pro reports a very large limit; there is no quota here
 TARGET_VARIANTS = {"EN-GB": "en", "EN-US": "en", "PT-PT": "pt", "PT-BR": "pt", "ZH-HANS": "zh", "ZH-HANT": "zh"}
@@ -75,9 +75,11 @@ def _bad(message: str, param: str | None = None) -> CompatError:
     return CompatError(400, message, "invalid_value", param)
 
 
-def _target(code: str | None) -> str:
+def _target(code: object) -> str:
     if not code:
         raise _bad("Parameter 'target_lang' not specified.", "target_lang")
+    if not isinstance(code, str):
+        raise _bad("Value for 'target_lang' not supported.", "target_lang")
     code = code.upper()
     if code in ("EN", "PT"):
         raise _bad(f"Value for 'target_lang' not supported: '{code}' is deprecated, please use "
@@ -101,7 +103,7 @@ def _flag(p: dict, name: str) -> bool:
 
 @router.post("/v2/translate", summary="DeepL: translate texts")
 async def translate(request: Request, registry: RegistryDep, settings: SettingsDep):
-    await reload_translators(registry)  # the pairs the schema lists
+    await reload_unloaded(registry)  # the pairs the schema lists
     _auth(request, settings)
     p = await read_params(request)
     texts = p.get("text")
@@ -109,7 +111,10 @@ async def translate(request: Request, registry: RegistryDep, settings: SettingsD
         raise _bad("Parameter 'text' not specified.", "text")
     texts = text_list(texts if isinstance(texts, list) else [texts], "text", settings)
     target = _target(p.get("target_lang"))
-    source = (p.get("source_lang") or "").lower() or None
+    source = p.get("source_lang", "")
+    if not isinstance(source, str):  # null, {} or [] is no language code (falsy, but sent)
+        raise _bad("Value for 'source_lang' not supported.", "source_lang")
+    source = source.lower() or None
     pairs = translation_pairs(registry)
     if target not in {t for _, t in pairs}:
         raise _bad("Value for 'target_lang' not supported.", "target_lang")
@@ -146,7 +151,7 @@ async def translate(request: Request, registry: RegistryDep, settings: SettingsD
 @router.get("/v2/languages", summary="DeepL: source or target languages", operation_id="deepl_languages_get")
 @router.post("/v2/languages", summary="DeepL: source or target languages", operation_id="deepl_languages_post")
 async def languages(request: Request, registry: RegistryDep, settings: SettingsDep):
-    await reload_translators(registry)  # the pairs the schema lists
+    await reload_unloaded(registry)  # the pairs the schema lists
     _auth(request, settings)
     kind = (await read_params(request)).get("type", "source")
     if kind not in ("source", "target"):

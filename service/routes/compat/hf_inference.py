@@ -33,7 +33,7 @@ from service.models.registry import EngineRegistry
 from service.routes.compat.common import error_route, read_params, translate_texts
 from service.routes.inputs import input_ids, text_list
 from service.routes.streaming import client_gone, mark
-from service.translation.translate import engine_for, reload_translators, translation_pairs
+from service.translation.translate import engine_for, reload_unloaded, translation_pairs
 
 router = APIRouter(tags=["Hugging Face Inference (TGI / TEI)"], route_class=error_route(tgi.render))
 
@@ -71,7 +71,7 @@ def pick_task(body: dict[str, Any], registry: EngineRegistry) -> str:
 
 @router.post("/", summary="TGI/TEI/HF Inference: the task is read from the payload (see the module docs)")
 async def root(request: Request, registry: RegistryDep, settings: SettingsDep):
-    await reload_translators(registry)  # the pairs the schema lists
+    await reload_unloaded(registry, ("encoder-decoder", "encoder", "decoder"))  # the tasks the schema lists
     body = await read_params(request)
     if not isinstance(body.get("parameters", {}), dict | None):
         raise InvalidRequestError("parameters: must be an object", "parameters")
@@ -107,9 +107,11 @@ async def _translation(body: dict, request: Request, registry: EngineRegistry, s
 
 async def _fill_mask(body: dict, request: Request, registry: EngineRegistry, settings) -> list:
     params = body.get("parameters") or {}
+    if isinstance(params.get("top_k"), float) and params["top_k"].is_integer():  # 14.0 is JSON Schema's integer
+        params = {**params, "top_k": int(params["top_k"])}
     if params.get("targets"):
         raise InvalidRequestError("parameters.targets is not supported", "parameters.targets")
-    top_k = params.get("top_k") or 5
+    top_k = params.get("top_k", 5)
     if not isinstance(top_k, int) or not 1 <= top_k <= 100:
         raise InvalidRequestError("parameters.top_k must be an integer in [1, 100]", "parameters.top_k")
     engine: EncoderEngine = registry.get(None, "encoder", "/", "fill-mask", only_one=True)

@@ -28,7 +28,7 @@ from service.routes.compat.common import (
 from service.routes.inputs import text_list
 from service.routes.streaming import mark
 from service.translation.language_id import detect as identify
-from service.translation.translate import engine_for, reload_translators, translation_pairs
+from service.translation.translate import engine_for, reload_unloaded, translation_pairs
 
 
 def _render(exc: EngineError) -> JSONResponse:
@@ -67,7 +67,7 @@ def _detect_all(texts: list[str], among: set[str]) -> list[dict]:
 
 @router.post("/translate", summary="LibreTranslate: translate text (JSON, form or query parameters)")
 async def translate(request: Request, registry: RegistryDep, settings: SettingsDep):
-    await reload_translators(registry)  # the pairs the schema lists
+    await reload_unloaded(registry)  # the pairs the schema lists
     params = await read_params(request)
     _check_key(settings, params)
     q, source, target = _need(params, "q"), _need(params, "source"), _need(params, "target")
@@ -128,7 +128,7 @@ async def translate(request: Request, registry: RegistryDep, settings: SettingsD
 
 @router.get("/languages", summary="LibreTranslate: languages and the targets each can be translated to")
 async def languages(registry: RegistryDep):
-    await reload_translators(registry)  # the pairs the schema lists
+    await reload_unloaded(registry)  # the pairs the schema lists
     pairs = translation_pairs(registry)
     codes = sorted({c for pair in pairs for c in pair})
     return [{"code": c, "name": language_name(c), "targets": sorted(t for s, t in pairs if s == c)} for c in codes]
@@ -136,7 +136,7 @@ async def languages(registry: RegistryDep):
 
 @router.post("/detect", summary="LibreTranslate: identify the language of a text (langid)")
 async def detect(request: Request, registry: RegistryDep, settings: SettingsDep):
-    await reload_translators(registry)  # the pairs the schema lists
+    await reload_unloaded(registry)  # the pairs the schema lists
     params = await read_params(request)
     _check_key(settings, params)
     q = _need(params, "q")
@@ -154,7 +154,7 @@ async def detect(request: Request, registry: RegistryDep, settings: SettingsDep)
 
 @router.get("/frontend/settings", summary="LibreTranslate: the settings its web front end reads")
 async def frontend_settings(registry: RegistryDep, settings: SettingsDep):
-    await reload_translators(registry)  # the pairs the schema lists
+    await reload_unloaded(registry)  # the pairs the schema lists
     pairs = translation_pairs(registry)
     source, target = next(iter(pairs), ("en", "en"))
     return {"charLimit": settings.max_text_chars, "frontendTimeout": 500, "apiKeys": settings.api_key is not None,

@@ -17,6 +17,7 @@ import re
 from typing import Any
 
 from service.engines.generative import MAX_STOP_STRINGS
+from service.routes.compat.common import SSE_EVENT
 from service.routes.compat.deepl import FLAG_TEXTS, FORMALITY, TARGET_VARIANTS
 from service.routes.compat.hf_inference import EMBED_KEYS
 from service.schemas.common import NOT_BLANK
@@ -37,7 +38,7 @@ ANTHROPIC = {400: "invalid_request_error: a field out of range, a prompt over th
              404: "not_found_error: no loaded model has this name", 500: "api_error",
              504: "timeout_error: the request ran past TSERVE_REQUEST_TIMEOUT_S",
              529: "overloaded_error: the queue is full (Retry-After), or models are still loading"}
-ANTHROPIC_EVENTS = {"type": "string", "description": (
+ANTHROPIC_EVENTS = {**SSE_EVENT, "description": (
     "named Server-Sent Events: event: message_start, ping, content_block_start, content_block_delta (text_delta or "
     "input_json_delta), content_block_stop, message_delta, message_stop; event: error with the error body if "
     "generation fails after the stream started")}
@@ -152,8 +153,8 @@ def _neutral(prop: dict, *values: Any) -> None:
 
 def _tgi(components: dict, text: dict, decoders: list, max_stop: int) -> None:
     request, params = components["TGIRequest"]["properties"], components["TGIParameters"]["properties"]
-    request["inputs"] = {**text, "description": "the prompt; its tokens + max_new_tokens must fit the model "
-                         "(GET /info: max_total_tokens), else 422"}
+    request["inputs"] = {**text, "description": "the prompt; its tokens must leave room for one new token "
+                         "(GET /info: max_total_tokens), else 422; the output ends where the context does"}
     if decoders:
         request["model"] = {"enum": [None, *(e.name for e in decoders)], "description": "extension: a loaded "
                             "text-generation model (TGI serves one); another is a 422"}
@@ -202,7 +203,7 @@ def _hf_root(texts: dict, pairs: list, encoders: list, settings) -> dict:
         masked = {"type": "string", "maxLength": settings.max_text_chars, "pattern": re.escape(masks[0])}
         branches.append({"title": "fill-mask", "type": "object", "required": ["inputs", "parameters"], "properties": {
             "inputs": masked,
-            "parameters": {"type": "object", "additionalProperties": False,
+            "parameters": {"type": ["object", "null"], "additionalProperties": False,
                            "properties": {"top_k": {"type": "integer", "minimum": 1, "maximum": 100}}}},
             "not": {"anyOf": [{"required": [k]} for k in sorted(EMBED_KEYS)]}})
     return {"anyOf": branches}
@@ -263,8 +264,10 @@ def _anthropic(schema: dict, components: dict, chat_models: list[str]) -> None:
         if chat_models:
             props["model"] = {"enum": chat_models, "description": "a loaded model with a chat template; another "
                               "name is a 404 not_found_error"}
-    components["ToolChoiceParam"]["if"] = {"properties": {"type": {"const": "tool"}}}
-    components["ToolChoiceParam"]["then"] = {"required": ["name"], "properties": {"name": {"type": "string"}}}
+    # a tool choice of type tool names the tool (as branches: a generator may not apply an if/then)
+    components["ToolChoiceParam"]["anyOf"] = [
+        {"properties": {"type": {"enum": ["auto", "any", "none"]}}},
+        {"required": ["name"], "properties": {"type": {"const": "tool"}, "name": {"type": "string", "minLength": 1}}}]
     for path in ("/v1/messages", "/v1/messages/count_tokens"):
         responses = schema["paths"][path]["post"]["responses"]
         responses.pop("422", None)

@@ -34,13 +34,14 @@ from service.engines.generative import EngineEvent, GenerativeEngine, RequestStr
 from service.engines.waiting import collect
 from service.http.dependencies import RegistryDep, SettingsDep
 from service.http.errors import ERROR_RESPONSES
+from service.routes.compat.common import SSE_EVENT
 from service.routes.compat.responses_schemas import ResponsesRequest
 from service.routes.streaming import check_event, client_gone, mark, sse_response
 from service.schemas.chat import ChatMessage
 from service.schemas.structured import FunctionCall, FunctionDefinition, MessageToolCall, NamedToolChoice, Tool
 
 router = APIRouter(tags=["openai"])
-STREAM_RESPONSES = {200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+STREAM_RESPONSES = {200: {"content": {"text/event-stream": {"schema": SSE_EVENT}},
                           "description": "a response object, or with stream=true a stream of typed response.* "
                                          "events"}}
 
@@ -166,7 +167,7 @@ async def responses(body: ResponsesRequest, request: Request, registry: Registry
     if body.previous_response_id is not None:
         raise InvalidRequestError("previous_response_id is not supported: this server stores no responses; send "
                                   "the whole conversation in 'input'", "previous_response_id")
-    engine: GenerativeEngine = registry.get(body.model, "decoder", "/v1/responses")
+    engine: GenerativeEngine = await registry.acquire(body.model, "decoder", "/v1/responses")
     mark(request, engine.name)
     turn = build_turn(body, engine, settings)
     params = SamplingParams(max_new_tokens=turn.max_tokens(body.max_output_tokens), temperature=_temperature(body),

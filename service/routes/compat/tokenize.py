@@ -26,6 +26,7 @@ from service.models.registry import EngineRegistry
 from service.routes.streaming import mark
 from service.schemas.chat import ChatMessage
 from service.schemas.common import RequestModel
+from service.translation.translate import reload_unloaded
 
 router = APIRouter(tags=["tokenization (vLLM / llama.cpp)"])
 
@@ -50,6 +51,8 @@ async def _engine(registry: EngineRegistry, name: str | None, endpoint: str) -> 
     """The named model, of any family, loaded again if keep_alive or /models/unload unloaded it
     (its family is known from its last load); unnamed: the default decoder, or any loaded model."""
     if name is None:
+        if registry.default("text-generation") is None:  # the default one, unloaded by keep_alive: load it again
+            await reload_unloaded(registry, ("decoder",))
         found = registry.default("text-generation") or next(iter(registry.engines.values()), None)
         if found is None:
             return registry.get(None, "decoder", endpoint)  # raises: loading, or nothing loaded
