@@ -297,3 +297,26 @@ async def test_preloaded_models_past_the_budget_fail_start_up(weights_dir):
         assert ready.status_code == 503
         assert "TSERVE_PRELOAD" in ready.json()["error"] and "TSERVE_MEMORY_BUDGET" in ready.json()["error"]
         assert "generate-tiny" in app.state.registry.engines  # not evicted for the second one
+
+
+@pytest.mark.parametrize("name", ["generate-tiny", "fill-mask-tiny"])
+async def test_tokenize_and_detokenize_load_an_unloaded_model_again(weights_dir, name):
+    """/tokenize and /detokenize reach a named model through a lease, as generation does: once
+    /models/unload has unloaded it, they load it again (was a 503), and the ids round-trip."""
+    app = create_app(settings_for(weights_dir, preload=name))
+    async with app.router.lifespan_context(app), asgi_client(app) as c:
+        await wait_ready(c)
+        before = await c.post("/tokenize", json={"model": name, "prompt": "the menu"})
+        assert before.status_code == 200, before.text
+        ids = before.json()["tokens"]
+        for route, body in (("/tokenize", {"model": name, "prompt": "the menu"}),
+                            ("/detokenize", {"model": name, "tokens": ids})):
+            assert (await c.post("/models/unload", json={"model": name})).status_code == 200
+            assert name not in app.state.registry.engines
+            again = await c.post(route, json=body)
+            assert again.status_code == 200, again.text
+            assert name in app.state.registry.engines
+            if route == "/tokenize":
+                assert again.json()["tokens"] == ids
+            else:
+                assert "the menu" in again.json()["prompt"]
