@@ -204,19 +204,24 @@ def _text_input(prop: dict, max_chars: int, max_items: int, vocab: int | None, m
 
 
 def _po_query(op: dict | None, registry, settings) -> None:
-    """/v1/translate/po's query: a translation model, max_tokens and beam_size within its bounds."""
+    """/v1/translate/po's options (query or form fields): a translation model, max_tokens and beam_size
+    within its bounds."""
     engines = [e for e in registry.engines.values() if e.family == "encoder-decoder"]
     if not op or not engines:
         return
     query = {p["name"]: p for p in op.get("parameters", [])}
     _model_field(query["model"]["schema"], "encoder-decoder", [e.name for e in engines])
     query["model"]["description"] = query["model"]["schema"]["description"]
-    max_tokens = query["max_tokens"]["schema"]
-    max_tokens["maximum"] = min(max_tokens["maximum"], min(e.max_len for e in engines) - 1)
-    max_tokens["default"] = min(max_tokens["default"], max_tokens["maximum"])
-    beam = query["beam_size"]["schema"]
-    beam["maximum"] = min(beam["maximum"], settings.max_batch)
-    beam["default"] = min(beam["default"], beam["maximum"])
+    form = op.get("requestBody", {}).get("content", {}).get("multipart/form-data", {}).get("schema", {})
+    for options in (query, form.get("properties", {})):  # the same options, as query parameters or form fields
+        if not options:
+            continue
+        max_tokens = options["max_tokens"].get("schema", options["max_tokens"])
+        max_tokens["maximum"] = min(max_tokens["maximum"], min(e.max_len for e in engines) - 1)
+        max_tokens["default"] = min(max_tokens["default"], max_tokens["maximum"])
+        beam = options["beam_size"].get("schema", options["beam_size"])
+        beam["maximum"] = min(beam["maximum"], settings.max_batch)
+        beam["default"] = min(beam["default"], beam["maximum"])
 
 
 def _model_field(prop: dict, family: str, names: list[str]) -> None:

@@ -22,6 +22,7 @@ from tests.service.conftest import make_weights
 
 # the contract test's models and limits (tests/reliability/test_contract.py): a text of max_text_chars
 # characters fits the context whatever they are (byte-level BPE: 4 tokens for a 4-byte character, + BOS)
+CONFIG = Path(__file__).with_name("schemathesis.toml")  # the rules JSON Schema cannot state, per operation
 MODELS = (("generate-tiny", "generate-tiny"), ("translate-tiny-en-de", "translate-tiny"),
           ("fill-mask-tiny", "fill-mask-tiny"))
 LIMITS = dict(max_seq_len=64, max_texts=4, max_text_chars=15, max_queue=64, max_batch=8, log_level="warning")
@@ -42,7 +43,8 @@ def main() -> int:
         with LiveServer(Path(tmp) / "server.log", weights_dir=str(weights), **LIMITS) as server:
             status = 0
             for seed in args.seeds.split(","):
-                command = [str(Path(sys.executable).with_name("schemathesis")), "run", server.url + "/openapi.json",
+                command = [str(Path(sys.executable).with_name("schemathesis")), "--config-file", str(CONFIG), "run",
+                           server.url + "/openapi.json",
                            "--checks", "all", "--max-examples", str(args.examples), "--seed", seed,
                            "--phases", "examples,coverage,fuzzing,stateful", *extra]
                 print("$", " ".join(command), flush=True)

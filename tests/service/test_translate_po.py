@@ -197,3 +197,15 @@ async def test_fixture_is_small_and_documented():
     assert len(ORIGINAL) <= 60 and len(BLANK) >= 10
     readme = (FIXTURE.parent / "README.md").read_text()
     assert "GPL-3+" in readme and "1:40.1-1" in readme
+
+
+async def test_the_schema_bounds_the_options_as_form_fields_as_it_does_as_query_parameters(client):
+    """The options come as query parameters or form fields; the schema states the served model's
+    limits for both (a form's max_tokens of 306 once passed the schema and got a 400)."""
+    op = (await client.get("/openapi.json")).json()["paths"]["/v1/translate/po"]["post"]
+    query = {p["name"]: p["schema"] for p in op["parameters"]}
+    form = op["requestBody"]["content"]["multipart/form-data"]["schema"]["properties"]
+    assert query["max_tokens"]["maximum"] == form["max_tokens"]["maximum"] == 255  # max_seq_len 256, less one
+    assert query["beam_size"]["maximum"] == form["beam_size"]["maximum"] == 8
+    over = await post_multipart(client, max_tokens="256")
+    assert over.status_code == 400 and over.json()["error"]["param"] == "max_tokens"
