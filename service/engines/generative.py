@@ -147,6 +147,9 @@ class GenerativeEngine(BaseEngine):
         triton = kernel is not None and (kernel.mode == "triton" or device.type == "cuda" and kernel_runs_on(device))
         return "triton" if step.name == "python" and triton else step.name
 
+    def decode_q4(self) -> int:
+        return getattr(self.core.decode_step, "weights4", 0)
+
     def step_bytes(self) -> int:
         return getattr(self.core.decode_step, "extra_bytes", 0)
 

@@ -121,8 +121,9 @@ class ModelMemory(BaseModel):
 
 class Quantization(BaseModel):
     weights: str  # what prompts run in: float32, bfloat16, float16; int8 (an int8 encoder-decoder, sources too)
-    decode: str  # what decode steps multiply with: int8, or the weights' dtype
+    decode: str  # what decode steps multiply with: int8; q4+int8 (the file's 4-bit runs, int8 for the rest); dtype
     source: str | None = None  # the source file's quantization (a GGUF file type: Q4_1, Q4_K_M, ...)
+    decode_q4: int = 0  # projections whose decode steps read the file's Q4_0 / Q4_1 weights as stored
 
 
 class ModelCard(BaseModel):
