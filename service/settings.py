@@ -8,12 +8,13 @@ checkpoint's config.json and are never repeated here.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from model.decode import DecodeOptions
+from model.formats.generation import check_sampling
 from service.units import parse_duration, parse_size
 
 
@@ -51,9 +52,8 @@ class Settings(BaseSettings):
                         "built by python -m model.decode.native); empty = build with the machine's compiler")
     prefill: Literal["auto", "model"] = Field(
         "auto", description="how prompts are written: auto = through the native decode step where a model runs it "
-                            "(int8, row by row; chunks at a mean position up to 3,000, longer ones through the "
-                            "model's float forward), else the model's forward; model = always the model's float "
-                            "forward")
+                            "(int8, row by row, every chunk), else the model's forward; model = always the model's "
+                            "float forward")
     decode_weights: Literal["auto", "int8"] = Field(
         "auto", description="weights of the native decode step: auto = a model's own 4-bit weights where its file "
                             "stores them as 4-bit runs (GGUF Q4_0 / Q4_1: 0.625 bytes a weight, read as they are), "
@@ -100,6 +100,19 @@ class Settings(BaseSettings):
     request_timeout_s: float = Field(300.0, gt=0, description="a request still running after this fails with 504")
     warmup: bool = True
 
+    # --- sampling a generation request leaves unset -------------------------------------------
+    generation_config: Literal["auto", "none"] = Field(
+        "auto", description="defaults of the sampling fields a generation request leaves unset (temperature, "
+                            "top_p, top_k, repetition_penalty): auto = what the model's publisher recommends "
+                            "(its manifest's generation block, generation_config.json or the GGUF's "
+                            "general.sampling keys) where it says, the API's for the rest; none = the API's "
+                            "(temperature 1, no top-p or top-k limit, no repetition penalty). GET /v1/models "
+                            "shows each model's as sampling_defaults")
+    generation_override: dict[str, Any] = Field(
+        default_factory=dict, description="a JSON object of sampling defaults for every generative model, over "
+                                          "the model's and the API's, e.g. {\"temperature\": 0.7, \"top_p\": 0.9}; "
+                                          "a request's own fields still win")
+
     # --- structured outputs and tools (docs/structured-outputs.md) ---------------------------
     grammar_max_bytes: int = Field(65_536, ge=64, description="a JSON schema, regex, grammar or choice list, "
                                    "in bytes; larger get 400")
@@ -138,6 +151,11 @@ class Settings(BaseSettings):
     @classmethod
     def _duration(cls, value):
         return parse_duration(value)
+
+    @field_validator("generation_override")
+    @classmethod
+    def _generation_override(cls, value):
+        return check_sampling(value, "TSERVE_GENERATION_OVERRIDE")
 
     def decode_options(self) -> DecodeOptions:
         """The decode step the settings choose (``model.decode.prepare`` reads it), as one value."""

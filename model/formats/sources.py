@@ -17,7 +17,9 @@ from pathlib import Path
 
 import torch
 
+from model.formats import generation
 from model.formats.checkpoint import Checkpoint, CheckpointError, is_checkpoint, load
+from model.formats.gguf_header import read_header
 from model.formats.gguf_import import GGUFModel, is_gguf_file, load_gguf
 from model.formats.hf.importer import HFModel, is_hf_model_dir, load_hf
 from model.formats.import_cache import load_converted
@@ -66,3 +68,39 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
         return load(path, device, dtype)
     raise CheckpointError(f"{path}: not a model directory (expected config.json + model.safetensors, a Hugging Face "
                           "model, or manifest.json)")
+
+
+@dataclasses.dataclass(frozen=True)
+class RecommendedSampling:
+    """What a model source recommends for sampling (``model.formats.generation``)."""
+
+    values: dict[str, float | int]  # temperature, top_p, top_k, repetition_penalty: those it states
+    source: str | None  # where: "manifest.json (...)", "generation_config.json", "GGUF general.sampling"
+    unused: tuple[str, ...] = ()  # what it states that the sampler does not implement (min_p, ...)
+
+
+def recommended_sampling(path: str | Path) -> RecommendedSampling:
+    """The sampling settings a model's publisher recommends, read without loading it: a
+    manifest's ``generation`` block (the whole recommendation where present), else the GGUF's
+    ``general.sampling.*`` keys (a ``.gguf`` file, or the file a manifest names), else a
+    directory's ``generation_config.json``. Raises ``CheckpointError`` for values out of bounds."""
+    path = Path(path)
+    try:
+        if is_manifest_dir(path):
+            manifest = read_manifest(path)
+            if manifest.generation is not None:
+                return RecommendedSampling(dict(manifest.generation), f"manifest.json: {manifest.generation_source}")
+            if manifest.format != "gguf":
+                return RecommendedSampling({}, None)
+            path = locate(manifest)
+        if path.is_file() and is_gguf_file(path):
+            fields = read_header(path).fields
+            values = generation.from_gguf_fields(fields, f"{path}: GGUF")
+            unused = tuple(generation.unused_gguf_keys(fields))
+            return RecommendedSampling(values, "GGUF general.sampling" if values else None, unused)
+        if path.is_dir():
+            values = generation.from_hf_file(path / generation.HF_FILE)
+            return RecommendedSampling(values, generation.HF_FILE if values else None)
+    except ValueError as exc:
+        raise CheckpointError(str(exc)) from None
+    return RecommendedSampling({}, None)

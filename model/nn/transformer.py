@@ -73,6 +73,16 @@ class LMHead(nn.Module):
         return self.proj(h)
 
 
+def _quantized_shape(module: nn.Module) -> tuple[int, int, bool] | None:
+    """(out, in, has bias) of a projection held as quantized weights outside ``parameters()``;
+    None for any other module."""
+    if hasattr(module, "float_weights"):
+        return module.float_weights()
+    if isinstance(module, torch.ao.nn.quantized.dynamic.Linear):
+        return module.out_features, module.in_features, module.bias() is not None
+    return None
+
+
 class TransformerModel(nn.Module):
     """What the three families share: embeddings, output head, init, tying, buffers."""
 
@@ -132,7 +142,27 @@ class TransformerModel(nn.Module):
         return self.embed.compute_dtype or self.embed.tokens.weight.dtype
 
     def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())  # tied tensors are counted once
+        """The model's weights, however they are held now: a projection whose float weights a
+        quantized copy replaced (``model.quant``'s int8 layers, which say what they stand for
+        through ``float_weights()``, or torch's dynamic int8 ``Linear``) counts as the float layer it
+        replaced, so quantizing or dropping float copies changes no count. Tied tensors count
+        once (a tied output head's int8 copy is the embedding table's, already counted)."""
+        seen: set[int] = set()
+        tied_head = self.lm_head.proj if self.cfg.tie_word_embeddings and self.lm_head is not None else None
+
+        def count(module: nn.Module) -> int:
+            shape = _quantized_shape(module)
+            if shape is not None:
+                dense = getattr(module, "dense", None)
+                if dense is not None:  # the float layer is still there: count it (and see ties)
+                    return count(dense)
+                out_features, in_features, bias = shape
+                return (0 if module is tied_head else out_features * in_features) + (out_features if bias else 0)
+            own = [p for p in module.parameters(recurse=False) if id(p) not in seen]
+            seen.update(id(p) for p in own)
+            return sum(p.numel() for p in own) + sum(count(child) for child in module.children())
+
+        return count(self)
 
     def _final_norm(self) -> nn.Module:
         return make_norm(self.cfg) if self.cfg.final_norm else nn.Identity()

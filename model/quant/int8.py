@@ -99,6 +99,11 @@ class RowwiseInt8(nn.Module):
         self.quantized = quantized
         self.register_buffer("inv_scale", inv_scale, persistent=False)
 
+    def float_weights(self) -> tuple[int, int, bool]:
+        """(out, in, has bias) of the float projection these int8 weights stand for
+        (``TransformerModel.num_parameters`` counts them: they are no ``nn.Parameter``)."""
+        return self.quantized.out_features, self.quantized.in_features, self.quantized.bias() is not None
+
     def int8(self, x: Tensor) -> Tensor:
         """The int8 projection of ``x`` (..., in), the smoothing scale included."""
         flat = x.reshape(-1, x.size(-1)).float()

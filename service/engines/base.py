@@ -146,8 +146,13 @@ class BaseEngine:
                 "family": self.family, "task": self.task, "max_seq_len": self.max_len,
                 "parameters": self.model.num_parameters(), "metrics": self.ckpt.metrics,
                 "architecture": architecture(self.cfg, arch), "context_length": self.max_len,
-                "quantization": quantization(self.model, source), "decode_step": self.decode_step_name,
+                "quantization": quantization(self.model, source, self.decode_q4()),
+                "decode_step": self.decode_step_name,
                 "memory": self.memory()}
+
+    def decode_q4(self) -> int:
+        """Projections whose decode steps read the file's own 4-bit weights (the native step's)."""
+        return 0
 
     @property
     def decode_step_name(self) -> str | None:

@@ -37,6 +37,7 @@ from model.tokenization.chat_template import ChatMessageError, ChatTemplate, Cha
 from service.engines.base import BaseEngine, TokenUsage
 from service.engines.errors import EmptyInputError, InputTooLongError, InvalidRequestError, QueueFullError
 from service.metrics import Metrics
+from service.models.sampling import SamplingDefaults
 from service.settings import Settings
 
 PREFILL_MARK = "\ue000tserve-prefill\ue000"  # a private-use character no template trims
@@ -103,6 +104,8 @@ class GenerativeEngine(BaseEngine):
         # Held around each step: a fill-mask rescorer may share this decoder's model and decode
         # step from its own thread (model.encoder.rescore), and the native plan is not reentrant.
         self.step_lock = threading.Lock()
+        # what a request's unset sampling fields take; the loader reads the model's (service.models.sampling)
+        self.sampling_defaults = SamplingDefaults()
         self._inbox: list[EngineRequest] = []
         self._aborts: set[str] = set()
         self._streams: dict[str, RequestStream] = {}
@@ -135,7 +138,17 @@ class GenerativeEngine(BaseEngine):
         return {**super().info(), "chat": self.chat is not None, "prefix_cache": self.prefix_cache(),
                 "kv_cache": self.kv_cache(), "speculative": self.speculative(),
                 "structured_outputs": constrained, "tools": constrained and self.chat is not None,
-                "tool_prompt": ("template" if self.template_takes_tools else "generic") if self.chat else None}
+                "tool_prompt": ("template" if self.template_takes_tools else "generic") if self.chat else None,
+                **({} if self.encdec else {"sampling_defaults": self.sampling_defaults.card()})}
+
+    def sampling(self, **fields: Any) -> SamplingParams:
+        """One request's ``SamplingParams``: each of temperature, top_p, top_k and
+        repetition_penalty it leaves unset (None) takes this model's default
+        (``sampling_defaults``); a value it sends, whatever it is, stays."""
+        for name, value in self.sampling_defaults.values.items():
+            if fields.get(name) is None:
+                fields[name] = value
+        return SamplingParams(**fields)
 
     @property
     def decode_step_name(self) -> str | None:
@@ -146,6 +159,9 @@ class GenerativeEngine(BaseEngine):
             return "python+native-attention"
         triton = kernel is not None and (kernel.mode == "triton" or device.type == "cuda" and kernel_runs_on(device))
         return "triton" if step.name == "python" and triton else step.name
+
+    def decode_q4(self) -> int:
+        return getattr(self.core.decode_step, "weights4", 0)
 
     def step_bytes(self) -> int:
         return getattr(self.core.decode_step, "extra_bytes", 0)

@@ -75,15 +75,17 @@ def source_facts(path: Path) -> tuple[str | None, str | None]:
         return None, None
 
 
-def quantization(model, source: str | None) -> dict[str, str | None]:
+def quantization(model, source: str | None, decode_q4: int = 0) -> dict[str, str | int | None]:
     """``weights``: the dtype prompts run in; ``decode``: what decode steps multiply with (int8 where
-    ``model.decode`` made int8 copies); ``source``: the quantization of the file it came from.
-    Under the native step's prefill the float copies are gone (``drop_float_copies``) and prompts
-    run in int8 too."""
+    ``model.decode`` made int8 copies; ``q4+int8`` where the native step reads ``decode_q4`` of the
+    projections in the file's own 4-bit runs, Q4_0 / Q4_1 as stored, and int8 for the rest);
+    ``source``: the quantization of the file it came from. Under the native step's prefill the
+    float copies are gone (``drop_float_copies``) and prompts run in int8 too."""
     weights = str(model.dtype).removeprefix("torch.")
     if any(isinstance(m, RowwiseInt8Linear) for m in model.modules()):  # an encoder-decoder's: int8 throughout
-        return {"weights": "int8", "decode": "int8", "source": source}
+        return {"weights": "int8", "decode": "int8", "source": source, "decode_q4": 0}
     int8 = [m for m in model.modules() if isinstance(m, DecodeInt8Linear)]
+    decode = ("q4" if decode_q4 >= len(int8) else "q4+int8") if decode_q4 else "int8" if int8 else weights
     if int8 and all(m.dense is None for m in int8):
-        return {"weights": "int8", "decode": "int8", "source": source}
-    return {"weights": weights, "decode": "int8" if int8 else weights, "source": source}
+        weights = "int8"
+    return {"weights": weights, "decode": decode, "source": source, "decode_q4": decode_q4}

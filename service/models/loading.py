@@ -32,6 +32,7 @@ from service.models.budget import check_fits_alone, choose_eviction
 from service.models.catalogue import ModelEntry, rescore_spec
 from service.models.facts import source_facts
 from service.models.memory import release_memory, source_weight_bytes
+from service.models.sampling import sampling_defaults
 from service.settings import Settings
 
 log = logging.getLogger("tserve.registry")
@@ -158,6 +159,8 @@ class ModelLoader:
             log.info("decode step", extra={"model": name, "step": step.name, "kv_dtype": str(step.kv_dtype),
                                            **({} if build is None else {"build_seconds": round(build, 1)})})
             engine: BaseEngine = GenerativeEngine(name, ckpt, settings, self.metrics, step)
+            if not engine.encdec:
+                engine.sampling_defaults = await asyncio.to_thread(sampling_defaults, entry.path, settings, name)
             self.metrics.decode_step.labels(name, engine.decode_step_name).set(1)  # as /v1/models says
         else:
             await asyncio.to_thread(prepare_weights, ckpt.model, options, ckpt.tokenizer)

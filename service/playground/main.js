@@ -51,6 +51,17 @@ function wireTabs() {
   });
 }
 
+// A model that recommends its own sampling (/v1/models: sampling_defaults from its file or the
+// server's override) gets it in the panel's fields when chosen; the others keep what is there.
+function recommend(where, model) {
+  const defaults = model && model.sampling_defaults;
+  if (!defaults || !defaults.source.length) return;
+  for (const name of ["temperature", "top_p"]) {
+    const field = where.querySelector(`input[name="${name}"]`);
+    if (field) field.value = defaults[name];
+  }
+}
+
 async function loadModels() {
   status.textContent = "Loading the model list…";
   let models;
@@ -72,6 +83,8 @@ async function loadModels() {
     const previous = choice.value;
     choice.replaceChildren(...serving.map((m) => new Option(m.id, m.id)));
     if (serving.some((m) => m.id === previous)) choice.value = previous;
+    choice.onchange = () => recommend(panel(t.name), serving.find((m) => m.id === choice.value));
+    if (choice.value !== previous) choice.onchange();
   }
   const shown = visibleTabs().map((b) => b.dataset.tab);
   const wanted = location.hash.slice(1);

@@ -61,8 +61,8 @@ def _finish(reason: str | None, called: bool = False) -> str | None:
     return "stop" if reason in ("eos", "stop") else reason  # OpenAI: stop / length / tool_calls
 
 
-def _params(body: ChatCompletionRequest, max_tokens: int, j: int) -> SamplingParams:
-    return SamplingParams(
+def _params(engine: GenerativeEngine, body: ChatCompletionRequest, max_tokens: int, j: int) -> SamplingParams:
+    return engine.sampling(
         max_new_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
         repetition_penalty=body.repetition_penalty, presence_penalty=body.presence_penalty,
         frequency_penalty=body.frequency_penalty, stop=body.stop,
@@ -103,7 +103,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, regist
     turn = build_turn(body, engine, settings)
     limit = turn.max_tokens(body.token_limit)
     limit_field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-    streams = await turn.submit([_params(body, limit, j) for j in range(body.n)], "messages", limit_field,
+    streams = await turn.submit([_params(engine, body, limit, j) for j in range(body.n)], "messages", limit_field,
                                 group_field="n" if body.n > 1 else "messages")
     reply = _Reply(turn, f"chatcmpl-{streams[0].request_id}", int(time.time()), [turn.deltas() for _ in streams])
     if body.stream:

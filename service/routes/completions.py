@@ -42,8 +42,8 @@ def _finish(reason: str | None) -> str | None:
     return "stop" if reason == "eos" else reason  # OpenAI knows only stop / length
 
 
-def _params(body: CompletionRequest, max_tokens: int, j: int) -> SamplingParams:
-    return SamplingParams(
+def _params(engine: GenerativeEngine, body: CompletionRequest, max_tokens: int, j: int) -> SamplingParams:
+    return engine.sampling(
         max_new_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
         repetition_penalty=body.repetition_penalty, presence_penalty=body.presence_penalty,
         frequency_penalty=body.frequency_penalty, stop=body.stop, logprobs=body.logprobs,
@@ -77,7 +77,7 @@ async def completions(body: CompletionRequest, request: Request, registry: Regis
     for i, ids in enumerate(prompts):
         max_tokens = body.max_tokens if body.max_tokens is not None else max(1, engine.max_len - len(ids))
         field = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
-        items += [(ids, _params(body, max_tokens, j), field) for j in range(body.n)]
+        items += [(ids, _params(engine, body, max_tokens, j), field) for j in range(body.n)]
     constraint = request_constraint(body, settings)
     streams = await engine.submit_constrained(items, constraint.spec if constraint else None,
                                               constraint.field if constraint else "",

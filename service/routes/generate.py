@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 
-from service.engines.generative import EngineEvent, GenerativeEngine, RequestStream, SamplingParams
+from service.engines.generative import EngineEvent, GenerativeEngine, RequestStream
 from service.engines.waiting import collect
 from service.http.dependencies import RegistryDep, SettingsDep
 from service.http.errors import ERROR_RESPONSES
@@ -39,9 +39,9 @@ async def generate(body: GenerateRequest, request: Request, registry: RegistryDe
     prompts = input_ids(body.prompt, "prompt", engine, settings)
     # the default (64) shrinks to a model with fewer positions, as the schema's default does
     max_tokens = body.max_tokens if "max_tokens" in body.model_fields_set else min(body.max_tokens, engine.max_len - 1)
-    params = SamplingParams(max_new_tokens=max_tokens, temperature=body.temperature, top_k=body.top_k,
-                            top_p=body.top_p, repetition_penalty=body.repetition_penalty, stop=body.stop,
-                            seed=body.seed, logprobs=body.logprobs, ignore_eos=body.ignore_eos)
+    params = engine.sampling(max_new_tokens=max_tokens, temperature=body.temperature, top_k=body.top_k,
+                             top_p=body.top_p, repetition_penalty=body.repetition_penalty, stop=body.stop,
+                             seed=body.seed, logprobs=body.logprobs, ignore_eos=body.ignore_eos)
     stream = engine.submit(prompts[0], params)
     rid, created = f"gen-{stream.request_id}", int(time.time())
     if body.stream:

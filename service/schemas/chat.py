@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from service.engines.generative import MAX_TOP_LOGPROBS
-from service.schemas.common import MAX_SEED, KeepAlive, RequestModel, StopStrings, Usage
+from service.schemas.common import MAX_SEED, UNSET_SAMPLING, KeepAlive, RequestModel, StopStrings, Usage
 from service.schemas.openai import StreamOptions
 from service.schemas.structured import (
     GuidedFields,
@@ -85,8 +85,8 @@ class ChatCompletionRequest(StopStrings, GuidedFields, KeepAlive):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1, le=4096)
     max_completion_tokens: int | None = Field(None, ge=1, le=4096)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    temperature: float | None = Field(None, ge=0.0, le=2.0, description=UNSET_SAMPLING)
+    top_p: float | None = Field(None, gt=0.0, le=1.0, description=UNSET_SAMPLING)
     n: int = Field(1, ge=1, le=8)
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -108,8 +108,8 @@ class ChatCompletionRequest(StopStrings, GuidedFields, KeepAlive):
     modalities: list[str] | None = None
     audio: Any = None
     # extensions (vLLM accepts the same names)
-    top_k: int = Field(0, ge=0, le=100_000)
-    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
+    top_k: int | None = Field(None, ge=0, le=100_000, description=UNSET_SAMPLING)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0, description=UNSET_SAMPLING)
 
     model_config = ConfigDict(json_schema_extra={"examples": [
         {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "What is the capital of France?"}],

@@ -16,6 +16,10 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo,
 from service.engines.generative import MAX_STOP_STRINGS, MAX_TOP_LOGPROBS
 from service.units import DURATION_PATTERN, parse_duration
 
+UNSET_SAMPLING = ("absent or null: the model's default (GET /v1/models: sampling_defaults; "
+                  "TSERVE_GENERATION_CONFIG), else the API's (temperature 1, top_p 1, top_k 0, "
+                  "repetition_penalty 1)")
+
 
 class Usage(BaseModel):
     prompt_tokens: int
@@ -173,10 +177,11 @@ class SamplingFields(StopStrings):
     max_tokens: int = Field(64, ge=1, le=4096, validation_alias=AliasChoices("max_tokens", "max_new_tokens"),
                             description="tokens to generate at most; the output also ends where the "
                             "model's context does (finish_reason length)")
-    temperature: float = Field(1.0, ge=0.0, le=100.0, description="0 = greedy")
-    top_k: int = Field(0, ge=0, le=100_000, description="0 = no limit")
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0, description="> 1 discourages repeats (CTRL rule)")
+    temperature: float | None = Field(None, ge=0.0, le=100.0, description="0 = greedy; " + UNSET_SAMPLING)
+    top_k: int | None = Field(None, ge=0, le=100_000, description="0 = no limit; " + UNSET_SAMPLING)
+    top_p: float | None = Field(None, gt=0.0, le=1.0, description=UNSET_SAMPLING)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0, description="> 1 discourages repeats (CTRL "
+                                             "rule); " + UNSET_SAMPLING)
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description="same seed + same request = same output")
     ignore_eos: bool = False
 

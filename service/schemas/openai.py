@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from service.schemas.common import MAX_SEED, KeepAlive, RequestModel, StopStrings, Usage
+from service.schemas.common import MAX_SEED, UNSET_SAMPLING, KeepAlive, RequestModel, StopStrings, Usage
 from service.schemas.structured import GuidedFields, ResponseFormat, StructuredOutputs
 
 
@@ -23,8 +23,8 @@ class CompletionRequest(StopStrings, GuidedFields, KeepAlive):
     model: str
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(16, ge=1, le=4096)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    temperature: float | None = Field(None, ge=0.0, le=2.0, description=UNSET_SAMPLING)
+    top_p: float | None = Field(None, gt=0.0, le=1.0, description=UNSET_SAMPLING)
     n: int = Field(1, ge=1, le=8)
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -38,8 +38,8 @@ class CompletionRequest(StopStrings, GuidedFields, KeepAlive):
     suffix: str | None = None
     user: str | None = None
     # extensions (vLLM accepts the same names)
-    top_k: int = Field(0, ge=0, le=100_000)
-    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
+    top_k: int | None = Field(None, ge=0, le=100_000, description=UNSET_SAMPLING)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0, description=UNSET_SAMPLING)
     ignore_eos: bool = False
     # structured outputs (docs/structured-outputs.md): OpenAI's chat field, vLLM accepts it here too
     response_format: ResponseFormat | None = None
@@ -121,8 +121,20 @@ class ModelMemory(BaseModel):
 
 class Quantization(BaseModel):
     weights: str  # what prompts run in: float32, bfloat16, float16; int8 (an int8 encoder-decoder, sources too)
-    decode: str  # what decode steps multiply with: int8, or the weights' dtype
+    decode: str  # what decode steps multiply with: int8; q4+int8 (the file's 4-bit runs, int8 for the rest); dtype
     source: str | None = None  # the source file's quantization (a GGUF file type: Q4_1, Q4_K_M, ...)
+    decode_q4: int = 0  # projections whose decode steps read the file's Q4_0 / Q4_1 weights as stored
+
+
+class SamplingDefaults(BaseModel):
+    """What a generation request's unset sampling fields take (TSERVE_GENERATION_CONFIG)."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    repetition_penalty: float
+    source: list[str]  # where the values that are not the API's come from: the model's file, the override setting
+    not_applied: list[str] = Field(default_factory=list)  # what the model recommends that this server does not do
 
 
 class ModelCard(BaseModel):
@@ -151,6 +163,7 @@ class ModelCard(BaseModel):
     structured_outputs: bool = False  # follows response_format / structured_outputs / guided_* (decoder models)
     tools: bool = False  # takes tools on /v1/chat/completions
     tool_prompt: Literal["template", "generic"] | None = None  # who shows the model its tools
+    sampling_defaults: SamplingDefaults | None = None  # decoder models
     metrics: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -63,7 +63,7 @@ async def test_models_lists_available_and_loaded_with_their_facts(weights_dir):
         assert gen["state"] == "loaded" and gen["state_reason"] is None
         assert gen["architecture"] == "gpt2" and gen["context_length"] == 128
         assert gen["decode_step"] == "python+native-attention"  # the Python step, the native library's attention
-        assert gen["quantization"] == {"weights": "float32", "decode": "float32", "source": None}
+        assert gen["quantization"] == {"weights": "float32", "decode": "float32", "source": None, "decode_q4": 0}
         engine = app.state.registry.engines["generate-tiny"]
         memory = gen["memory"]
         kv = engine.core.runner.cache.nbytes  # the block pool, the prefix cache's blocks among them

@@ -489,3 +489,23 @@ def test_chat_with_a_json_schema_and_tools(tmp_path, driver):
         name, arguments = shown[0].split("(", 1)
         assert name == "get_weather"
         jsonschema.validate(json.loads(arguments[:-1]), WEATHER["function"]["parameters"])
+
+
+def test_a_model_that_recommends_its_sampling_fills_the_fields(tmp_path, driver):
+    """chat-tiny recommends temperature 0.3 and top-p 0.7 (its generation_config.json, shown by
+    /v1/models as sampling_defaults): choosing it fills them in; a model that recommends nothing
+    leaves the page's own values."""
+    from selenium.webdriver.common.by import By
+
+    from tests.service.test_structured_outputs import make_weights
+
+    root = make_weights(tmp_path)
+    shutil.copytree(root / "chat-tiny", root / "chat-plain")  # the same model, recommending nothing
+    (root / "chat-tiny" / "generation_config.json").write_text(json.dumps({"temperature": 0.3, "top_p": 0.7}))
+    with ServerThread(settings_for(root, max_seq_len=256, max_batch=2)) as s:
+        panel = _open(driver, s.url, "chat")
+        value = lambda name: panel.find_element(By.NAME, name).get_attribute("value")  # noqa: E731
+        assert panel.find_element(By.NAME, "model").get_attribute("value") == "chat-plain"  # the first, sorted
+        assert (value("temperature"), value("top_p")) == ("0.8", "0.95")  # the page's own
+        _fill(panel, "model", "chat-tiny")
+        assert (value("temperature"), value("top_p")) == ("0.3", "0.7")

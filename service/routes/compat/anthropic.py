@@ -25,7 +25,7 @@ from fastapi import APIRouter, Depends, Request
 
 from service.chat.turn import ChatTurn, chat_turn
 from service.engines.errors import EngineError, InvalidRequestError
-from service.engines.generative import EngineEvent, GenerativeEngine, RequestStream, SamplingParams
+from service.engines.generative import EngineEvent, GenerativeEngine, RequestStream
 from service.engines.waiting import collect
 from service.http.dependencies import RegistryDep, SettingsDep, require_api_key_or_x_api_key
 from service.http.errors import ErrorJSONResponse
@@ -163,8 +163,8 @@ async def messages(body: MessagesRequest, request: Request, registry: RegistryDe
     engine: GenerativeEngine = await registry.acquire(body.model, "decoder", "/v1/messages")
     mark(request, engine.name)
     turn = build_turn(body, engine, settings)
-    params = SamplingParams(max_new_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p,
-                            top_k=body.top_k, stop=list(body.stop_sequences))
+    params = engine.sampling(max_new_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p,
+                             top_k=body.top_k, stop=list(body.stop_sequences))
     streams = await turn.submit([params], "messages", "max_tokens")
     reply = _Reply(turn, f"msg_{streams[0].request_id}", list(body.stop_sequences))
     if body.stream:

@@ -106,9 +106,10 @@ class CountTokensRequest(RequestModel):
 
 class MessagesRequest(CountTokensRequest):
     max_tokens: int = Field(ge=1, le=4096, description="required, as Anthropic requires it")
-    temperature: float = Field(1.0, ge=0.0, le=1.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=0, le=100_000)
+    # absent: the model's default (GET /v1/models: sampling_defaults), else Anthropic's (1, no limits)
+    temperature: float | None = Field(None, ge=0.0, le=1.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0, le=100_000)
     stop_sequences: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list,
                                                                       max_length=MAX_STOP_STRINGS)
     stream: bool = False

@@ -30,7 +30,7 @@ from fastapi import APIRouter, Request
 from service.chat.structured import Constraint, GrammarSpec, schema_text
 from service.chat.turn import ChatTurn, chat_turn
 from service.engines.errors import InvalidRequestError
-from service.engines.generative import EngineEvent, GenerativeEngine, RequestStream, SamplingParams
+from service.engines.generative import EngineEvent, GenerativeEngine, RequestStream
 from service.engines.waiting import collect
 from service.http.dependencies import RegistryDep, SettingsDep
 from service.http.errors import ERROR_RESPONSES
@@ -115,6 +115,11 @@ class _Reply:
     def engine(self) -> GenerativeEngine:
         return self.turn.engine
 
+    def sampled(self, name: str) -> float:
+        """The request's value, else the model's default: what the reply ran with."""
+        value = getattr(self.body, name)
+        return value if value is not None else self.engine.sampling_defaults.values[name]
+
     def event(self, kind: str, **fields) -> dict:
         self.seq += 1
         return {"type": kind, "sequence_number": self.seq - 1, **fields}
@@ -127,8 +132,8 @@ class _Reply:
                "incomplete_details": None, "instructions": body.instructions, "max_output_tokens":
                body.max_output_tokens, "model": self.engine.name, "output": self.output,
                "parallel_tool_calls": body.parallel_tool_calls is not False,
-               "previous_response_id": None, "store": False, "temperature": _temperature(body), "top_p":
-               body.top_p if body.top_p is not None else 1.0, "text": {"format": fmt},
+               "previous_response_id": None, "store": False, "temperature": self.sampled("temperature"), "top_p":
+               self.sampled("top_p"), "text": {"format": fmt},
                "tool_choice": body.tool_choice.model_dump() if hasattr(body.tool_choice, "model_dump")
                else (body.tool_choice or "auto"),
                "tools": [t.model_dump(exclude_none=True) for t in body.tools or []], "truncation": "disabled",
@@ -141,10 +146,6 @@ class _Reply:
             if final.finish_reason == "length":
                 out["incomplete_details"] = {"reason": "max_output_tokens"}
         return out
-
-
-def _temperature(body: ResponsesRequest) -> float:
-    return body.temperature if body.temperature is not None else 1.0
 
 
 def _status(final: EngineEvent) -> str:
@@ -170,8 +171,8 @@ async def responses(body: ResponsesRequest, request: Request, registry: Registry
     engine: GenerativeEngine = await registry.acquire(body.model, "decoder", "/v1/responses")
     mark(request, engine.name)
     turn = build_turn(body, engine, settings)
-    params = SamplingParams(max_new_tokens=turn.max_tokens(body.max_output_tokens), temperature=_temperature(body),
-                            top_p=body.top_p if body.top_p is not None else 1.0, seed=body.seed)
+    params = engine.sampling(max_new_tokens=turn.max_tokens(body.max_output_tokens), temperature=body.temperature,
+                             top_p=body.top_p, seed=body.seed)
     streams = await turn.submit([params], "input", "max_output_tokens")
     reply = _Reply(turn, body, f"resp_{streams[0].request_id}", int(time.time()))
     if body.stream:

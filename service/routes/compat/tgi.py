@@ -86,11 +86,13 @@ def sampling(p: TGIParameters, prompt_len: int, engine: GenerativeEngine) -> Sam
     if refused:
         raise InvalidRequestError(f"Input validation error: `{refused[0]}` is not supported by this server",
                                   refused[0])
+    # TGI is greedy unless asked to sample (its own default, kept); a sampled request's unset fields,
+    # and an unset repetition penalty, take the model's defaults (GET /v1/models: sampling_defaults)
     sample = p.do_sample or any(v is not None for v in (p.temperature, p.top_k, p.top_p))
     max_new = p.max_new_tokens or max(1, min(100, engine.max_len - prompt_len))
-    return SamplingParams(max_new_tokens=max_new, temperature=(p.temperature or 1.0) if sample else 0.0,
-                          top_k=p.top_k or 0, top_p=p.top_p or 1.0, repetition_penalty=p.repetition_penalty or 1.0,
-                          stop=p.stop, seed=p.seed, logprobs=p.top_n_tokens if p.top_n_tokens else 0)
+    return engine.sampling(max_new_tokens=max_new, temperature=p.temperature if sample else 0.0, top_k=p.top_k,
+                           top_p=p.top_p, repetition_penalty=p.repetition_penalty, stop=p.stop, seed=p.seed,
+                           logprobs=p.top_n_tokens if p.top_n_tokens else 0)
 
 
 def _token(engine: GenerativeEngine, token_id: int, logprob: float | None) -> dict:
