@@ -386,11 +386,19 @@ class NativeStep:
         last = list(itertools.accumulate(len(p) for p in prompts))
         return self.prefill_rows(cache, prompts, slots, [n - 1 for n in last], starts)
 
+    def replay(self, cache: PagedKVCache, prompts: Sequence[Sequence[int]], slots: Sequence[int],
+               starts: Sequence[int]) -> Tensor:
+        """``prefill``, each row computed as a decode step computes it (4-bit weights where a
+        projection has them, not the prompts' int8 ones): a preempted sequence's output written
+        again with the bits its decode steps wrote."""
+        last = list(itertools.accumulate(len(p) for p in prompts))
+        return self.prefill_rows(cache, prompts, slots, [n - 1 for n in last], starts, decoded=True)
+
     def prefill_rows(self, cache: PagedKVCache, prompts: Sequence[Sequence[int]], slots: Sequence[int],
-                     logit_rows: Sequence[int], starts: Sequence[int] | None = None) -> Tensor:
+                     logit_rows: Sequence[int], starts: Sequence[int] | None = None, decoded: bool = False) -> Tensor:
         """``prefill``, with the logits of any of the rows (indices into the prompts' tokens laid
         end to end) coming back, (len(logit_rows), V) float32, in that order: what scoring the
-        tokens of a text needs (``model.encoder.rescore``)."""
+        tokens of a text needs (``model.encoder.rescore``). ``decoded``: see ``replay``."""
         starts = list(starts or [0] * len(prompts))
         ids = [t for p in prompts for t in p]
         rows = [s for p, s in zip(prompts, slots) for _ in p]
@@ -398,7 +406,8 @@ class NativeStep:
         positions, tables = _tables(cache, rows, positions)
         tokens = torch.tensor(ids, dtype=torch.long)
         with decode_threads(len(ids), self.one_thread_rows):
-            return self.plan.prefill(tokens, cache.k, cache.v, tables, positions, [int(r) for r in logit_rows])
+            run = self.plan.replay if decoded else self.plan.prefill
+            return run(tokens, cache.k, cache.v, tables, positions, [int(r) for r in logit_rows])
 
 def drop_float_copies(model: nn.Module) -> None:
     """Frees what a decoder-only model under the native step's prefill never reads again: the
