@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from model.decode.native import NativeStep
+from model.decode.native import NativeStep, build
 from tests.model.decode.test_native_decode import _int8
 from tests.model.decode.test_native_q4 import _q4_float
 from tests.model.decode_steps import random_prompts
@@ -27,6 +27,7 @@ def compute(out: str) -> None:
     """Everything compared, saved to ``out``: a 4-bit model's prompt (300 rows, one call, past
     several blocks), its cache, decode steps with drafts beside another row, a replay; and the
     paged decode attention at head sizes 64 and 128 over float32 and bfloat16 pools, with a window."""
+    build()
     torch.manual_seed(SEED)
     results = {}
     for dtype in (torch.float32, torch.bfloat16):
@@ -34,6 +35,7 @@ def compute(out: str) -> None:
         step = NativeStep(model, kv_dtype=dtype)
         long, short = random_prompts(model, SEED, (150, 9))
         cache = model.new_cache(3, 160, dtype=dtype)
+        cache.k.zero_(), cache.v.zero_()  # allocated empty: what no row writes stays zero in both processes
         with torch.inference_mode():
             first = step.prefill(cache, [long, short], [0, 2])
             decoded = step(cache, torch.tensor([5, 6, 7, 8]), [0, 0, 0, 2], [150, 151, 152, 9])
@@ -71,9 +73,10 @@ def test_the_plain_loops_give_the_vector_kernels_bits(tmp_path):
 def test_attention_does_not_depend_on_the_rows_beside_a_query(hs):
     """A row's decode attention alone equals the same row among others (a head size the vector
     kernels take, and one only the plain loops take)."""
+    build()
     g = torch.Generator().manual_seed(SEED)
     q = torch.randn(4, 4, hs, generator=g)
-    k, v = (torch.randn(2, 12, 16, hs, generator=g) for _ in range(2))
+    k, v = (torch.randn(2, 13, 16, hs, generator=g) for _ in range(2))
     tables = torch.arange(1, 13).view(4, 3)
     lengths = torch.tensor([5, 48, 17, 33])
     together = torch.ops.tserve_native.paged_decode_attention(q, k, v, tables, lengths, 0.125, 0)
