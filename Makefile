@@ -16,7 +16,7 @@ INSTALL_INPUTS := pyproject.toml $(CONSTRAINTS) requirements-models.txt
 # Extra arguments for the benchmark, e.g. make bench BENCH_ARGS="--quick" or "--threads 1 --only decode"
 BENCH_ARGS ?=
 
-.PHONY: setup run test bench gpu-check lint clean reliability soak contract
+.PHONY: setup run test test-scalar bench gpu-check lint clean reliability soak contract
 
 setup: $(VENV)/.installed-$(EXTRAS)
 
@@ -65,6 +65,17 @@ run: $(VENV)/.installed-$(SERVE_EXTRAS)
 test: setup
 	$(BIN)/ruff check model service tests benchmarks deploy
 	$(BIN)/python -m pytest -q
+
+# The numerics tests again with the native step's vector kernels off (TSERVE_NATIVE_ISA=scalar:
+# the plain loops only), so answers and tolerances are checked on the path a CPU without AVX2 or
+# AVX-512 takes; the vector kernels are checked against these loops bit for bit in `make test`
+# (tests/model/decode/test_instruction_sets.py). A few minutes on 2 cores.
+SCALAR_TESTS := tests/model/decode/test_native_decode.py tests/model/decode/test_native_prefill.py \
+	tests/model/decode/test_native_q4.py tests/model/decode/test_native_attention.py \
+	tests/model/decode/test_native_encdec.py tests/model/decode/test_instruction_sets.py \
+	tests/model/engine/test_repeatable.py tests/test_golden.py
+test-scalar: setup
+	TSERVE_NATIVE_ISA=scalar $(BIN)/python -m pytest -q $(SCALAR_TESTS)
 
 # The benchmark also needs llama.cpp (the llama extra, a C++ build from the sdist on first use).
 bench:

@@ -50,6 +50,7 @@ NOT_FILES = {"llama.cpp"}
 # TSERVE_ variables that are not Settings fields: read by the code itself (variable -> the file
 # that reads it, where it is documented), or placeholders.
 NON_SETTINGS_ENV = {
+    "TSERVE_NATIVE_ISA": "model/decode/csrc/common.h",  # =scalar: the native step's plain loops only
     "TSERVE_WEIGHTS_CACHE": "model/formats/manifest.py",  # where split weights are joined; docs/models.md
     "TSERVE_CONVERTED_CACHE": "model/formats/import_cache.py",  # off: no cache of converted GGUFs
     "TSERVE_TEST_ARTIFACTS": "tests/service/test_playground.py",  # where the browser tests write

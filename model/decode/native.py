@@ -57,9 +57,12 @@ _BUILD: dict[str, object] = {}  # "seconds" it took, or "error": why, once tried
 
 # -march=native: built for the vector units of the machine it runs on, as inductor's kernels
 # are (measured ~5% faster at batch 8-32 than a generic x86-64 build, equal at batch 1). A
-# portable build (for an image that may run on another CPU) leaves it out.
-NATIVE_FLAGS = ["-O3", "-march=native", "-DNDEBUG"]
-PORTABLE_FLAGS = ["-O3", "-DNDEBUG"]
+# portable build (for an image that may run on another CPU) leaves it out. -ffp-contract=off: the
+# compiler fuses no multiply and add the source does not (it would where the build targets FMA,
+# and not in a portable build), so the plain loops give the same bits in every build and the
+# vector kernels, which fuse exactly where the plain loops call std::fma, give them too.
+NATIVE_FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-DNDEBUG"]
+PORTABLE_FLAGS = ["-O3", "-ffp-contract=off", "-DNDEBUG"]
 
 
 def build(library: str | Path | None = None) -> float:
@@ -279,8 +282,12 @@ PARTNER_ROWS = 1 << 30
 # A prompt chunk of at least this many rows of one sequence attends as a block (csrc:
 # attend_block: over a bfloat16 cache with the CPU's AVX512-BF16 dot products, attend_block_bf16,
 # where it has them, else torch's CPU flash attention over its keys gathered once; on a layer with
-# a window, one wider than a 256-row block) instead of row by row; 0 = row by row always.
-PROMPT_ATTENTION_ROWS = 128
+# a window, one wider than a 256-row block) instead of row by row; 0 = row by row always. 0 by
+# default: a block's rounding depends on where the chunk starts and how long it is, so a prompt
+# computed whole, in chunks or after a prefix-cache hit got different last bits, and at a near
+# tie another greedy token. Row by row, each row's attention is one fixed arithmetic (csrc
+# attention.cpp) whatever the call; rows of one sequence share each key tile they read.
+PROMPT_ATTENTION_ROWS = 0
 
 # The gate activations the C++ step implements, by its codes (csrc: enum Activation).
 ACTIVATIONS = {"silu": 0, "swish": 0, "gelu_new": 1}
@@ -379,11 +386,19 @@ class NativeStep:
         last = list(itertools.accumulate(len(p) for p in prompts))
         return self.prefill_rows(cache, prompts, slots, [n - 1 for n in last], starts)
 
+    def replay(self, cache: PagedKVCache, prompts: Sequence[Sequence[int]], slots: Sequence[int],
+               starts: Sequence[int]) -> Tensor:
+        """``prefill``, each row computed as a decode step computes it (4-bit weights where a
+        projection has them, not the prompts' int8 ones): a preempted sequence's output written
+        again with the bits its decode steps wrote."""
+        last = list(itertools.accumulate(len(p) for p in prompts))
+        return self.prefill_rows(cache, prompts, slots, [n - 1 for n in last], starts, decoded=True)
+
     def prefill_rows(self, cache: PagedKVCache, prompts: Sequence[Sequence[int]], slots: Sequence[int],
-                     logit_rows: Sequence[int], starts: Sequence[int] | None = None) -> Tensor:
+                     logit_rows: Sequence[int], starts: Sequence[int] | None = None, decoded: bool = False) -> Tensor:
         """``prefill``, with the logits of any of the rows (indices into the prompts' tokens laid
         end to end) coming back, (len(logit_rows), V) float32, in that order: what scoring the
-        tokens of a text needs (``model.encoder.rescore``)."""
+        tokens of a text needs (``model.encoder.rescore``). ``decoded``: see ``replay``."""
         starts = list(starts or [0] * len(prompts))
         ids = [t for p in prompts for t in p]
         rows = [s for p, s in zip(prompts, slots) for _ in p]
@@ -391,7 +406,8 @@ class NativeStep:
         positions, tables = _tables(cache, rows, positions)
         tokens = torch.tensor(ids, dtype=torch.long)
         with decode_threads(len(ids), self.one_thread_rows):
-            return self.plan.prefill(tokens, cache.k, cache.v, tables, positions, [int(r) for r in logit_rows])
+            run = self.plan.replay if decoded else self.plan.prefill
+            return run(tokens, cache.k, cache.v, tables, positions, [int(r) for r in logit_rows])
 
 def drop_float_copies(model: nn.Module) -> None:
     """Frees what a decoder-only model under the native step's prefill never reads again: the

@@ -30,7 +30,7 @@ class DecoderPrompts:
         PROMPT_ATTENTION_ROWS). Measured against the float forward (2 cores, ``python -m
         benchmarks.studies.prefill``, docs/benchmarks.md): 2.0-4.1x the prompt tokens/s for SmolLM2-135M
         and 2.8-4.6x for Gemma 3 270M from 16 to ~7,000 tokens."""
-        self.model = model
+        self.model, self.step = model, step
         self.prefill = step.prefill if getattr(step, "prefills", False) else model.prefill
 
     def context(self, prompt: list[int]) -> list[int]:
@@ -55,20 +55,44 @@ class DecoderPrompts:
             if take <= 0 and plan.chunks:
                 break
             take = max(take, 1)
+            if seq.resumed and seq.prefilled < len(seq.req.prompt_ids):  # the prompt first, then the output
+                take = min(take, len(seq.req.prompt_ids) - seq.prefilled)
             plan.chunks.append(PromptChunk(seq, seq.input_ids[seq.prefilled: seq.prefilled + take], seq.prefilled))
             budget -= take
 
     def run(self, cache: PagedKVCache, plan: StepPlan) -> tuple[Tensor | None, list[Sequence]]:
         """Write the chunks; logits rows for the sequences whose prompt is now complete (not for
         a resumed sequence: its next token is already chosen)."""
-        if not plan.chunks:
-            return None, []
-        chunks = plan.chunks
-        logits = self._prefill(cache, chunks)
+        chunks = [c for c in plan.chunks if not self._replayed(c)]
+        if chunks:
+            logits = self._prefill(cache, chunks)
+        replays = [c for c in plan.chunks if self._replayed(c)]
+        if replays:
+            self._replay(cache, replays)
         rows = [i for i, c in enumerate(chunks) if c.completes and not c.seq.resumed]
         if not rows:
             return None, []
         return logits[torch.tensor(rows, device=logits.device)], [chunks[i].seq for i in rows]
+
+    @staticmethod
+    def _replayed(chunk: PromptChunk) -> bool:
+        """A resumed sequence's output (``plan`` never mixes it with its prompt in one chunk)."""
+        return chunk.seq.resumed and chunk.start >= len(chunk.seq.req.prompt_ids)
+
+    def _replay(self, cache: PagedKVCache, chunks: list[PromptChunk]) -> None:
+        """A preempted sequence's output written again as its decode steps wrote it (the decode
+        step's weights: a prompt's may differ, 4-bit against int8, or int8 against float), so
+        that its K/V, and the tokens after, are those of the run that was never preempted."""
+        slots = [c.seq.slots[0] for c in chunks]
+        starts = [c.start for c in chunks]
+        if hasattr(self.step, "replay"):
+            self.step.replay(cache, [c.tokens for c in chunks], slots, starts)
+        elif self.step is not None:
+            tokens = torch.tensor([t for c in chunks for t in c.tokens], dtype=torch.long, device=cache.k.device)
+            self.step(cache, tokens, [s for c, s in zip(chunks, slots) for _ in c.tokens],
+                      [st + i for c, st in zip(chunks, starts) for i in range(len(c.tokens))])
+        else:
+            self._prefill(cache, chunks)
 
     def first_position(self, seq: Sequence) -> int:
         return len(seq.input_ids)

@@ -277,7 +277,9 @@ class Scheduler:
         if self.prefix is None:
             return [], [], False
         ids = seq.input_ids
-        hashes = block_hashes(ids, self.prefix.block)
+        # A resumed sequence names (and finds) its prompt's blocks only: its output's K/V were
+        # written as decode steps write them, which a prompt computed afresh would not match.
+        hashes = block_hashes(seq.req.prompt_ids if seq.resumed else ids, self.prefix.block)
         hit = self.prefix.match(hashes, len(ids))
         if seq.resumed:
             return hashes, hit, False

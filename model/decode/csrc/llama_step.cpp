@@ -168,7 +168,7 @@ bool LlamaDecoder::set_prompt_bf16(bool on) {
 }
 
 Tensor LlamaDecoder::step(Tensor tokens, Tensor k_cache, Tensor v_cache, Tensor tables, std::vector<int64_t> positions) {
-  return run(tokens, k_cache, v_cache, tables, positions, nullptr);
+  return run(tokens, k_cache, v_cache, tables, positions, nullptr, false);
 }
 
 Tensor LlamaDecoder::prefill(Tensor tokens, Tensor k_cache, Tensor v_cache, Tensor tables,
@@ -176,11 +176,20 @@ Tensor LlamaDecoder::prefill(Tensor tokens, Tensor k_cache, Tensor v_cache, Tens
   TORCH_CHECK(!logit_rows.empty(), "logit_rows must name at least one row");
   for (int64_t r : logit_rows)
     TORCH_CHECK(r >= 0 && r < static_cast<int64_t>(positions.size()), "logit row ", r, " out of range");
-  return run(tokens, k_cache, v_cache, tables, positions, &logit_rows);
+  return run(tokens, k_cache, v_cache, tables, positions, &logit_rows, true);
+}
+
+Tensor LlamaDecoder::replay(Tensor tokens, Tensor k_cache, Tensor v_cache, Tensor tables,
+                            std::vector<int64_t> positions, std::vector<int64_t> logit_rows) {
+  TORCH_CHECK(!logit_rows.empty(), "logit_rows must name at least one row");
+  for (int64_t r : logit_rows)
+    TORCH_CHECK(r >= 0 && r < static_cast<int64_t>(positions.size()), "logit row ", r, " out of range");
+  return run(tokens, k_cache, v_cache, tables, positions, &logit_rows, false);
 }
 
 Tensor LlamaDecoder::run(const Tensor& tokens, const Tensor& k_cache, const Tensor& v_cache, const Tensor& tables,
-                         const std::vector<int64_t>& positions, const std::vector<int64_t>* logit_rows) {
+                         const std::vector<int64_t>& positions, const std::vector<int64_t>* logit_rows,
+                         bool prompt) {
   TORCH_CHECK(has_head_ && !layers_.empty(), "the decoder is not fully built (no layers or no output head)");
   TORCH_CHECK(tables.dim() == 2 && tables.scalar_type() == at::kLong && tables.device().is_cpu(),
               "tables must be a (B, n) long CPU tensor");
@@ -229,7 +238,6 @@ Tensor LlamaDecoder::run(const Tensor& tokens, const Tensor& k_cache, const Tens
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
     norm_rows(xs, L.attn_norm.data(), L.qkv, B, h.data_ptr<float>());
-    const bool prompt = logit_rows != nullptr;
     Tensor qkv = L.qkv(h, prompt).contiguous();  // (B, q_w + 2 kv_w)
     const Tensor& table = L.local_rope ? rope_local_ : rope_;
     over_rows(partner_.get(), B, q_w + 2 * kv_w, [&](int64_t b0, int64_t b1) {
@@ -249,7 +257,7 @@ Tensor LlamaDecoder::run(const Tensor& tokens, const Tensor& k_cache, const Tens
     auto cache_layer = [&](auto* k_base, auto* v_base) {  // float or bfloat16 bits
       write_kv(qkv.data_ptr<float>(), k_base, v_base, block_table, width, positions, n_blocks, BL, B);
       attend_rows(heads, qkv.data_ptr<float>(), k_base, v_base, block_table, width, positions, n_blocks, BL, L.o,
-                  L.window, B, y.data_ptr<float>(), logit_rows != nullptr, prompt_, partner_.get());
+                  L.window, B, y.data_ptr<float>(), prompt, prompt_, partner_.get());
     };
     with_kv_bits(k_cache, v_cache, [&](auto* k, auto* v) { cache_layer(k + layer_at, v + layer_at); });
     add_output(xs, L.o(y, prompt), L.post_attn_norm, B);
@@ -281,7 +289,7 @@ Tensor LlamaDecoder::run(const Tensor& tokens, const Tensor& k_cache, const Tens
     for (int64_t r = 0; r < R; ++r) std::copy_n(xs + (*logit_rows)[r] * d_, d_, picked.data_ptr<float>() + r * d_);
     Tensor hr = at::empty({R, d_}, opts);
     norm_rows(picked.data_ptr<float>(), final_norm_.data(), head_, R, hr.data_ptr<float>());
-    return head_(hr, true).to(at::kFloat);
+    return head_(hr, prompt).to(at::kFloat);
   }
   norm_rows(xs, final_norm_.data(), head_, B, h.data_ptr<float>());
   return head_(h).to(at::kFloat);

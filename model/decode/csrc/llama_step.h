@@ -93,9 +93,15 @@ class LlamaDecoder : public torch::CustomClassHolder {
   Tensor prefill(Tensor tokens, Tensor k_cache, Tensor v_cache, Tensor tables, std::vector<int64_t> positions,
                  std::vector<int64_t> logit_rows);
 
+  // `prefill`'s rows computed as decode steps compute them (the 4-bit weights where a projection
+  // has them): the output a preempted sequence replays, whose K/V its decode steps wrote, so
+  // that it goes on with the bits it had (a prompt's rows take the int8 weights).
+  Tensor replay(Tensor tokens, Tensor k_cache, Tensor v_cache, Tensor tables, std::vector<int64_t> positions,
+                std::vector<int64_t> logit_rows);
+
  private:
   Tensor run(const Tensor& tokens, const Tensor& k_cache, const Tensor& v_cache, const Tensor& tables,
-             const std::vector<int64_t>& positions, const std::vector<int64_t>* logit_rows);
+             const std::vector<int64_t>& positions, const std::vector<int64_t>* logit_rows, bool prompt);
   void finish(Projection p, const c10::optional<Tensor>& inv_scale);
   static std::array<Projection*, 5> slots(Layer& L) { return {&L.qkv, &L.o, &L.gate, &L.up, &L.down}; }
   void check_cache(const Tensor& c, const char* name) const;

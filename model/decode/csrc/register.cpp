@@ -40,5 +40,6 @@ TORCH_LIBRARY(tserve_native, m) {
       .def("set_prompt_attention", &LlamaDecoder::set_prompt_attention)
       .def("set_prompt_bf16", &LlamaDecoder::set_prompt_bf16)
       .def("step", &LlamaDecoder::step)
-      .def("prefill", &LlamaDecoder::prefill);
+      .def("prefill", &LlamaDecoder::prefill)
+      .def("replay", &LlamaDecoder::replay);
 }
