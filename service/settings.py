@@ -26,7 +26,9 @@ class Settings(BaseSettings):
     weights_dir: Path = Path("weights")
     models: str = Field("", description="comma-separated models to serve; empty = all in weights_dir")
     preload: str = Field("", description="comma-separated models loaded at start-up (/ready waits for them); "
-                         "empty = every model TSERVE_MODELS selects; 'none' = nothing, models load on demand")
+                         "empty = every model TSERVE_MODELS names, or without it every model found but those "
+                         "whose manifest says \"preload\": false (the Qwen2.5-Coder models: loaded on their "
+                         "first request); 'none' = nothing, models load on demand")
     memory_budget: int | None = Field(None, ge=0, description="bytes of weights + KV caches of the loaded models "
                                       "(4GiB, 800MB, ...); loading past it evicts the least recently used idle "
                                       "model; empty = no budget")
