@@ -266,7 +266,10 @@ def projection_for(f: GGUFFile, parts: list[Rows], bias: Tensor | None, like: nn
     """The module that serves one projection whose weight is ``parts``' rows stacked in order
     (q, k and v fused: three parts): the one place its representation is chosen. Here a float
     ``Linear`` (``like``, the model's own layer on the meta device) holding the dequantized rows,
-    built part by part: at most the result and one part's float copy exist at a time."""
+    built part by part: at most the result and one part's float copy exist at a time. Another
+    representation (the blocks as stored: ``f.tensors[name].data`` is the mapped file's bytes,
+    ``.tensor_type`` their type) returns its own module here and marks each part read
+    (``f.used.add(name)``), as ``take`` does."""
     weight = torch.empty(like.weight.shape, dtype=torch.float32)
     row = 0
     for part in parts:
