@@ -24,6 +24,7 @@ RoPE and are stored unpermuted. Gemma's ``1 + w`` norm weights are stored with t
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from model.config import ConfigError, ModelConfig
-from model.formats.checkpoint import CheckpointError
+from model.formats.checkpoint import TIED_KEY, CheckpointError
 from model.formats.hf.llama import llama_model_config
 from model.nn.transformer import TransformerModel, build_model
 from model.tokenization.gguf_vocab import GGUFTokenizerError, gguf_tokenizer
@@ -270,7 +271,16 @@ def projection_for(f: GGUFFile, parts: list[Rows], bias: Tensor | None, like: nn
     representation (the blocks as stored: ``f.tensors[name].data`` is the mapped file's bytes,
     ``.tensor_type`` their type) returns its own module here and marks each part read
     (``f.used.add(name)``), as ``take`` does."""
-    weight = torch.empty(like.weight.shape, dtype=torch.float32)
+    weight = stacked_rows(f, parts, tuple(like.weight.shape))
+    like.weight = nn.Parameter(weight)
+    if bias is not None:
+        like.bias = nn.Parameter(bias)
+    return like
+
+
+def stacked_rows(f: GGUFFile, parts: list[Rows], shape: tuple[int, int]) -> Tensor:
+    """``parts``' rows dequantized into one float32 (out, in) matrix, one part at a time."""
+    weight = torch.empty(shape, dtype=torch.float32)
     row = 0
     for part in parts:
         w = f.take(part.tensor)
@@ -286,10 +296,30 @@ def projection_for(f: GGUFFile, parts: list[Rows], bias: Tensor | None, like: nn
     if row != weight.shape[0]:
         raise GGUFImportError(f"{f.path}: tensors {[p.tensor for p in parts]} have {row} rows; the metadata implies "
                               f"{weight.shape[0]}")
-    like.weight = nn.Parameter(weight)
-    if bias is not None:
-        like.bias = nn.Parameter(bias)
-    return like
+    return weight
+
+
+def float_tensors(f: GGUFFile, cfg: ModelConfig) -> tuple[dict[str, tuple[int, ...]], Iterator[tuple[str, Tensor]]]:
+    """Our state dict as float32 tensors (a tied head's key aside): every name and shape at
+    once, then the tensors one at a time as they are dequantized, for a writer that never holds
+    more than one (``model.formats.import_cache`` writes a converted checkpoint so)."""
+    with torch.device("meta"):
+        model = build_model(cfg)
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()
+              if not (cfg.tie_word_embeddings and k == TIED_KEY)}
+    projections, tensors = gguf_layout(f, cfg)
+    thunks: dict[str, Any] = {}  # in the order they are written
+    for name, parts in projections.items():
+        thunks[f"{name}.weight"] = lambda parts=parts, shape=shapes[f"{name}.weight"]: stacked_rows(f, parts, shape)
+        if f"{name}.bias" in shapes:
+            theirs = tensors.pop(f"{name}.bias", None) or [f"{name}.bias"]
+            thunks[f"{name}.bias"] = lambda theirs=theirs, shape=shapes[f"{name}.bias"]: _concat(f, theirs, shape)
+    for ours, theirs in tensors.items():
+        shape = shapes.get(ours, ())
+        thunks[ours] = lambda theirs=theirs, shape=shape: _concat(f, theirs, shape)
+    if set(thunks) != set(shapes):  # an importer bug rather than a bad file, but still say what is missing
+        raise GGUFImportError(f"{f.path}: no tensor for our parameter(s) {sorted(set(shapes) - set(thunks))[:5]}")
+    return {k: shapes[k] for k in thunks}, ((k, make()) for k, make in thunks.items())
 
 
 def _head_rows(f: GGUFFile, name: str, n_heads: int, permuted: bool) -> Rows:
@@ -374,8 +404,8 @@ def _concat(f: GGUFFile, names: list[str], shape: tuple[int, ...]) -> Tensor:
     return t
 
 
-def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> GGUFModel:
-    """Read a GGUF file into our model (float32, or ``dtype``), tokenizer, config and chat template."""
+def open_gguf(path: str | Path) -> tuple[GGUFFile, ModelConfig, Tokenizer]:
+    """The file mapped, its config and tokenizer (checked against each other); no tensor read."""
     f = GGUFFile(Path(path))
     cfg = gguf_config(f)
     try:
@@ -385,17 +415,31 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
     if tokenizer.vocab_size > cfg.vocab_size:
         raise GGUFImportError(f"{f.path}: the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary "
                               f"is {cfg.vocab_size}")
-    model = gguf_model(f, cfg)
+    return f, cfg, tokenizer
+
+
+def check_all_used(f: GGUFFile) -> None:
     left_over = sorted(set(f.tensors) - f.used)
     if left_over:
         raise GGUFImportError(f"{f.path}: tensor(s) {left_over[:5]}{' and more' if len(left_over) > 5 else ''} are "
                               f"not used by the {f.get('general.architecture')} import; the metadata does not "
                               "describe them")
+
+
+def chat_and_stops(f: GGUFFile, cfg: ModelConfig) -> tuple[str | None, list[int]]:
+    """The chat template and the stop ids besides ``cfg.eos_token_id`` (end of turn, of message)."""
+    stops = [f.get(f"tokenizer.ggml.{name}_token_id") for name in ("eot", "eom")]
+    return f.get("tokenizer.chat_template"), sorted({s for s in stops if isinstance(s, int) and s != cfg.eos_token_id})
+
+
+def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> GGUFModel:
+    """Read a GGUF file into our model (float32, or ``dtype``), tokenizer, config and chat template."""
+    f, cfg, tokenizer = open_gguf(path)
+    model = gguf_model(f, cfg)
+    check_all_used(f)
     if dtype is not None and dtype != torch.float32 or torch.device(device).type != "cpu":
         model.to(device=device, dtype=dtype)
-    template = f.get("tokenizer.chat_template")
-    stops = [f.get(f"tokenizer.ggml.{name}_token_id") for name in ("eot", "eom")]
-    stops = sorted({s for s in stops if isinstance(s, int) and s != cfg.eos_token_id})
+    template, stops = chat_and_stops(f, cfg)
     general = {key[len("general."):]: f.get(key) for key in f.reader.fields
                if key.startswith("general.") and isinstance(f.get(key), str)}
     types = sorted({Q(f.tensors[name].tensor_type).name for name in f.used})

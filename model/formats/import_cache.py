@@ -36,15 +36,29 @@ import hashlib
 import importlib.metadata
 import json
 import logging
+import math
 import os
 import shutil
+import struct
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from model.formats.checkpoint import WEIGHTS_FILE, Checkpoint, CheckpointError, check_safetensors_complete, load, save
+from model.formats.checkpoint import (
+    CHAT_TEMPLATE_FILE,
+    CONFIG_FILE,
+    GENERATION_FILE,
+    TOKENIZER_FILE,
+    WEIGHTS_FILE,
+    Checkpoint,
+    CheckpointError,
+    check_safetensors_complete,
+    load,
+    save,
+)
+from model.formats.gguf_import import chat_and_stops, check_all_used, float_tensors, open_gguf
 from model.formats.manifest import Manifest, cache_dir
 
 log = logging.getLogger("tserve.weights")
@@ -107,12 +121,14 @@ def entry_dir(source: Manifest | Path, key: dict[str, object]) -> Path:
 
 
 def load_converted(source: Manifest | Path, convert: Callable[[], Checkpoint], device: str | torch.device = "cpu",
-                   dtype: torch.dtype | None = None) -> Checkpoint:
+                   dtype: torch.dtype | None = None, gguf: Path | None = None) -> Checkpoint:
     """The checkpoint of ``source`` (a manifest, or a GGUF file's path) on ``device`` (floats
     cast to ``dtype``): read from the cache entry for the current key, or ``convert()`` (the
     import, float32 on the CPU), written as that entry and read back from it, so a first and a
     later start serve the same tensors. Without the cache (off, or not writable) the import
-    itself is returned, placed."""
+    itself is returned, placed. ``gguf``: the file ``convert`` imports, written into the entry
+    tensor by tensor instead (``write_gguf_entry``: the float model never exists whole in
+    memory; the entry is then mapped)."""
     if not enabled():
         return _placed(convert(), device, dtype)
     key = cache_key(source)
@@ -127,11 +143,54 @@ def load_converted(source: Manifest | Path, convert: Callable[[], Checkpoint], d
             log.warning("converted weights in %s cannot be read (%s: %s); converting again", entry,
                         type(exc).__name__, exc)
             shutil.rmtree(entry, ignore_errors=True)
+    if gguf is not None and _write(entry, lambda tmp: write_gguf_entry(gguf, tmp), key, path):
+        return _read(entry, path, device, dtype)
     ckpt = convert()
-    if not _write(entry, ckpt, key):
+    if not _write(entry, _saver(ckpt), key, ckpt.path):
         return _placed(ckpt, device, dtype)
     del ckpt
     return _read(entry, path, device, dtype)
+
+
+def _saver(ckpt: Checkpoint) -> Callable[[Path], None]:
+    return lambda tmp: save(tmp, ckpt.model, ckpt.tokenizer, chat_template=ckpt.chat_template,
+                            stop_token_ids=ckpt.stop_token_ids)
+
+
+def write_gguf_entry(file: Path, directory: Path) -> None:
+    """The import of ``file`` as our checkpoint in ``directory``, what ``save`` writes of
+    ``load_gguf(file)``, with the weights streamed into model.safetensors one tensor at a time."""
+    f, cfg, tokenizer = open_gguf(file)
+    shapes, tensors = float_tensors(f, cfg)
+    _write_safetensors(directory / WEIGHTS_FILE, shapes, tensors, {"format": "pt", "family": cfg.family})
+    check_all_used(f)
+    cfg.save(directory / CONFIG_FILE)
+    tokenizer.save(directory / TOKENIZER_FILE)
+    template, stops = chat_and_stops(f, cfg)
+    if template is not None:
+        (directory / CHAT_TEMPLATE_FILE).write_text(template, encoding="utf-8")
+    if stops:
+        (directory / GENERATION_FILE).write_text(json.dumps({"stop_token_ids": stops}, indent=2) + "\n")
+
+
+def _write_safetensors(file: Path, shapes: dict[str, tuple[int, ...]], tensors, metadata: dict[str, str]) -> None:
+    """A safetensors file of float32 tensors named and shaped by ``shapes``, whose data
+    ``tensors`` yields in that order, each written and let go before the next."""
+    header: dict[str, object] = {"__metadata__": metadata}
+    offset = 0
+    for name, shape in shapes.items():
+        size = 4 * math.prod(shape)
+        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    with file.open("wb") as out:
+        out.write(struct.pack("<Q", len(blob)) + blob)
+        for (name, t), expected in zip(tensors, shapes, strict=True):
+            if name != expected or tuple(t.shape) != shapes[name] or t.dtype != torch.float32:
+                raise CheckpointError(f"{file}: tensor '{name}' {list(t.shape)} {t.dtype} does not match the header")
+            out.write(t.contiguous().numpy().data)
+            del t
 
 
 def _read(entry: Path, path: Path, device: str | torch.device, dtype: torch.dtype | None) -> Checkpoint:
@@ -148,9 +207,10 @@ def _placed(ckpt: Checkpoint, device: str | torch.device, dtype: torch.dtype | N
     return ckpt
 
 
-def _write(entry: Path, ckpt: Checkpoint, key: dict[str, object]) -> bool:
-    """Write ``ckpt`` as ``entry`` atomically (a temporary sibling renamed into place); older
-    entries of the same source file go. Failing to write is a warning (returns False)."""
+def _write(entry: Path, fill: Callable[[Path], None], key: dict[str, object], served_as: Path) -> bool:
+    """Write ``entry`` atomically (``fill`` writes the checkpoint into a temporary sibling, renamed
+    into place); older entries of the same source go. Failing to write is a warning (returns
+    False)."""
     tmp = None
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
@@ -158,8 +218,8 @@ def _write(entry: Path, ckpt: Checkpoint, key: dict[str, object]) -> bool:
         umask = os.umask(0)
         os.umask(umask)
         tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would hide the entry from other users of a shared cache
-        save(tmp, ckpt.model, ckpt.tokenizer, chat_template=ckpt.chat_template, stop_token_ids=ckpt.stop_token_ids)
-        (tmp / "source.json").write_text(json.dumps({**key, "manifest": str(ckpt.path)}, indent=2) + "\n")
+        fill(tmp)
+        (tmp / "source.json").write_text(json.dumps({**key, "manifest": str(served_as)}, indent=2) + "\n")
         try:
             os.rename(tmp, entry)
         except OSError:

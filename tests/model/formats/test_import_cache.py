@@ -166,17 +166,15 @@ def test_a_gguf_path_is_cached_and_a_changed_file_misses(tmp_path, cache, monkey
     first = load_model(file)
     (entry,) = cache.iterdir()
     assert entry.name.startswith("f") and first.path == file
-    calls = []
-    real = import_cache.load_converted
-    monkeypatch.setattr("model.formats.sources.load_converted",
-                        lambda src, convert, *a: real(src, lambda: calls.append(1) or convert(), *a))
+    calls = []  # conversions: the GGUF streamed into a new entry
+    real = import_cache.write_gguf_entry
+    monkeypatch.setattr(import_cache, "write_gguf_entry", lambda *a: calls.append(1) or real(*a))
     second = load_model(file)
     assert calls == [] and list(cache.iterdir()) == [entry]  # read back, not converted again
     same(second, first)
     monkeypatch.setenv(import_cache.SWITCH_ENV, "off")
-    same(load_model(file), first)  # the entry equals a fresh conversion, tensor for tensor
+    same(load_model(file), first)  # the entry equals a fresh conversion in memory, tensor for tensor
     monkeypatch.delenv(import_cache.SWITCH_ENV)
-    calls.clear()
     write_llama_gguf(file, tiny_llama(seed=2, vocab_size=bpe.get_vocab_size()), bpe)  # rewritten in place
     third = load_model(file)
     assert calls == [1] and not torch.equal(third.model.embed.tokens.weight, first.model.embed.tokens.weight)
