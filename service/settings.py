@@ -27,7 +27,9 @@ class Settings(BaseSettings):
     weights_dir: Path = Path("weights")
     models: str = Field("", description="comma-separated models to serve; empty = all in weights_dir")
     preload: str = Field("", description="comma-separated models loaded at start-up (/ready waits for them); "
-                         "empty = every model TSERVE_MODELS selects; 'none' = nothing, models load on demand")
+                         "empty = every model TSERVE_MODELS names, or without it every model found but those "
+                         "whose manifest says \"preload\": false (the Qwen2.5-Coder models: loaded on their "
+                         "first request); 'none' = nothing, models load on demand")
     memory_budget: int | None = Field(None, ge=0, description="bytes of weights + KV caches of the loaded models "
                                       "(4GiB, 800MB, ...); loading past it evicts the least recently used idle "
                                       "model; empty = no budget")
@@ -81,8 +83,10 @@ class Settings(BaseSettings):
     max_seq_len: int = Field(0, ge=0, description="context: prompt + generated tokens of one sequence; 0 = each "
                              "model's own maximum (its max_positions); else capped by it")
     kv_cache_bytes: int = Field(384 * 2**20, ge=2**20, description="the KV cache's block pool per generative model "
-                                "(16-token blocks, touched as used); a prompt that can never fit it gets 400, "
-                                "one that fits later waits")
+                                "(16-token blocks, touched as used), raised to hold one "
+                                "sequence at its full context (its layers x KV heads x head size x cache dtype; "
+                                "TSERVE_MAX_SEQ_LEN lowers that); a prompt that can never fit it gets 400, one "
+                                "that fits later waits")
     max_queue: int = Field(128, ge=0, description="requests waiting for a slot before 429")
     max_prefill_tokens: int = Field(2048, ge=16, description="prompt tokens processed per engine step")
     prefix_cache: bool = Field(True, description="decoder models share the KV blocks of prompt prefixes they "

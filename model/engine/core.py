@@ -50,10 +50,13 @@ class EngineCore:
     def __init__(self, model: DecoderLM | EncoderDecoder, tokenizer: Tokenizer | None, n_slots: int, max_len: int,
                  max_src_len: int = 0, max_prefill_tokens: int = 2048, prefix_cache: bool = False,
                  step: DecodeStep | None = None, kv_cache_bytes: int = 0,
-                 speculative: SpeculativeConfig | None = None, grammar_cache_size: int = DEFAULT_CACHE_SIZE):
+                 speculative: SpeculativeConfig | None = None, grammar_cache_size: int = DEFAULT_CACHE_SIZE,
+                 kv_cache_min_tokens: int = 0):
         """``n_slots``: the most sequences in flight (rows); ``max_len``: one sequence's context;
         ``kv_cache_bytes``: the block pool's size, at most every row at ``max_len`` (0: exactly
-        that, nothing waits for memory). ``prefix_cache``: share cached prompt blocks (decoder-only). ``step``: the
+        that, nothing waits for memory), at least ``kv_cache_min_tokens`` positions (the service
+        asks for one sequence at ``max_len``: a budget in bytes never cuts a model's context).
+        ``prefix_cache``: share cached prompt blocks (decoder-only). ``step``: the
         decode step (``model.decode.prepare``); default the model's own Python step, float, SDPA.
         ``speculative``: draft tokens by prompt lookup (model.engine.speculative); default none.
         ``grammar_cache_size``: compiled grammars kept (LRU), fixed for the core's life."""
@@ -63,8 +66,8 @@ class EngineCore:
         prompts = prompts_for(model, self.decode_step)
         n_blocks = None  # every row at max_len: nothing ever waits for memory
         if kv_cache_bytes:  # no more than that, though: a budget beyond it would only be reserved, never used
-            n_blocks = min(self.pool_blocks(model, kv_cache_bytes, self.decode_step.kv_dtype),
-                           1 + n_slots * blocks_for(max_len))
+            n_blocks = min(max(self.pool_blocks(model, kv_cache_bytes, self.decode_step.kv_dtype),
+                               1 + blocks_for(kv_cache_min_tokens)), 1 + n_slots * blocks_for(max_len))
         self.runner = ModelRunner(model, prompts, n_slots, max_len, self.decode_step, max_src_len, n_blocks)
         cache = self.runner.cache
         self.prefix = (PrefixCache(cache.pool, cache.block_len)
@@ -96,9 +99,14 @@ class EngineCore:
     def pool_blocks(model: DecoderLM | EncoderDecoder, budget_bytes: int, dtype) -> int:
         """Blocks (the null block included) that fit in ``budget_bytes`` at the model's cache
         shape and dtype."""
-        per_block = 2 * len(model.decoder_layers) * model.cfg.kv_heads * model.cfg.head_dim * BLOCK_LEN * \
+        return max(2, budget_bytes // EngineCore.block_bytes(model, dtype))
+
+    @staticmethod
+    def block_bytes(model: DecoderLM | EncoderDecoder, dtype) -> int:
+        """One block's K and V over every layer: what a model's layers, KV heads, head size and
+        the cache's dtype make of BLOCK_LEN positions."""
+        return 2 * len(model.decoder_layers) * model.cfg.kv_heads * model.cfg.head_dim * BLOCK_LEN * \
             torch.empty((), dtype=dtype).element_size()
-        return max(2, budget_bytes // per_block)
 
     @property
     def cache(self) -> PagedKVCache:

@@ -6,8 +6,12 @@
 
 The GGUF metadata is the single source: the config comes from ``<arch>.*`` keys, the
 tokenizer from ``tokenizer.ggml.*`` (model.tokenization.gguf_vocab), the chat template from
-``tokenizer.chat_template``. Quantized tensors are dequantized to float32 at load time
-(the supported types are in ``SUPPORTED_TYPES``; any other fails naming tensor and type).
+``tokenizer.chat_template``. The file is memory-mapped (gguf's reader) and read tensor by
+tensor into a model built on the meta device (``gguf_model``): each tensor is dequantized to
+float32 and placed before the next is read, so a load holds the model plus one tensor's float
+copy, never a second model. ``projection_for`` is the one place a projection's representation
+is chosen (the supported types are in ``SUPPORTED_TYPES``; any other fails naming tensor and
+type).
 
 Architectures (``general.architecture``; ``_lineage`` says what each adds to a Llama):
 ``llama`` (Llama, SmolLM2, Mistral), ``qwen2``, ``qwen3``, ``gemma3`` (text), ``phi3``.
@@ -20,6 +24,7 @@ RoPE and are stored unpermuted. Gemma's ``1 + w`` norm weights are stored with t
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,14 +32,12 @@ from typing import Any
 import gguf
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from model.config import ConfigError, ModelConfig
-from model.formats.checkpoint import CheckpointError
-from model.formats.hf.format import TensorMap
-from model.formats.hf.importer import build_imported
+from model.formats.checkpoint import TIED_KEY, CheckpointError
 from model.formats.hf.llama import llama_model_config
-from model.nn.transformer import TransformerModel
+from model.nn.transformer import TransformerModel, build_model
 from model.tokenization.gguf_vocab import GGUFTokenizerError, gguf_tokenizer
 from model.tokenization.tokenizer import Tokenizer
 
@@ -107,7 +110,10 @@ class GGUFFile:
             raise GGUFImportError(f"{self.path}: tensor '{name}' ({qtype.name}) cannot be dequantized "
                                   f"({type(exc).__name__}: {exc})") from None
         self.used.add(name)
-        return torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape))  # a copy, off the mmap
+        values = np.asarray(values, dtype=np.float32).reshape(shape)
+        if np.may_share_memory(values, info.data):  # F32 data is a view of the mapped file: copy it off
+            values = values.copy()
+        return torch.from_numpy(values)
 
 
 def unpermute_rope_rows(w: Tensor, n_heads: int) -> Tensor:
@@ -246,49 +252,160 @@ GEMMA3_NORMS = {"attn_norm": "self_attn_norm", "post_attention_norm": "self_attn
                 "ffn_norm": "ffn_norm", "post_ffw_norm": "ffn_post_norm"}
 
 
-def gguf_tensors(f: GGUFFile, cfg: ModelConfig) -> TensorMap:
+@dataclass(frozen=True)
+class Rows:
+    """Rows of a GGUF matrix as one of our projections reads them: all of ``tensor``'s, in the
+    file's order, or those ``select`` lists (an index tensor: Llama's q/k row order, Phi-3's
+    gate/up halves). GGUF blocks run along a row, so a selection of rows is one of stored
+    blocks as well as of floats."""
+
+    tensor: str
+    select: Tensor | None = None
+
+
+def projection_for(f: GGUFFile, parts: list[Rows], bias: Tensor | None, like: nn.Module) -> nn.Module:
+    """The module that serves one projection whose weight is ``parts``' rows stacked in order
+    (q, k and v fused: three parts): the one place its representation is chosen. Here a float
+    ``Linear`` (``like``, the model's own layer on the meta device) holding the dequantized rows,
+    built part by part: at most the result and one part's float copy exist at a time. Another
+    representation (the blocks as stored: ``f.tensors[name].data`` is the mapped file's bytes,
+    ``.tensor_type`` their type) returns its own module here and marks each part read
+    (``f.used.add(name)``), as ``take`` does."""
+    weight = stacked_rows(f, parts, tuple(like.weight.shape))
+    like.weight = nn.Parameter(weight)
+    if bias is not None:
+        like.bias = nn.Parameter(bias)
+    return like
+
+
+def stacked_rows(f: GGUFFile, parts: list[Rows], shape: tuple[int, int]) -> Tensor:
+    """``parts``' rows dequantized into one float32 (out, in) matrix, one part at a time."""
+    weight = torch.empty(shape, dtype=torch.float32)
+    row = 0
+    for part in parts:
+        w = f.take(part.tensor)
+        if part.select is not None:
+            w = w[part.select]
+        if w.shape[1] != weight.shape[1] or row + w.shape[0] > weight.shape[0]:
+            raise GGUFImportError(f"{f.path}: tensor '{part.tensor}' has shape {list(w.shape)}; the metadata implies "
+                                  f"{weight.shape[1]} inputs and {weight.shape[0]} outputs in all for "
+                                  f"{[p.tensor for p in parts]}")
+        weight[row:row + w.shape[0]] = w
+        row += w.shape[0]
+        del w
+    if row != weight.shape[0]:
+        raise GGUFImportError(f"{f.path}: tensors {[p.tensor for p in parts]} have {row} rows; the metadata implies "
+                              f"{weight.shape[0]}")
+    return weight
+
+
+def float_tensors(f: GGUFFile, cfg: ModelConfig) -> tuple[dict[str, tuple[int, ...]], Iterator[tuple[str, Tensor]]]:
+    """Our state dict as float32 tensors (a tied head's key aside): every name and shape at
+    once, then the tensors one at a time as they are dequantized, for a writer that never holds
+    more than one (``model.formats.import_cache`` writes a converted checkpoint so)."""
+    with torch.device("meta"):
+        model = build_model(cfg)
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()
+              if not (cfg.tie_word_embeddings and k == TIED_KEY)}
+    projections, tensors = gguf_layout(f, cfg)
+    thunks: dict[str, Any] = {}  # in the order they are written
+    for name, parts in projections.items():
+        thunks[f"{name}.weight"] = lambda parts=parts, shape=shapes[f"{name}.weight"]: stacked_rows(f, parts, shape)
+        if f"{name}.bias" in shapes:
+            theirs = tensors.pop(f"{name}.bias", None) or [f"{name}.bias"]
+            thunks[f"{name}.bias"] = lambda theirs=theirs, shape=shapes[f"{name}.bias"]: _concat(f, theirs, shape)
+    for ours, theirs in tensors.items():
+        shape = shapes.get(ours, ())
+        thunks[ours] = lambda theirs=theirs, shape=shape: _concat(f, theirs, shape)
+    if set(thunks) != set(shapes):  # an importer bug rather than a bad file, but still say what is missing
+        raise GGUFImportError(f"{f.path}: no tensor for our parameter(s) {sorted(set(shapes) - set(thunks))[:5]}")
+    return {k: shapes[k] for k in thunks}, ((k, make()) for k, make in thunks.items())
+
+
+def _head_rows(f: GGUFFile, name: str, n_heads: int, permuted: bool) -> Rows:
+    """q or k rows in rotate-half order (``unpermute_rope_rows`` where llama.cpp permuted them)."""
+    if not permuted:
+        return Rows(name)
+    rows = int(f.tensors[name].shape[-1]) if name in f.tensors else 0
+    return Rows(name, unpermute_rope_rows(torch.arange(rows).view(rows, 1), n_heads).view(-1) if rows else None)
+
+
+def gguf_layout(f: GGUFFile, cfg: ModelConfig) -> tuple[dict[str, list[Rows]], dict[str, list[str]]]:
+    """Where each of our tensors comes from: the projections (our module name -> the rows that
+    make its weight) and every other tensor (our state-dict name -> the GGUF tensors concatenated
+    into it: a fused bias has three, the rest one)."""
     arch = f.get("general.architecture")
-    out = TensorMap()
-
-    def put(ours: str, theirs: str) -> None:
-        out.put(ours, f.take(theirs), theirs)
-
-    put("embed.tokens.weight", "token_embd.weight")
+    projections: dict[str, list[Rows]] = {}
+    tensors: dict[str, list[str]] = {"embed.tokens.weight": ["token_embd.weight"]}
     for i in range(cfg.n_decoder_layers):
         ours, theirs = f"decoder_layers.{i}", f"blk.{i}"
         if arch == "phi3":  # fused already, in our q, k, v row order
-            put(f"{ours}.self_attn.qkv_proj.weight", f"{theirs}.attn_qkv.weight")
+            projections[f"{ours}.self_attn.qkv_proj"] = [Rows(f"{theirs}.attn_qkv.weight")]
         else:
-            q, k = f.take(f"{theirs}.attn_q.weight"), f.take(f"{theirs}.attn_k.weight")
-            if arch == "llama":
-                q, k = unpermute_rope_rows(q, cfg.n_heads), unpermute_rope_rows(k, cfg.kv_heads)
-            out.put(f"{ours}.self_attn.qkv_proj.weight", torch.cat([q, k, f.take(f"{theirs}.attn_v.weight")]),
-                    f"{theirs}.attn_q/attn_k/attn_v.weight")
+            permuted = arch == "llama"
+            projections[f"{ours}.self_attn.qkv_proj"] = [
+                _head_rows(f, f"{theirs}.attn_q.weight", cfg.n_heads, permuted),
+                _head_rows(f, f"{theirs}.attn_k.weight", cfg.kv_heads, permuted), Rows(f"{theirs}.attn_v.weight")]
         if cfg.qkv_bias:
-            bias = torch.cat([f.take(f"{theirs}.attn_{x}.bias") for x in "qkv"])
-            out.put(f"{ours}.self_attn.qkv_proj.bias", bias, f"{theirs}.attn_q/attn_k/attn_v.bias")
+            tensors[f"{ours}.self_attn.qkv_proj.bias"] = [f"{theirs}.attn_{x}.bias" for x in "qkv"]
         if cfg.qk_norm:
-            put(f"{ours}.self_attn.q_norm.weight", f"{theirs}.attn_q_norm.weight")
-            put(f"{ours}.self_attn.k_norm.weight", f"{theirs}.attn_k_norm.weight")
-        put(f"{ours}.self_attn.out_proj.weight", f"{theirs}.attn_output.weight")
+            tensors[f"{ours}.self_attn.q_norm.weight"] = [f"{theirs}.attn_q_norm.weight"]
+            tensors[f"{ours}.self_attn.k_norm.weight"] = [f"{theirs}.attn_k_norm.weight"]
+        projections[f"{ours}.self_attn.out_proj"] = [Rows(f"{theirs}.attn_output.weight")]
         for their_name, our_name in (GEMMA3_NORMS if cfg.post_sublayer_norm else LLAMA_NORMS).items():
-            put(f"{ours}.{our_name}.weight", f"{theirs}.{their_name}.weight")
+            tensors[f"{ours}.{our_name}.weight"] = [f"{theirs}.{their_name}.weight"]
         if arch != "phi3":
-            put(f"{ours}.ffn.gate.weight", f"{theirs}.ffn_gate.weight")
-            put(f"{ours}.ffn.up.weight", f"{theirs}.ffn_up.weight")
+            projections[f"{ours}.ffn.gate"] = [Rows(f"{theirs}.ffn_gate.weight")]
+            projections[f"{ours}.ffn.up"] = [Rows(f"{theirs}.ffn_up.weight")]
         else:  # ffn_up holds the gate rows, then the up rows
-            gate, up = f.take(f"{theirs}.ffn_up.weight").chunk(2, dim=0)
-            out.put(f"{ours}.ffn.gate.weight", gate.contiguous(), f"{theirs}.ffn_up.weight (first half)")
-            out.put(f"{ours}.ffn.up.weight", up.contiguous(), f"{theirs}.ffn_up.weight (second half)")
-        put(f"{ours}.ffn.down.weight", f"{theirs}.ffn_down.weight")
-    put("decoder_norm.weight", "output_norm.weight")
+            d_ff = cfg.d_ff
+            projections[f"{ours}.ffn.gate"] = [Rows(f"{theirs}.ffn_up.weight", torch.arange(d_ff))]
+            projections[f"{ours}.ffn.up"] = [Rows(f"{theirs}.ffn_up.weight", torch.arange(d_ff, 2 * d_ff))]
+        projections[f"{ours}.ffn.down"] = [Rows(f"{theirs}.ffn_down.weight")]
+    tensors["decoder_norm.weight"] = ["output_norm.weight"]
     if not cfg.tie_word_embeddings:
-        put("lm_head.proj.weight", "output.weight")
-    return out
+        projections["lm_head.proj"] = [Rows("output.weight")]
+    return projections, tensors
 
 
-def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> GGUFModel:
-    """Read a GGUF file into our model (float32, or ``dtype``), tokenizer, config and chat template."""
+def gguf_model(f: GGUFFile, cfg: ModelConfig) -> TransformerModel:
+    """Our model from the file, tensor by tensor: each is dequantized (or taken as
+    ``projection_for`` chooses) and placed before the next is read, so the float copies of a
+    load never exceed one tensor beyond what the model keeps."""
+    with torch.device("meta"):
+        model = build_model(cfg)
+    projections, tensors = gguf_layout(f, cfg)
+    for name, parts in projections.items():
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        like = getattr(parent, attr)
+        bias = None
+        if like.bias is not None:  # a fused bias is one of `tensors`; the layer takes it with its weight
+            bias = _concat(f, tensors.pop(f"{name}.bias", None) or [f"{name}.bias"], tuple(like.bias.shape))
+        setattr(parent, attr, projection_for(f, parts, bias, like))
+    state = {}
+    for ours, theirs in tensors.items():
+        ref = model.get_parameter(ours)
+        state[ours] = _concat(f, theirs, tuple(ref.shape))
+    model.load_state_dict(state, strict=False, assign=True)
+    model.tie_weights()
+    missing = [n for n, p in model.named_parameters() if p.is_meta]
+    if missing:  # an importer bug rather than a bad file, but still say what is missing
+        raise GGUFImportError(f"{f.path}: no tensor for our parameter(s) {missing[:5]}")
+    model.reset_buffers()
+    return model.eval()
+
+
+def _concat(f: GGUFFile, names: list[str], shape: tuple[int, ...]) -> Tensor:
+    t = f.take(names[0]) if len(names) == 1 else torch.cat([f.take(n) for n in names])
+    if tuple(t.shape) != shape:
+        raise GGUFImportError(f"{f.path}: tensor '{' + '.join(names)}' has shape {list(t.shape)} but the metadata "
+                              f"implies {list(shape)}")
+    return t
+
+
+def open_gguf(path: str | Path) -> tuple[GGUFFile, ModelConfig, Tokenizer]:
+    """The file mapped, its config and tokenizer (checked against each other); no tensor read."""
     f = GGUFFile(Path(path))
     cfg = gguf_config(f)
     try:
@@ -298,18 +415,31 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
     if tokenizer.vocab_size > cfg.vocab_size:
         raise GGUFImportError(f"{f.path}: the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary "
                               f"is {cfg.vocab_size}")
-    tensors = gguf_tensors(f, cfg)
+    return f, cfg, tokenizer
+
+
+def check_all_used(f: GGUFFile) -> None:
     left_over = sorted(set(f.tensors) - f.used)
     if left_over:
         raise GGUFImportError(f"{f.path}: tensor(s) {left_over[:5]}{' and more' if len(left_over) > 5 else ''} are "
                               f"not used by the {f.get('general.architecture')} import; the metadata does not "
                               "describe them")
-    if dtype is not None:
-        tensors.tensors = {name: t.to(dtype) for name, t in tensors.tensors.items()}
-    model = build_imported(cfg, tensors, f.path, device, described_by="the GGUF metadata")
-    template = f.get("tokenizer.chat_template")
+
+
+def chat_and_stops(f: GGUFFile, cfg: ModelConfig) -> tuple[str | None, list[int]]:
+    """The chat template and the stop ids besides ``cfg.eos_token_id`` (end of turn, of message)."""
     stops = [f.get(f"tokenizer.ggml.{name}_token_id") for name in ("eot", "eom")]
-    stops = sorted({s for s in stops if isinstance(s, int) and s != cfg.eos_token_id})
+    return f.get("tokenizer.chat_template"), sorted({s for s in stops if isinstance(s, int) and s != cfg.eos_token_id})
+
+
+def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> GGUFModel:
+    """Read a GGUF file into our model (float32, or ``dtype``), tokenizer, config and chat template."""
+    f, cfg, tokenizer = open_gguf(path)
+    model = gguf_model(f, cfg)
+    check_all_used(f)
+    if dtype is not None and dtype != torch.float32 or torch.device(device).type != "cpu":
+        model.to(device=device, dtype=dtype)
+    template, stops = chat_and_stops(f, cfg)
     general = {key[len("general."):]: f.get(key) for key in f.reader.fields
                if key.startswith("general.") and isinstance(f.get(key), str)}
     types = sorted({Q(f.tensors[name].tensor_type).name for name in f.used})

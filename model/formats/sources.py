@@ -3,7 +3,7 @@
     from model import load_model
     ckpt = load_model("weights/generate-en")            # our checkpoint directory
     ckpt = load_model("downloads/SmolLM2-135M-Instruct")  # a Hugging Face directory
-    ckpt = load_model("SmolLM2-135M-Instruct.Q4_1.gguf")  # a GGUF file, converted in memory
+    ckpt = load_model("SmolLM2-135M-Instruct.Q4_1.gguf")  # a GGUF file, converted once and cached
     ckpt = load_model("weights/smollm2-135m-instruct")   # a manifest naming a pinned package
 
 Each returns a ``Checkpoint`` (model, config, tokenizer, chat template, stop ids), so callers
@@ -46,7 +46,8 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
         if not is_gguf_file(path):
             raise CheckpointError(f"{path}: not a GGUF file (a model file must be .gguf; other formats are "
                                   "directories)")
-        return as_checkpoint(load_gguf(path, device, dtype))
+        # converted once, then read back from the cache on later starts (import_cache)
+        return load_converted(path, lambda: as_checkpoint(load_gguf(path)), device, dtype, gguf=path)
     if not path.is_dir():
         raise CheckpointError(f"{path}: no such file or directory")
     if is_manifest_dir(path):
@@ -59,7 +60,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
                 return ckpt
             return dataclasses.replace(attach_mlm_head(ckpt, head), fill_rescore=manifest.rescore)
         # The import is converted once and read back from the cache on later starts (import_cache).
-        return load_converted(manifest, lambda: as_checkpoint(load_gguf(file), path), device, dtype)
+        return load_converted(manifest, lambda: as_checkpoint(load_gguf(file), path), device, dtype, gguf=file)
     if is_sentence_transformer_dir(path):  # before is_hf_model_dir: its config.json is a HF BertModel's
         return load_sentence_transformer(path, device, dtype)
     if is_hf_model_dir(path):  # before is_checkpoint: a HF directory also has config.json + model.safetensors

@@ -98,7 +98,8 @@ class GenerativeEngine(BaseEngine):
                                kv_cache_bytes=settings.kv_cache_bytes, speculative=SpeculativeConfig(
                                    settings.speculative, settings.speculative_tokens,
                                    max_batch=settings.speculative_max_batch),
-                               grammar_cache_size=settings.grammar_cache_size)
+                               grammar_cache_size=settings.grammar_cache_size,
+                               kv_cache_min_tokens=self.max_len)
         # One sequence may use the whole pool, no more: the context a request sees is the smaller.
         self.max_len = min(self.max_len, self.core.scheduler.capacity_tokens())
         # Held around each step: a fill-mask rescorer may share this decoder's model and decode

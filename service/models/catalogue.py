@@ -84,6 +84,15 @@ def discover(settings: Settings) -> list[tuple[str, Path]]:
     return chosen
 
 
+def preloads_by_default(path: Path) -> bool:
+    """Whether start-up loads ``path`` when it loads every model found: all but manifests that
+    say ``"preload": false`` (listed, loaded on their first request)."""
+    try:
+        return not is_manifest_dir(path) or read_manifest(path).preload
+    except ManifestError:
+        return True  # the load itself will say what is wrong
+
+
 def _installed(path: Path) -> bool:
     """False (with a warning) for a manifest whose weight package is not installed."""
     if not is_manifest_dir(path):

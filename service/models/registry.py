@@ -81,7 +81,10 @@ class EngineRegistry:
         try:
             self.entries.update((name, ModelEntry(name, path)) for name, path in self.discover())
             wanted = self.settings.preload_names()
-            self.preloaded = list(self.entries) if wanted is None else wanted
+            if wanted is None:  # every model TSERVE_MODELS names; without it, all found but the on-demand ones
+                named = bool(self.settings.model_names())
+                wanted = [n for n, e in self.entries.items() if named or catalogue.preloads_by_default(e.path)]
+            self.preloaded = wanted
             unknown = [n for n in self.preloaded if n not in self.entries]
             if unknown:
                 raise CheckpointError(f"TSERVE_PRELOAD names {unknown}, which are not served (available: "

@@ -10,6 +10,7 @@ import re
 import threading
 import time
 import weakref
+from pathlib import Path
 
 import httpx
 import pytest
@@ -320,3 +321,30 @@ async def test_tokenize_and_detokenize_load_an_unloaded_model_again(weights_dir,
                 assert again.json()["tokens"] == ids
             else:
                 assert "the menu" in again.json()["prompt"]
+
+
+async def test_a_manifest_saying_preload_false_is_listed_not_loaded(weights_dir, tmp_path, monkeypatch):
+    """Start-up loads every model found but those whose manifest says "preload": false (listed,
+    available); naming it in TSERVE_MODELS preloads it as any named model."""
+    import hashlib
+    import importlib.metadata
+    import json
+
+    monkeypatch.setenv("TSERVE_WEIGHTS_CACHE", str(tmp_path / "cache"))
+    root = tmp_path / "weights"
+    root.mkdir()
+    (root / "generate-tiny").symlink_to(weights_dir / "generate-tiny")
+    dist = importlib.metadata.distribution("gguf")  # any installed files serve as chunks: it is never loaded
+    names = sorted(str(f) for f in dist.files if str(f).endswith(".py"))[:2]
+    data = [Path(str(dist.locate_file(n))).read_bytes() for n in names]
+    parts = [{"package": "gguf", "version": dist.version, "file": n, "sha256": hashlib.sha256(d).hexdigest()}
+             for n, d in zip(names, data)]
+    (root / "lazy").mkdir()
+    (root / "lazy" / "manifest.json").write_text(json.dumps({
+        "format": "gguf", "package": "gguf", "version": dist.version, "file": "lazy.gguf", "licence": "MIT",
+        "sha256": hashlib.sha256(b"".join(data)).hexdigest(), "parts": parts, "preload": False}))
+    app = create_app(settings_for(root))
+    async with app.router.lifespan_context(app), asgi_client(app) as c:
+        await wait_ready(c)
+        assert (await c.get("/ready")).json()["models"] == {"generate-tiny": "ready", "lazy": "available"}
+    assert app.state.registry.preloaded == ["generate-tiny"]

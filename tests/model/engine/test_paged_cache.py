@@ -196,3 +196,22 @@ def test_a_copy_on_write_into_a_block_never_used_before_keeps_the_copy(llama):
     core.runner.run(StepPlan(copies=[(shared, own)]))
     cache.batch([1])  # what the next forward pass over row 1 does first
     assert torch.equal(cache.k[:, :, own, :4], cache.k[:, :, shared, :4]) and cache.k[:, :, own, :4].abs().sum() > 0
+
+
+def test_a_byte_budget_is_raised_to_one_full_context_never_past_every_row(llama):
+    """The pool holds kv_cache_min_tokens (the service asks for one sequence at the model's
+    context) whatever the byte budget says, in blocks of the model's own size; a larger budget
+    is kept, up to every row at max_len."""
+    per = block_bytes(llama)
+    assert per == EngineCore.block_bytes(llama, torch.float32)
+    small = EngineCore(llama, None, n_slots=4, max_len=256, kv_cache_bytes=(1 + 2) * per, kv_cache_min_tokens=256)
+    assert small.scheduler.capacity_tokens() == 256  # 16 blocks, where the bytes alone held 2
+    assert small.cache.n_blocks - 1 == 256 // BLOCK_LEN
+    roomy = EngineCore(llama, None, n_slots=4, max_len=256, kv_cache_bytes=(1 + 40) * per, kv_cache_min_tokens=256)
+    assert roomy.scheduler.capacity_tokens() == 40 * BLOCK_LEN
+    capped = EngineCore(llama, None, n_slots=4, max_len=256, kv_cache_bytes=(1 + 99) * per, kv_cache_min_tokens=256)
+    assert capped.scheduler.capacity_tokens() == 4 * 256
+    long = EngineRequest("long", [3 + i % 50 for i in range(197)], SamplingParams(max_new_tokens=50, temperature=0.0,
+                                                                     ignore_eos=True))
+    tokens, errors = drain(small, [long])
+    assert not errors and len(tokens["long"]) == 50  # 247 tokens: a whole context fits the raised pool

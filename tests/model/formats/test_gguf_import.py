@@ -13,7 +13,7 @@ import torch
 
 from model.formats.checkpoint import load
 from model.formats.convert import main as convert_main
-from model.formats.gguf_import import GGUFFile, GGUFImportError, gguf_config, gguf_tensors, is_gguf_file, load_gguf
+from model.formats.gguf_import import GGUFFile, GGUFImportError, gguf_config, gguf_model, is_gguf_file, load_gguf
 from model.formats.sources import load_model
 from tests.model.gguf_tiny import (
     CHATML,
@@ -305,7 +305,7 @@ def test_missing_tensor_is_named(tmp_path, reference, bpe):
     f = GGUFFile(write_llama_gguf(tmp_path / "ok.gguf", reference, bpe))
     f.tensors.pop("blk.1.ffn_gate.weight")
     with pytest.raises(GGUFImportError, match=r"missing tensor 'blk\.1\.ffn_gate\.weight'"):
-        gguf_tensors(f, gguf_config(f))
+        gguf_model(f, gguf_config(f))
 
 
 def test_not_a_gguf_file(tmp_path):

@@ -13,7 +13,7 @@ from model.formats import import_cache
 from model.formats.gguf_import import load_gguf
 from model.formats.manifest import Manifest
 from model.formats.sources import as_checkpoint
-from tests.model.gguf_tiny import CHATML, tiny_llama, train_byte_bpe, write_llama_gguf
+from tests.model.gguf_tiny import CHATML, GGUFSpec, Q, tiny_llama, train_byte_bpe, write_llama_gguf
 from tests.model.hf_tiny import SENTENCES
 
 
@@ -153,3 +153,63 @@ def test_int8_copies_are_kept_beside_the_entry(tiny_file, manifest, cache, monke
     assert calibrations == [1] and "quantizing again" in caplog.text
     with torch.no_grad(), int8.decode_step_context():
         assert torch.equal(first.model(ids), third.model(ids))
+
+
+# --- a GGUF file given by path: keyed by its identity ------------------------------------------
+
+def test_a_gguf_path_is_cached_and_a_changed_file_misses(tmp_path, cache, monkeypatch):
+    from model.formats.sources import load_model
+
+    bpe = train_byte_bpe()
+    file = write_llama_gguf(tmp_path / "model.gguf", tiny_llama(seed=1, vocab_size=bpe.get_vocab_size()), bpe,
+                            GGUFSpec(qtype=Q.Q4_0, qtypes={"token_embd.weight": Q.Q8_0}))
+    first = load_model(file)
+    (entry,) = cache.iterdir()
+    assert entry.name.startswith("f") and first.path == file
+    calls = []  # conversions: the GGUF streamed into a new entry
+    real = import_cache.write_gguf_entry
+    monkeypatch.setattr(import_cache, "write_gguf_entry", lambda *a: calls.append(1) or real(*a))
+    second = load_model(file)
+    assert calls == [] and list(cache.iterdir()) == [entry]  # read back, not converted again
+    same(second, first)
+    monkeypatch.setenv(import_cache.SWITCH_ENV, "off")
+    same(load_model(file), first)  # the entry equals a fresh conversion in memory, tensor for tensor
+    monkeypatch.delenv(import_cache.SWITCH_ENV)
+    write_llama_gguf(file, tiny_llama(seed=2, vocab_size=bpe.get_vocab_size()), bpe)  # rewritten in place
+    third = load_model(file)
+    assert calls == [1] and not torch.equal(third.model.embed.tokens.weight, first.model.embed.tokens.weight)
+    (newer,) = cache.iterdir()
+    assert newer != entry  # the older entry of the same file went
+    file.unlink()
+    other = write_llama_gguf(tmp_path / "other.gguf", tiny_llama(seed=3, vocab_size=bpe.get_vocab_size()), bpe)
+    load_model(other)
+    assert [p.name[:16] for p in cache.iterdir()] == [import_cache.entry_dir(other, {}).name[:16]]  # orphan gone
+
+
+def test_conversion_holds_one_tensor_beyond_the_model(tmp_path):
+    """The GGUF import's float copies (numpy, which tracemalloc sees) never exceed the model it
+    keeps plus a bounded multiple of its largest tensor: no second copy of the whole model."""
+    import tracemalloc
+
+    from model.formats.gguf_import import GGUFFile, gguf_config, gguf_model
+
+    bpe = train_byte_bpe()
+    hf = tiny_llama(seed=4, vocab_size=bpe.get_vocab_size(), num_hidden_layers=8, intermediate_size=512)
+    file = write_llama_gguf(tmp_path / "deep.gguf", hf, bpe, GGUFSpec(qtype=Q.Q8_0))
+    f = GGUFFile(file)  # the metadata parsed (gguf's reader: many small arrays) before we count
+    cfg = gguf_config(f)
+    gguf_model(f, cfg)  # whatever is imported once per process
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        model = gguf_model(f, cfg)
+        after, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    tensors = {t.data_ptr(): t for t in model.state_dict().values() if t.is_floating_point()}.values()
+    largest = max(t.numel() * 4 for t in tensors)
+    total = sum(t.numel() * 4 for t in tensors)
+    # Beyond what the import keeps: one tensor's dequantization at a time (gguf's numpy makes a
+    # few float temporaries of the tensor's size), never the float copies of every projection.
+    assert peak - after <= 8 * largest, (peak - after, largest)
+    assert total - (after - before) > 16 * largest  # the projections alone dwarf the bound

