@@ -42,8 +42,8 @@ BUILD_NATIVE = ("from model.decode import native; "
 
 
 def find_smg() -> str | None:
-    """The ``smg`` executable: $TSERVE_SMG, else .venv-gateway/bin/smg (``make gateway``), else PATH."""
-    for candidate in (os.environ.get("TSERVE_SMG"), ROOT / ".venv-gateway" / "bin" / "smg", shutil.which("smg")):
+    """The ``smg`` executable: $SMG_BINARY, else .venv-gateway/bin/smg (``make gateway``), else PATH."""
+    for candidate in (os.environ.get("SMG_BINARY"), ROOT / ".venv-gateway" / "bin" / "smg", shutil.which("smg")):
         if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
             return str(candidate)
     return None
@@ -138,7 +138,7 @@ class Fleet:
         self.smg = smg or find_smg()
         if self.smg is None:
             raise FileNotFoundError(f"no smg executable: `make gateway` (pip install smg=={SMG_VERSION} into "
-                                    f".venv-gateway/), or TSERVE_SMG=/path/to/smg")
+                                    f".venv-gateway/), or SMG_BINARY=/path/to/smg")
         self.log_dir, self.policy, self.python = Path(log_dir), policy, python
         self.gateway_port, self.gateway_args = gateway_port, list(gateway_args)
         self.log_dir.mkdir(parents=True, exist_ok=True)
