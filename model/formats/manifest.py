@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from model.formats.checkpoint import CheckpointError, RescoreSpec
+from model.tokenization.tool_format import FORMATS as FORMAT_NAMES
 
 MANIFEST_FILE = "manifest.json"
 FORMATS = ("gguf", "sentence-transformers")  # sentence-transformers: `file` is the weights in its directory
@@ -72,6 +73,7 @@ class Manifest:
     mlm_head: str | None = None  # sentence-transformers: a masked-LM head file next to the manifest
     mlm_head_sha256: str | None = None
     rescore: RescoreSpec | None = None
+    tool_format: str | None = None  # how the model writes tool calls, where its template does not say
 
     @property
     def install_hint(self) -> str:
@@ -96,7 +98,7 @@ def read_manifest(directory: str | Path) -> Manifest:
     for key in REQUIRED:
         if not isinstance(data.get(key), str) or not data[key]:
             raise ManifestError(f"{path}: field '{key}' is missing or not a non-empty string")
-    unknown = sorted(set(data) - set(REQUIRED) - {"source", "parts", "mlm_head", "rescore"})
+    unknown = sorted(set(data) - set(REQUIRED) - {"source", "parts", "mlm_head", "rescore", "tool_format"})
     if unknown:
         raise ManifestError(f"{path}: unknown field(s) {unknown}")
     if data["format"] not in FORMATS:
@@ -112,8 +114,11 @@ def read_manifest(directory: str | Path) -> Manifest:
         raise ManifestError(f"{path}: field 'file' names the joined file of the parts; a plain file name, got "
                             f"{data['file']!r}")
     head, head_sha = _mlm_head(path, data)
+    tool_format = data.get("tool_format")
+    if tool_format is not None and tool_format not in FORMAT_NAMES:
+        raise ManifestError(f"{path}: field 'tool_format' is {tool_format!r}; supported: {sorted(FORMAT_NAMES)}")
     return Manifest(path, data["format"], data["package"], data["version"], data["file"], digest, data["licence"],
-                    data.get("source"), parts, head, head_sha, _rescore(path, data, head))
+                    data.get("source"), parts, head, head_sha, _rescore(path, data, head), tool_format)
 
 
 def _rescore(path: Path, data: dict, head: str | None) -> RescoreSpec | None:

@@ -151,6 +151,7 @@ class ModelCard(BaseModel):
     structured_outputs: bool = False  # follows response_format / structured_outputs / guided_* (decoder models)
     tools: bool = False  # takes tools on /v1/chat/completions
     tool_prompt: Literal["template", "generic"] | None = None  # who shows the model its tools
+    tool_format: Literal["hermes", "llama3", "mistral", "generic"] | None = None  # how it writes a call
     metrics: dict[str, Any] = Field(default_factory=dict)
 
 
