@@ -206,6 +206,11 @@ def test_streamed_tool_calls_arrive_as_delta_tool_calls(client):
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "deep", "schema": json.loads(
         '{"type": "array", "items": ' * 40 + '{"type": "string"}' + "}" * 40)}}},
      "response_format.json_schema.schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "deeper", "schema": json.loads(
+        '{"type": "array", "items": ' * 400 + '{"type": "string"}' + "}" * 400)}}},  # was a 500 (a recursion)
+     "response_format.json_schema.schema"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": json.loads(
+        '{"type": "object", "properties": {"a": ' * 400 + "{}" + "}}" * 400)}}]}, "tools[0].function.parameters"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "e", "schema": {
         "enum": [str(i) for i in range(2000)]}}}}, "response_format.json_schema.schema"),
     ({"tools": [WEATHER] * 2}, "tools"),
@@ -217,6 +222,8 @@ def test_bad_schemas_and_limits_are_400s_naming_the_field(client, extra, param):
     with pytest.raises(openai.BadRequestError) as info:
         chat(client, max_tokens=5, **extra)
     assert info.value.body["param"] == param, info.value.body
+    if "deeper" in json.dumps(extra) or param.startswith("tools["):
+        assert "TSERVE_GRAMMAR_MAX_DEPTH" in info.value.body["message"]
     assert info.value.status_code == 400
 
 
