@@ -111,7 +111,7 @@ class RepeatGuard:
             seen |= keys
             closed += 1
             at = end + len(fmt.close)
-        return len(self.text), False
+        return (at if closed else len(self.text)), False  # after a call, what follows waits for its block
 
     def abort(self) -> None:
         self.done = True
