@@ -124,8 +124,8 @@ class Settings(BaseSettings):
                                    "get 400")
     grammar_max_enum: int = Field(1024, ge=1, description="values of one enum, or choices of a choice constraint")
     max_tools: int = Field(64, ge=1, description="functions in one request's tools")
-    grammar_timeout_s: float = Field(5.0, gt=0, description="compiling one grammar (off the engine thread); "
-                                     "slower ones get 400")
+    grammar_timeout_s: float = Field(5.0, gt=0, description="compiling one grammar of up to 16 KiB (off the "
+                                     "engine thread), one more span per 16 KiB; past it a 503 with Retry-After")
     grammar_cache_size: int = Field(256, ge=1, description="compiled grammars kept per model (LRU)")
 
     # --- HTTP ------------------------------------------------------------------------------

@@ -100,6 +100,27 @@ def _choice_grammar(value: str) -> str:
     return "start: " + " | ".join(json.dumps(c) for c in dict.fromkeys(choices))
 
 
+def compact_json(lark: str) -> str:
+    """A Lark grammar whose embedded JSON Schemas (``%json {...}``) that say nothing of their
+    own layout get ``JSON_OPTIONS``: llguidance's default lets whitespace run free there."""
+    out, at, decoder = [], 0, json.JSONDecoder()
+    while (i := lark.find("%json", at)) >= 0:
+        start = i + len("%json")
+        while start < len(lark) and lark[start] in " \t":
+            start += 1
+        try:
+            schema, end = decoder.raw_decode(lark, start)
+        except json.JSONDecodeError:
+            out.append(lark[at:start])
+            at = start
+            continue
+        if isinstance(schema, dict) and "x-guidance" not in schema:
+            schema = {**schema, "x-guidance": JSON_OPTIONS}
+        out.append(lark[at:start] + json.dumps(schema, ensure_ascii=False))
+        at = end
+    return "".join(out) + lark[at:]
+
+
 class LLGuidanceMatcher:
     def __init__(self, m, backend: LLGuidanceBackend):
         self.m, self.backend = m, backend
@@ -163,7 +184,7 @@ class LLGuidanceBackend:
                 return M.grammar_from_lark(gbnf_to_lark(spec.value))
             except Exception as exc:  # noqa: BLE001 - the converter's errors are the grammar's fault
                 raise GrammarError(f"GBNF grammar: {_short(str(exc))}") from None
-        return M.grammar_from_lark(spec.value)
+        return M.grammar_from_lark(compact_json(spec.value))
 
     def compile(self, spec: GrammarSpec) -> LLGuidanceGrammar:
         text = self.grammar_text(spec)

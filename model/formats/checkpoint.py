@@ -56,6 +56,7 @@ class Checkpoint:
     chat_template: str | None = None  # rendered only by model.tokenization.chat_template's sandbox
     stop_token_ids: list[int] = field(default_factory=list)  # end generation besides config.eos_token_id
     fill_rescore: RescoreSpec | None = None  # fill-mask: a causal LM re-ranks the candidates (model.encoder.rescore)
+    tool_format: str | None = None  # a manifest's override of how the model writes tool calls (tool_format.py)
 
 
 def _stored_keys(model: TransformerModel) -> dict[str, torch.Tensor]:

@@ -44,6 +44,7 @@ from pathlib import Path, PurePosixPath
 
 from model.formats.checkpoint import CheckpointError, RescoreSpec
 from model.formats.generation import check_sampling
+from model.tokenization.tool_format import FORMATS as FORMAT_NAMES
 
 MANIFEST_FILE = "manifest.json"
 FORMATS = ("gguf", "sentence-transformers")  # sentence-transformers: `file` is the weights in its directory
@@ -86,6 +87,7 @@ class Manifest:
     generation: dict[str, float | int] | None = None  # recommended sampling defaults (model.formats.generation)
     generation_source: str | None = None  # where the publisher recommends them
     preload: bool = True  # false: served on its first request when start-up loads every model (TSERVE_PRELOAD empty)
+    tool_format: str | None = None  # how the model writes tool calls, where its template does not say
 
     @property
     def install_hint(self) -> str:
@@ -111,7 +113,8 @@ def read_manifest(directory: str | Path) -> Manifest:
     for key in REQUIRED:
         if not isinstance(data.get(key), str) or not data[key]:
             raise ManifestError(f"{path}: field '{key}' is missing or not a non-empty string")
-    unknown = sorted(set(data) - set(REQUIRED) - {"source", "parts", "mlm_head", "rescore", "generation", "preload"})
+    optional = {"source", "parts", "mlm_head", "rescore", "generation", "preload", "tool_format"}
+    unknown = sorted(set(data) - set(REQUIRED) - optional)
     if unknown:
         raise ManifestError(f"{path}: unknown field(s) {unknown}")
     if data["format"] not in FORMATS:
@@ -127,12 +130,15 @@ def read_manifest(directory: str | Path) -> Manifest:
         raise ManifestError(f"{path}: field 'file' names the joined file of the parts; a plain file name, got "
                             f"{data['file']!r}")
     head, head_sha = _mlm_head(path, data)
+    tool_format = data.get("tool_format")
+    if tool_format is not None and tool_format not in FORMAT_NAMES:
+        raise ManifestError(f"{path}: field 'tool_format' is {tool_format!r}; supported: {sorted(FORMAT_NAMES)}")
     if not isinstance(data.get("preload", True), bool):
         raise ManifestError(f"{path}: field 'preload' must be true or false")
     generation, generation_source = _generation(path, data)
     return Manifest(path, data["format"], data["package"], data["version"], data["file"], digest, data["licence"],
                     data.get("source"), parts, head, head_sha, _rescore(path, data, head), generation,
-                    generation_source, data.get("preload", True))
+                    generation_source, data.get("preload", True), tool_format)
 
 
 def _generation(path: Path, data: dict) -> tuple[dict[str, float | int] | None, str | None]:

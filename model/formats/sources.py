@@ -60,7 +60,8 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
                 return ckpt
             return dataclasses.replace(attach_mlm_head(ckpt, head), fill_rescore=manifest.rescore)
         # The import is converted once and read back from the cache on later starts (import_cache).
-        return load_converted(manifest, lambda: as_checkpoint(load_gguf(file), path), device, dtype, gguf=file)
+        ckpt = load_converted(manifest, lambda: as_checkpoint(load_gguf(file), path), device, dtype, gguf=file)
+        return dataclasses.replace(ckpt, tool_format=manifest.tool_format) if manifest.tool_format else ckpt
     if is_sentence_transformer_dir(path):  # before is_hf_model_dir: its config.json is a HF BertModel's
         return load_sentence_transformer(path, device, dtype)
     if is_hf_model_dir(path):  # before is_checkpoint: a HF directory also has config.json + model.safetensors

@@ -30,6 +30,7 @@ ERRORS: dict[str, tuple[int, str]] = {
     "internal": (500, "server_error"),
     "not_ready": (503, "unavailable_error"),  # loading, or stopped admitting
     "shutdown": (503, "unavailable_error"),  # admitted, then failed by the shutdown
+    "grammar_busy": (503, "unavailable_error"),  # a grammar not compiled within its deadline (a busy host); Retry-After
     "memory_budget": (503, "unavailable_error"),  # loading the model would pass TSERVE_MEMORY_BUDGET; Retry-After
     "timeout": (504, "timeout_error"),  # TSERVE_REQUEST_TIMEOUT_S
 }
@@ -88,6 +89,17 @@ class QueueFullError(EngineError):
 
     def __init__(self, message: str, retry_after: int = 1):
         super().__init__(message)
+        self.retry_after = retry_after
+
+
+class GrammarBusyError(EngineError):
+    """A grammar that did not compile within its deadline. Its compile goes on and lands in the
+    grammar cache, so a retry after ``retry_after`` seconds finds it there."""
+
+    code = "grammar_busy"
+
+    def __init__(self, message: str, param: str | None, retry_after: int):
+        super().__init__(message, param)
         self.retry_after = retry_after
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import threading
 import time
 import uuid
@@ -34,12 +35,20 @@ from model.engine.grammar import CompiledGrammar, GrammarError, GrammarSpec
 from model.engine.sampling import MAX_STOP_STRINGS, MAX_TOP_LOGPROBS
 from model.engine.speculative import SpeculativeConfig
 from model.tokenization.chat_template import ChatMessageError, ChatTemplate, ChatTemplateError
+from model.tokenization.tool_format import ToolFormat, detect
 from service.engines.base import BaseEngine, EngineLoad, TokenUsage
-from service.engines.errors import EmptyInputError, InputTooLongError, InvalidRequestError, QueueFullError
+from service.engines.errors import (
+    EmptyInputError,
+    GrammarBusyError,
+    InputTooLongError,
+    InvalidRequestError,
+    QueueFullError,
+)
 from service.metrics import Metrics
 from service.models.sampling import SamplingDefaults
 from service.settings import Settings
 
+GRAMMAR_BYTES_PER_SPAN = 16384  # grammar text that earns one more TSERVE_GRAMMAR_TIMEOUT_S to compile
 PREFILL_MARK = "\ue000tserve-prefill\ue000"  # a private-use character no template trims
 
 log = logging.getLogger("tserve.engine")
@@ -127,8 +136,12 @@ class GenerativeEngine(BaseEngine):
         self.chat = None if ckpt.chat_template is None else ChatTemplate(
             ckpt.chat_template, bos_token=self._special(self.cfg.bos_token_id),
             eos_token=self._special(self.cfg.eos_token_id))
+        # how this model writes a tool call: its template and vocabulary say, or its manifest
+        self.tool_format: ToolFormat = detect(ckpt.chat_template, self.tokenizer.token_to_id,
+                                              getattr(ckpt, "tool_format", None))
         # grammars compile here, never on the engine thread: a slow one cannot stall a step
         self._grammar_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"grammar-{name}")
+        self._compiling: dict[GrammarSpec, asyncio.Future] = {}  # compiles in flight, shared by their retries
 
     def _special(self, token_id: int | None) -> str | None:
         return None if token_id is None else self.tokenizer.id_to_token(token_id)
@@ -144,6 +157,7 @@ class GenerativeEngine(BaseEngine):
                 "kv_cache": self.kv_cache(), "speculative": self.speculative(),
                 "structured_outputs": constrained, "tools": constrained and self.chat is not None,
                 "tool_prompt": ("template" if self.template_takes_tools else "generic") if self.chat else None,
+                "tool_format": self.tool_format.name if self.chat else None,
                 **({} if self.encdec else {"sampling_defaults": self.sampling_defaults.card()})}
 
     def sampling(self, **fields: Any) -> SamplingParams:
@@ -179,24 +193,40 @@ class GenerativeEngine(BaseEngine):
         await super().stop(grace_s)
         self._grammar_pool.shutdown(wait=False, cancel_futures=True)
 
+    def grammar_deadline(self, spec: GrammarSpec) -> float:
+        """Seconds one grammar may take to compile: ``TSERVE_GRAMMAR_TIMEOUT_S`` for a small one,
+        one more such span per ``GRAMMAR_BYTES_PER_SPAN`` bytes of its text (a large tools list
+        or schema does more work; the host's load is not the grammar's fault)."""
+        return self.settings.grammar_timeout_s * (1 + len(spec.value.encode()) / GRAMMAR_BYTES_PER_SPAN)
+
     async def compile_grammar(self, spec: GrammarSpec, field: str) -> CompiledGrammar:
         """The compiled grammar (cached), compiled in this engine's grammar threads within
-        ``TSERVE_GRAMMAR_TIMEOUT_S``; a grammar that does not compile, or not in time, is a 400
-        naming ``field``. A compile that times out goes on in its thread (llguidance bounds its
-        work); it holds one of two compile threads, never the engine's."""
+        ``grammar_deadline``. A grammar that does not compile is a 400 naming ``field``; one not
+        compiled in time is a 503 with Retry-After: its compile goes on (llguidance bounds its
+        work) into the cache, and a retry of the same grammar waits for that compile rather than
+        starting another. The vocabulary's index, built once per model on its first grammar,
+        is not counted against any grammar's deadline."""
         if self.encdec or self.cfg.eos_token_id is None:
             raise InvalidRequestError(f"model '{self.name}' cannot follow a grammar (decoder models with an "
                                       "end-of-sequence token only)", field)
         compiler = self.core.grammars
-        timeout = self.settings.grammar_timeout_s
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._grammar_pool, lambda: compiler.backend)
+        deadline = self.grammar_deadline(spec)
         start = time.perf_counter()
-        future = asyncio.get_running_loop().run_in_executor(self._grammar_pool, compiler.lookup, spec)
+        future = self._compiling.get(spec)
+        if future is None:
+            future = self._compiling[spec] = loop.run_in_executor(self._grammar_pool, compiler.lookup, spec)
+            future.add_done_callback(lambda f: self._compiling.pop(spec, None) if self._compiling.get(spec) is f
+                                     else None)
+            future.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved even if nobody waits
         try:
-            grammar, hit = await asyncio.wait_for(future, timeout)
+            grammar, hit = await asyncio.wait_for(asyncio.shield(future), deadline)
         except asyncio.TimeoutError:  # noqa: UP041 - not the builtin before Python 3.11
             self.metrics.rejected.labels(self.name, "grammar_timeout").inc()
-            raise InvalidRequestError(f"{field}: the grammar did not compile within {timeout:g} s "
-                                      "(TSERVE_GRAMMAR_TIMEOUT_S); simplify it", field) from None
+            raise GrammarBusyError(f"{field}: the grammar did not compile within {deadline:.3g} s (its deadline: "
+                                   "TSERVE_GRAMMAR_TIMEOUT_S, scaled by its size); the server is busy, its compile "
+                                   "goes on: retry", field, retry_after=max(1, math.ceil(deadline / 2))) from None
         except GrammarError as exc:
             raise InvalidRequestError(f"{field} cannot be compiled: {exc}", field) from None
         if hit:

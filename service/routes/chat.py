@@ -24,6 +24,7 @@ from service.engines.generative import EngineEvent, GenerativeEngine, RequestStr
 from service.engines.waiting import collect
 from service.http.dependencies import RegistryDep, SettingsDep
 from service.http.errors import ERROR_RESPONSES
+from service.models.lookup import is_placeholder
 from service.routes.streaming import check_event, client_gone, mark, merged, sse_response
 from service.schemas.chat import (
     AssistantMessage,
@@ -97,8 +98,12 @@ def build_turn(body: ChatCompletionRequest, engine: GenerativeEngine, settings) 
              summary="OpenAI-compatible chat completion (stream=true for SSE)")
 async def chat_completions(body: ChatCompletionRequest, request: Request, registry: RegistryDep,
                            settings: SettingsDep):
-    engine: GenerativeEngine = await registry.acquire(body.model, "decoder", "/v1/chat/completions",
-                                                           keep_alive=body.keep_alive)
+    # huggingface_hub's InferenceClient(base_url=...) sends "dummy", as a drop-in client would: a
+    # placeholder that names no model here means the default generation model (TGI answers any name)
+    placeholder = is_placeholder(body.model) and body.model not in registry.entries
+    engine: GenerativeEngine = await registry.acquire(None if placeholder else body.model, "decoder",
+                                                      "/v1/chat/completions", "text-generation", only_one=placeholder,
+                                                      keep_alive=body.keep_alive)
     mark(request, engine.name)
     turn = build_turn(body, engine, settings)
     limit = turn.max_tokens(body.token_limit)

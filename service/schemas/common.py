@@ -52,14 +52,20 @@ def invalid_unicode(value: Any) -> str | None:
     """The first lone UTF-16 surrogate in a str (or in the strs of a list or dict), escaped so
     that it can be printed and encoded (``\\ud83d``); None when every character is a Unicode
     scalar value. JSON's ``"\\ud83d"`` escape decodes to such a character, which no UTF-8
-    encoder (tokenizer, response, log) accepts."""
-    if isinstance(value, str):
-        found = None if value.isascii() else _SURROGATE.search(value)
-        return found and found.group().encode("utf-8", "backslashreplace").decode()
-    if isinstance(value, list | tuple):
-        return next((bad for bad in map(invalid_unicode, value) if bad), None)
-    if isinstance(value, dict):
-        return invalid_unicode(list(value)) or invalid_unicode(list(value.values()))
+    encoder (tokenizer, response, log) accepts. Iterative: a body nested hundreds of levels deep
+    (a hostile JSON Schema) must reach the validators that name its depth limit, not exhaust the stack."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            found = None if node.isascii() else _SURROGATE.search(node)
+            if found:
+                return found.group().encode("utf-8", "backslashreplace").decode()
+        elif isinstance(node, list | tuple):
+            stack += reversed(node)
+        elif isinstance(node, dict):
+            stack += reversed([*node.values()])
+            stack += reversed([*node])
     return None
 
 

@@ -164,6 +164,7 @@ class ModelCard(BaseModel):
     tools: bool = False  # takes tools on /v1/chat/completions
     tool_prompt: Literal["template", "generic"] | None = None  # who shows the model its tools
     sampling_defaults: SamplingDefaults | None = None  # decoder models
+    tool_format: Literal["hermes", "llama3", "mistral", "generic"] | None = None  # how it writes a call
     metrics: dict[str, Any] = Field(default_factory=dict)
 
 

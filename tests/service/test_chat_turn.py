@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from model.tokenization.tool_format import GENERIC
 from service.chat.turn import chat_turn
 from service.engines.errors import InvalidRequestError
 from service.routes import chat
@@ -28,11 +29,12 @@ class Engine:
     """What a turn asks of an engine: the template (as JSON bytes), whether it renders tools, the context."""
 
     max_len = 100_000
+    tool_format = GENERIC  # calls written as the generic prompt's blocks
 
     def __init__(self, template_takes_tools: bool):
         self.template_takes_tools = template_takes_tools
 
-    def chat_prompt(self, messages, tools=None):
+    def chat_prompt(self, messages, tools=None, continue_final=False):
         return list(json.dumps([messages, tools], sort_keys=True).encode())
 
 

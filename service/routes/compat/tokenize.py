@@ -74,7 +74,8 @@ async def tokenize(body: TokenizeRequest, request: Request, registry: RegistryDe
     if body.messages is not None:
         if not isinstance(engine, GenerativeEngine) or engine.family != "decoder":
             raise InvalidRequestError(f"model '{engine.name}' has no chat template; send 'prompt'", "messages")
-        ids = engine.chat_prompt(tool_calls.history(body.messages), add_generation_prompt=body.add_generation_prompt)
+        ids = engine.chat_prompt(tool_calls.history(body.messages, engine.tool_format),
+                                 add_generation_prompt=body.add_generation_prompt)
     else:
         ids = engine.encode(body.prompt if body.prompt is not None else body.content, body.add_special_tokens)
     out: dict = {"tokens": ids, "count": len(ids), "max_model_len": engine.max_len}

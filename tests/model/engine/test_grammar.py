@@ -205,3 +205,22 @@ def test_a_grammar_past_the_engines_limits_fails_its_request_alone(lm, tok):
             events.setdefault(e.request_id, []).append(e)
     assert events["hostile"][-1].error == "grammar_limit" and "too many" in events["hostile"][-1].message
     assert events["free"][-1].finish_reason == "length" and len(events["free"]) == 20
+
+
+@pytest.mark.parametrize("kind, value", [("json_schema", json.dumps(SCHEMA)), ("json_object", ""),
+                                         ("lark", 'start: "x" obj\nobj: %json {"type": "object"}')])
+def test_generated_json_has_no_free_whitespace(tok, kind, value):
+    # a small model given free whitespace may write it until max_tokens: separators are fixed,
+    # and no whitespace may stand before, between or after the JSON's own tokens
+    compiler = GrammarCompiler(tok, tok.vocab_size, eos_id=2)
+    grammar = compiler.compile(GrammarSpec(kind, value))
+    lead = "x" if kind == "lark" else ""
+
+    def takes(text: str) -> bool:
+        m = grammar.matcher()
+        return all(m.accept(t) for t in tok.encode(text, add_special_tokens=False)) and not m.error
+
+    assert takes(lead + '{"name": "a", "unit": "celsius", "days": 3}')
+    for loose in (' {"name"', '{ "name"', '{"name" :', '{"name":  "a"', '{"name": "a" ,', '{\n"name"',
+                  '{"name":"a"'):
+        assert not takes(lead + loose), loose
