@@ -9,7 +9,7 @@ as served by default, in-process.
   depends on where a chunk starts), alternated in the same run; tokens/s and the ratio;
 - decode steps: batch 1 and 8 at ``--context`` positions, ms a step (the attention kernel
   changed too: run this module under the old revision's tree for its figures, e.g.
-  ``PYTHONPATH=OLD_TREE python benchmarks/studies/repeatable_cost.py --decode-only``; the
+  ``cd OLD_TREE && python -m benchmarks.studies.repeatable_cost --decode-only`` with this file copied there; the
   previous revision has no opt-in for its old decode kernel).
 """
 
