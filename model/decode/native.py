@@ -243,7 +243,8 @@ def attach_int8_kernels(model: nn.Module) -> int:
     for layer in model.modules():
         if isinstance(layer, RowwiseInt8) and layer.native is None:
             inv = None if layer.inv_scale is None else layer.inv_scale.float()
-            layer.native = torch.classes.tserve_native.Int8Linear(layer.quantized._packed_params._packed_params, inv)
+            layer.native = torch.classes.tserve_native.Int8Linear(layer.quantized._packed_params._packed_params, inv,
+                                                                  layer.blocks)
             count += 1
     return count
 
@@ -293,6 +294,10 @@ PROMPT_ATTENTION_ROWS = 0
 ACTIVATIONS = {"silu": 0, "swish": 0, "gelu_new": 1}
 
 
+# How a LlamaDecoder's int8 projections quantize their input (csrc: use_int8_blocks takes the index).
+INT8_ACTIVATIONS = ("rows", "runs-decode", "runs")
+
+
 class NativeStep:
     """A ``DecodeStep`` over the C++ step. Build it once the weights are final (quantized): it
     holds the projections' kernels and copies of the norms as they are now."""
@@ -300,10 +305,15 @@ class NativeStep:
     name = "native"
 
     def __init__(self, model: nn.Module, library: str | Path | None = None, kv_dtype: torch.dtype = torch.bfloat16,
-                 prefills: bool = True, partner: bool | None = None, weights4: bool = True, lean: bool = False):
+                 prefills: bool = True, partner: bool | None = None, weights4: bool = True, lean: bool = False,
+                 activations: str = "runs"):
         """``prefills``: the engine writes prompts through ``prefill`` too (else the model's own
         float forward does). ``partner``: steps of a few rows split each int8 projection with a
         second thread; default: under a passive OpenMP wait policy with more than one thread.
+        ``activations``: how the int8 projections quantize their input: ``runs`` (the default: 8 bits
+        per run of 32 values, decode steps and prompts alike), ``runs-decode`` (per run in decode
+        steps, one 7-bit grid per row in prompts: fbgemm's product) or ``rows`` (per row
+        throughout, as before; for comparisons, benchmarks.studies.fidelity).
         ``weights4``: an int8 projection whose float weights are 4-bit runs already (a GGUF Q4_0 /
         Q4_1 file; ``model.quant.q4``) gets them too: decode steps read the 4-bit weights, prompts
         the int8 ones. ``lean`` (what ``prepare`` asks where this step writes the prompts): once the
@@ -312,6 +322,8 @@ class NativeStep:
         why = unsupported_reason(model)
         if why is not None:
             raise ValueError(f"no native decode step for this model: {why}")
+        if activations not in INT8_ACTIVATIONS:
+            raise ValueError(f"activations={activations!r}; expected one of {list(INT8_ACTIVATIONS)}")
         if kv_dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"the native decode step needs a float32 or bfloat16 KV cache, not {kv_dtype}")
         self.kv_dtype, self.prefills = kv_dtype, prefills
@@ -326,6 +338,7 @@ class NativeStep:
         # the other core's memory bandwidth at batch 1, without OpenMP's sleeping threads.
         self.partner = partner if partner is not None else passive_wait() and torch.get_num_threads() > 1
         plan.use_partner(self.partner)
+        plan.use_int8_blocks(INT8_ACTIVATIONS.index(activations))
         self.one_thread_rows = PARTNER_ROWS if self.partner else SMALL_DECODE
         with torch.no_grad():
             plan.set_model(model.embed.tokens.weight, model.decoder_norm.weight, model.embed.rope)

@@ -93,6 +93,7 @@ class RowwiseInt8(nn.Module):
     product (at 32 rows of 512 features 125 us against 48 us; the product alone is 43 us)."""
 
     native = None
+    blocks = False  # activations quantized per run of 32 (blockwise_int8_linear) rather than per row
 
     def __init__(self, quantized: nn.Module, inv_scale: Tensor | None = None):
         super().__init__()
@@ -114,9 +115,15 @@ class RowwiseInt8(nn.Module):
                 w = self.quantized.weight()
                 self._row_sum = w.dequantize().float().sum(1)
                 self._bias = self.quantized.bias()
+                symmetric = w.qscheme() == torch.per_channel_affine and not w.q_per_channel_zero_points().any()
+                self._ints = w.int_repr().float() if self.blocks and symmetric and w.shape[1] % 32 == 0 else None
+                self._scales = w.q_per_channel_scales().float() if self._ints is not None else None
             if self.inv_scale is not None:
                 flat = flat * self.inv_scale
-            out = rowwise_int8_linear(flat, self.quantized._packed_params._packed_params, self._row_sum, self._bias)
+            if self._ints is not None:
+                out = blockwise_int8_linear(flat, self._ints, self._scales, self._bias)
+            else:
+                out = rowwise_int8_linear(flat, self.quantized._packed_params._packed_params, self._row_sum, self._bias)
         return out.reshape(*x.shape[:-1], out.size(-1))
 
 
@@ -147,8 +154,15 @@ class DecodeInt8Linear(RowwiseInt8):
     division explicit, one elementwise product per call), since the float path shares this
     layer's input and its norms cannot absorb the scale.
 
+    Its activations are quantized per run of 32 values (``blockwise_int8_linear``), not per row:
+    one 7-bit grid over a whole row left most channels a handful of levels beside the few large
+    ones a norm's output has, and cost SmolLM2 most of its greedy answers (docs/benchmarks.md,
+    fidelity).
+
     ``dense`` is None once the native step writes every prompt (``model.decode.native.
     drop_float_copies``): then every call takes the int8 path."""
+
+    blocks = True
 
     def __init__(self, dense: nn.Module, quantized: nn.Module, inv_scale: Tensor | None = None):
         super().__init__(quantized, inv_scale)
@@ -184,6 +198,22 @@ def rowwise_int8_linear(x: Tensor, packed, row_sum: Tensor, bias: Tensor | None)
     if bias is not None:
         y = y - bias
     y = scale * (y - zero * row_sum)
+    return y + bias if bias is not None else y
+
+
+def blockwise_int8_linear(x: Tensor, ints: Tensor, scales: Tensor, bias: Tensor | None) -> Tensor:
+    """``W x + b`` for x (B, K) with symmetric per-output int8 weights (``ints`` (N, K) as floats,
+    ``scales`` (N,)) and each run of 32 values of a row quantized to [-127, 127] on its own scale
+    (``model.quant.q4.quantize_activations``, as GGUF's Q8_0 does): the maths of the native
+    kernel (csrc/int8_blocks.cpp), y_j = ws_j sum_u s_u (w_j . r)_u. The per-run dot products are
+    integers below 2^24, exact in float32; the sum over runs rounds differently from the kernel's
+    one fused multiply-add per run, so the two agree to float rounding, not bit for bit."""
+    from model.quant.q4 import RUN, quantize_activations
+
+    b, k = x.shape
+    r, s = quantize_activations(x)
+    dots = torch.einsum("bur,nur->bnu", r.reshape(b, k // RUN, RUN), ints.reshape(-1, k // RUN, RUN))
+    y = (dots * s.unsqueeze(1)).sum(-1) * scales
     return y + bias if bias is not None else y
 
 

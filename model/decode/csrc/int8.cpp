@@ -222,7 +222,9 @@ void split_for_partner(Projection& p, Partner* partner, const Tensor& qweight, c
   p.split = half;
 }
 
-Int8Linear::Int8Linear(c10::IValue packed, c10::optional<Tensor> inv_scale) : p_(int8_projection(packed)) {
+Int8Linear::Int8Linear(c10::IValue packed, c10::optional<Tensor> inv_scale, bool blocks)
+    : p_(int8_projection(packed)) {
+  if (blocks) p_.attach_int8_blocks();
   if (inv_scale) {
     TORCH_CHECK(inv_scale->device().is_cpu() && inv_scale->scalar_type() == at::kFloat && inv_scale->dim() == 1 &&
                     inv_scale->size(0) == p_.int8_in,
@@ -234,8 +236,8 @@ Int8Linear::Int8Linear(c10::IValue packed, c10::optional<Tensor> inv_scale) : p_
 Tensor Int8Linear::forward(Tensor x) const {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu() && x.size(1) == p_.int8_in,
               "x must be (B, ", p_.int8_in, ") float32 on the CPU");
-  if (inv_scale_.defined()) return p_.int8_rows((x * inv_scale_).contiguous(), true);
-  return p_.int8_rows(x.contiguous(), true);
+  const Tensor in = inv_scale_.defined() ? (x * inv_scale_).contiguous() : x.contiguous();
+  return p_.i8.empty() ? p_.int8_rows(in, true) : p_.int8_block_rows(in);
 }
 
 }  // namespace tserve_native

@@ -26,10 +26,12 @@ void split_for_partner(Projection& p, Partner* partner, const Tensor& qweight, c
 // it is one loop before the product and one after (Projection::int8_rows, the native step's).
 class Int8Linear : public torch::CustomClassHolder {
  public:
-  // inv_scale (in,) float32 or None: SmoothQuant's explicit scale, x * inv_scale goes in
-  Int8Linear(c10::IValue packed, c10::optional<Tensor> inv_scale);
+  // inv_scale (in,) float32 or None: SmoothQuant's explicit scale, x * inv_scale goes in.
+  // `blocks`: activations quantized per run of 32 (int8_blocks.cpp: a decoder-only model's decode
+  // copies, as the native step runs them), where the weights allow; else per row.
+  Int8Linear(c10::IValue packed, c10::optional<Tensor> inv_scale, bool blocks);
 
-  // x (B, in) float32 -> (B, out) float32; each row quantized over its own range
+  // x (B, in) float32 -> (B, out) float32; each row quantized on its own (per row or per run)
   Tensor forward(Tensor x) const;
 
   int64_t in_features() const { return p_.int8_in; }

@@ -123,6 +123,7 @@ void LlamaDecoder::add_int8(c10::IValue packed, c10::optional<Tensor> inv_scale)
     auto unpacked = p.packed->unpack();
     split_for_partner(p, partner_.get(), std::get<0>(unpacked), std::get<1>(unpacked));
   }
+  if (int8_blocks_ > 0 && p.attach_int8_blocks()) p.i8_prompts = int8_blocks_ > 1;
   finish(std::move(p), inv_scale);
 }
 
@@ -155,6 +156,11 @@ void LlamaDecoder::use_partner(bool on) {
   TORCH_CHECK(layers_.empty() && !has_head_, "use_partner comes before the layers");
   if (on && !partner_) partner_ = std::make_unique<Partner>();
   if (!on) partner_.reset();
+}
+
+void LlamaDecoder::use_int8_blocks(int64_t mode) {
+  TORCH_CHECK(mode >= 0 && mode <= 2, "use_int8_blocks takes 0, 1 or 2");
+  int8_blocks_ = mode;
 }
 
 void LlamaDecoder::set_prompt_attention(int64_t min_rows) {

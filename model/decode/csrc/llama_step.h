@@ -67,6 +67,9 @@ class LlamaDecoder : public torch::CustomClassHolder {
   // Steps of a few rows share each int8 projection with a second thread (see Partner). Call
   // before the projections are added.
   void use_partner(bool on);
+  // Which int8 projections added from now on take activations quantized per run of 32
+  // (int8_blocks.cpp) instead of per row: 0 none, 1 decode steps, 2 decode steps and prompts.
+  void use_int8_blocks(int64_t mode);
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
 
@@ -121,6 +124,7 @@ class LlamaDecoder : public torch::CustomClassHolder {
   std::vector<Layer> layers_;
   Projection head_;
   bool has_head_ = false;
+  int64_t int8_blocks_ = 0;
   std::unique_ptr<Partner> partner_;  // declared after the projections that point to it: destroyed first
   int next_ = 0;
 };

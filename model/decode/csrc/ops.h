@@ -9,6 +9,10 @@ namespace tserve_native {
 // `portable`: the plain loops, whatever the CPU has.
 Tensor q4_linear(Tensor x, Tensor runs, int64_t n, int64_t k, c10::optional<Tensor> bias, bool portable);
 
+// The int8 kernel with activations quantized per run of 32 on its own (int8_blocks.cpp), for
+// tests: x (B, k) float32, ints (n, k) int8, scales (n,) float32 -> (B, n).
+Tensor int8_block_linear(Tensor x, Tensor ints, Tensor scales, c10::optional<Tensor> bias, bool portable);
+
 // One new token per row attending over its cached positions where they lie in the block pool
 // (ops.cpp says more). q (B, nh, hs) float32; k_pool, v_pool one layer's pool (nkv, blocks, BL, hs);
 // tables (B, n) long; lengths (B,) long -> (B, nh, hs) float32.

@@ -27,6 +27,12 @@ struct Projection {
   std::vector<float> inv_scale;  // SmoothQuant's 1 / s per input channel; empty: none
   std::vector<float> row_sum, int8_bias;  // int8: W 1 (dequantized weights summed over inputs), b (or empty)
   int64_t int8_in = 0;  // int8: input features
+  // The int8 weights again, plainly (N, K) row-major with a scale per output, for activations
+  // quantized per run of 32 (int8_blocks.cpp); empty: none. `i8_prompts`: prompts take them too.
+  std::vector<int8_t> i8;
+  std::vector<float> i8_scale;
+  int64_t i8_k = 0;
+  bool i8_prompts = true;
 
   // 4-bit runs when `q4` is set, fbgemm int8 when `packed` is set, else float. `prompt`: rows of
   // prompts, which take the int8 weights where the projection has both: at tens to thousands of
@@ -35,6 +41,7 @@ struct Projection {
   // take the 4-bit weights whatever their rows, so a row's logits never depend on the batch.
   Tensor operator()(const Tensor& x, bool prompt = false) const {
     if (q4.defined() && !(prompt && packed)) return q4_rows(x.contiguous());
+    if (!i8.empty() && (!prompt || i8_prompts)) return int8_block_rows(x.contiguous());
     if (packed) return int8_rows(x.contiguous());
     return at::linear(x, weight, bias.defined() ? c10::optional<Tensor>(bias) : c10::nullopt);
   }
@@ -43,6 +50,14 @@ struct Projection {
   // (int8.cpp). `unfused`: the correction rounds each product on its own, as the Python step's
   // rowwise_int8_linear does.
   Tensor int8_rows(const Tensor& x, bool unfused = false) const;
+
+  // The int8 weights kept plainly (`i8`) from the fbgemm pack, where its inputs come in runs of 32
+  // and its weights are symmetric; false (nothing kept) otherwise.
+  bool attach_int8_blocks();
+
+  // x (B, K) -> (B, N) through `i8`, activations quantized per run of 32 (int8_blocks.cpp);
+  // `portable`: the plain loops whatever the CPU.
+  Tensor int8_block_rows(const Tensor& x, bool portable = false) const;
 
   // x (B, K) -> (B, N) through the 4-bit runs (q4.cpp); `portable`: the plain loops whatever the CPU.
   Tensor q4_rows(const Tensor& x, bool portable = false) const;

@@ -12,9 +12,10 @@ using namespace tserve_native;  // NOLINT: the registration names every class an
 TORCH_LIBRARY(tserve_native, m) {
   m.def("cross_decode_attention", &cross_decode_attention);
   m.def("q4_linear", &q4_linear);
+  m.def("int8_block_linear", &int8_block_linear);
   m.def("paged_decode_attention", &paged_decode_attention);
   m.class_<Int8Linear>("Int8Linear")
-      .def(torch::init<c10::IValue, c10::optional<Tensor>>())
+      .def(torch::init<c10::IValue, c10::optional<Tensor>, bool>())
       .def("forward", &Int8Linear::forward)
       .def("in_features", &Int8Linear::in_features)
       .def("out_features", &Int8Linear::out_features);
@@ -37,6 +38,7 @@ TORCH_LIBRARY(tserve_native, m) {
       .def("attach_q4", &LlamaDecoder::attach_q4)
       .def("num_layers", &LlamaDecoder::num_layers)
       .def("use_partner", &LlamaDecoder::use_partner)
+      .def("use_int8_blocks", &LlamaDecoder::use_int8_blocks)
       .def("set_prompt_attention", &LlamaDecoder::set_prompt_attention)
       .def("set_prompt_bf16", &LlamaDecoder::set_prompt_bf16)
       .def("step", &LlamaDecoder::step)

@@ -10,7 +10,14 @@ from torch.ao.quantization import per_channel_dynamic_qconfig
 from model import SamplingParams, build_model, generate
 from model.config import ModelConfig
 from model.nn.layers import FeedForward
-from model.quant.int8 import DecodeInt8Linear, quantize_int8_, smooth_gated_ffn_, wants_int8
+from model.quant.int8 import (
+    DecodeInt8Linear,
+    RowwiseInt8Linear,
+    blockwise_int8_linear,
+    quantize_int8_,
+    smooth_gated_ffn_,
+    wants_int8,
+)
 from tests.model.nn.test_llama import llama_config
 
 
@@ -123,9 +130,10 @@ def test_which_models_the_service_quantizes():
 
 
 def test_int8_rows_do_not_depend_on_the_rows_beside_them(fresh_seed):
-    """Each row's activations are quantized over the row's own range: a row gives the same
-    output alone or in any batch (one range per batch did not), and alone it is fbgemm's
-    dynamic int8 linear on that row to float rounding."""
+    """Each row's activations are quantized on their own: a row gives the same output alone or in
+    any batch (one range per batch did not). Per row (an encoder-decoder's ``RowwiseInt8Linear``)
+    a row alone is fbgemm's dynamic int8 linear on that row to float rounding; per run of 32 (a
+    decoder's ``DecodeInt8Linear``) it is ``blockwise_int8_linear`` on the int8 weights."""
     g = torch.Generator().manual_seed(fresh_seed)
     plain = torch.nn.Linear(96, 40)
     with torch.no_grad():
@@ -133,11 +141,15 @@ def test_int8_rows_do_not_depend_on_the_rows_beside_them(fresh_seed):
         plain.bias.copy_(torch.randn(40, generator=g))
     plain.qconfig = per_channel_dynamic_qconfig
     quantized = nnqd.Linear.from_float(plain)
-    layer = DecodeInt8Linear(plain, quantized)
     rows = torch.randn(6, 96, generator=g) * torch.tensor([0.1, 1.0, 8.0, 1.0, 30.0, 0.5])[:, None]
-    together = layer.int8(rows)
-    alone = torch.cat([layer.int8(rows[i:i + 1]) for i in range(6)])
-    assert torch.equal(together, alone)
+    for layer in (RowwiseInt8Linear(quantized), DecodeInt8Linear(plain, quantized)):
+        together = layer.int8(rows)
+        alone = torch.cat([layer.int8(rows[i:i + 1]) for i in range(6)])
+        assert torch.equal(together, alone)
+    w = quantized.weight()
+    assert torch.equal(together, blockwise_int8_linear(rows, w.int_repr().float(), w.q_per_channel_scales().float(),
+                                                       quantized.bias()))
+    alone = torch.cat([RowwiseInt8Linear(quantized).int8(rows[i:i + 1]) for i in range(6)])
     for i in range(6):
         torch.testing.assert_close(alone[i:i + 1], quantized(rows[i:i + 1]), atol=1e-4 * rows[i].abs().max(), rtol=1e-4)
     assert not torch.equal(quantized(rows)[:1], quantized(rows[:1]))  # what one range per batch did
