@@ -4,6 +4,7 @@
 
 #include "encdec_step.h"
 #include "int8.h"
+#include "kquant.h"
 #include "llama_step.h"
 #include "ops.h"
 
@@ -12,6 +13,8 @@ using namespace tserve_native;  // NOLINT: the registration names every class an
 TORCH_LIBRARY(tserve_native, m) {
   m.def("cross_decode_attention", &cross_decode_attention);
   m.def("q4_linear", &q4_linear);
+  m.def("kquant_linear", &kquant_linear);
+  m.def("kquant_isa", &kquant_isa);
   m.def("paged_decode_attention", &paged_decode_attention);
   m.class_<Int8Linear>("Int8Linear")
       .def(torch::init<c10::IValue, c10::optional<Tensor>>())
