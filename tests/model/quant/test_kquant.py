@@ -185,8 +185,8 @@ def test_kquant_linear_fuses_parts_of_several_types_native_or_reference(tiny_ggu
     reference = layer(x)
     assert got.shape == reference.shape == (2, 3, n1 + n2)
     torch.testing.assert_close(reference, torch.nn.functional.linear(x, layer.dequantized(), bias))
-    bound = torch.cat([sum(_bound(x.reshape(6, k), q50, "Q5_0", n1, k)), sum(_bound(x.reshape(6, k), q80, "Q8_0", n2, k))],
-                      1)
+    rows = x.reshape(6, k)
+    bound = torch.cat([sum(_bound(rows, q50, "Q5_0", n1, k)), sum(_bound(rows, q80, "Q8_0", n2, k))], 1)
     diff = (got.reshape(6, -1) - reference.reshape(6, -1)).double().abs()
     assert (diff <= bound + 8 * EPS * reference.reshape(6, -1).double().abs() + 1e-6).all()
 
