@@ -52,6 +52,8 @@ NOT_FILES = {"llama.cpp"}
 NON_SETTINGS_ENV = {
     "TSERVE_WEIGHTS_CACHE": "model/formats/manifest.py",  # where split weights are joined; docs/models.md
     "TSERVE_CONVERTED_CACHE": "model/formats/import_cache.py",  # off: no cache of converted GGUFs
+    "TSERVE_GGUF_WEIGHTS": "model/quant/kquant.py",  # stored: GGUF projections as their blocks
+    "TSERVE_NATIVE_ISA": "model/decode/csrc/kquant.cpp",  # scalar: the block kernels' scalar loops
     "TSERVE_TEST_ARTIFACTS": "tests/service/test_playground.py",  # where the browser tests write
     "TSERVE_UPDATE_SCREENSHOTS": "tests/service/test_playground.py",  # =1 rewrites docs/screenshots/
     "TSERVE_PUBLISH": "docker-compose.yml",  # host ports of the compose service

@@ -35,6 +35,7 @@ from model.formats.hf.format import TensorMap
 from model.formats.hf.importer import build_imported
 from model.formats.hf.llama import llama_model_config
 from model.nn.transformer import TransformerModel
+from model.quant.kquant import stored_weights
 from model.tokenization.gguf_vocab import GGUFTokenizerError, gguf_tokenizer
 from model.tokenization.tokenizer import Tokenizer
 
@@ -307,6 +308,9 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
     if dtype is not None:
         tensors.tensors = {name: t.to(dtype) for name, t in tensors.tensors.items()}
     model = build_imported(cfg, tensors, f.path, device, described_by="the GGUF metadata")
+    if stored_weights() and torch.device(device).type == "cpu":  # projections read the file's blocks in place
+        from model.formats.gguf_stored import stored_projections_
+        stored_projections_(model, f, cfg)
     template = f.get("tokenizer.chat_template")
     stops = [f.get(f"tokenizer.ggml.{name}_token_id") for name in ("eot", "eom")]
     stops = sorted({s for s in stops if isinstance(s, int) and s != cfg.eos_token_id})

@@ -15,15 +15,12 @@ is what the GGUF import calls (``TSERVE_GGUF_WEIGHTS=stored``).
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -137,20 +134,15 @@ class Part:
     n: int
 
 
-_NATIVE: list[bool] = []
+_NATIVE: list[bool] = []  # [False]: never the native kernel (tests of the reference path)
 
 
 def native_kernel() -> bool:
-    """Whether the native library (with ``kquant_linear``) is loaded here; decided once."""
-    if not _NATIVE:
-        try:
-            from model.decode import native  # the library, built or loaded on first use
-            native.build()
-            _NATIVE.append(hasattr(torch.ops.tserve_native, "kquant_linear"))
-        except RuntimeError as exc:
-            log.warning("%s; GGUF blocks are dequantized on each call", exc)
-            _NATIVE.append(False)
-    return _NATIVE[0]
+    """Whether the native library with ``kquant_linear`` is loaded in this process (the import
+    loads it: ``model.formats.gguf_stored``; the decode step's preparation does too)."""
+    if _NATIVE:
+        return _NATIVE[0]
+    return hasattr(torch.ops.tserve_native, "kquant_linear")
 
 
 class KQuantLinear(nn.Module):

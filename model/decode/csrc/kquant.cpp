@@ -2,8 +2,6 @@
 // of each weight block by scalar, AVX2 or AVX512-VNNI loops, then one float combination for all.
 #include "kquant.h"
 
-#include "projection.h"  // to_vector
-
 #include <cstdlib>
 #include <string>
 
@@ -49,6 +47,9 @@ KqFormat kq_format(int64_t qtype) {
 float kq_half(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
+#if defined(__F16C__)
+  return _cvtsh_ss(h);  // exact, as the bit-by-bit conversion below
+#endif
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
   if (exp == 0x1f) {
@@ -228,9 +229,59 @@ TSERVE_KQ_AVX2 inline __m256i fifth_bits(uint32_t qh) {
   return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(0x10));
 }
 
+// One 32-value block's products as eight int32 lanes: their sum is q . r (no offset applied).
+template <class Ops>
+TSERVE_KQ_AVX2 inline __m256i block32(int64_t qtype, const uint8_t* w, const int8_t* r) {
+  const __m256i ri = loadu(r);
+  if (qtype == KQ8_0) {  // signed x signed: |w| times r with w's sign (|-128| reads as 128 unsigned)
+    const __m256i q = loadu(w + 2);
+    return Ops::dot(_mm256_sign_epi8(q, q), _mm256_sign_epi8(ri, q));
+  }
+  const bool five = qtype == KQ5_0 || qtype == KQ5_1, offset = qtype == KQ4_1 || qtype == KQ5_1;
+  __m256i q = nibbles32(w + (offset ? 4 : 2) + (five ? 4 : 0));
+  if (five) {
+    uint32_t qh;
+    std::memcpy(&qh, w + (offset ? 4 : 2), 4);
+    q = _mm256_or_si256(q, fifth_bits(qh));
+  }
+  return Ops::dot(q, ri);
+}
+
+// The lane sums of four vectors at once: [sum a, sum b, sum c, sum d].
+TSERVE_KQ_AVX2 inline __m128i hsum4(__m256i a, __m256i b, __m256i c, __m256i d) {
+  const __m256i abcd = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
+  return _mm_add_epi32(_mm256_castsi256_si128(abcd), _mm256_extracti128_si256(abcd, 1));
+}
+
+// The 32-value types, four blocks' sums at a time.
+template <class Ops>
+TSERVE_KQ_AVX2 void ints_vector32(int64_t qtype, const uint8_t* w, const int8_t* r, const int32_t* sum16,
+                                  int64_t blocks, int32_t* out) {
+  const int64_t bytes = kq_format(qtype).bytes;
+  const bool offset = qtype == KQ4_1 || qtype == KQ5_1;
+  const int32_t zero = qtype == KQ5_0 ? 16 : qtype == KQ4_0 ? 8 : 0;  // the value that stands for 0
+  alignas(16) int32_t dots[4];
+  auto finish = [&](int32_t dot, int64_t i) {
+    const int32_t sum = sum16[2 * i] + sum16[2 * i + 1];
+    out[2 * i] = offset ? dot : dot - zero * sum;
+    out[2 * i + 1] = offset ? sum : 0;
+  };
+  int64_t i = 0;
+  for (; i + 4 <= blocks; i += 4) {
+    const uint8_t* b = w + i * bytes;
+    const int8_t* ri = r + 32 * i;
+    _mm_store_si128(reinterpret_cast<__m128i*>(dots),
+                    hsum4(block32<Ops>(qtype, b, ri), block32<Ops>(qtype, b + bytes, ri + 32),
+                          block32<Ops>(qtype, b + 2 * bytes, ri + 64), block32<Ops>(qtype, b + 3 * bytes, ri + 96)));
+    for (int j = 0; j < 4; ++j) finish(dots[j], i + j);
+  }
+  for (; i < blocks; ++i) finish(hsum(block32<Ops>(qtype, w + i * bytes, r + 32 * i)), i);
+}
+
 template <class Ops>
 TSERVE_KQ_AVX2 void ints_vector(int64_t qtype, const uint8_t* w, const int8_t* r, const int32_t* sum16, int64_t blocks,
                                 int32_t* out) {
+  if (kq_format(qtype).values == 32) return ints_vector32<Ops>(qtype, w, r, sum16, blocks, out);
   const int64_t bytes = kq_format(qtype).bytes;
   const __m256i low = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1), three = _mm256_set1_epi8(3);
   for (int64_t i = 0; i < blocks; ++i, w += bytes) {
@@ -275,27 +326,6 @@ TSERVE_KQ_AVX2 void ints_vector(int64_t qtype, const uint8_t* w, const int8_t* r
       }
       i0 = hsum(acc);
       for (int s = 0; s < 16; ++s) i0 -= 32 * sc[s] * sum16[16 * i + s];
-    } else {
-      const __m256i ri = loadu(r + 32 * i);
-      const int32_t sum = sum16[2 * i] + sum16[2 * i + 1];
-      if (qtype == KQ8_0) {  // signed x signed: |w| times r with w's sign (|-128| reads as 128 unsigned)
-        const __m256i q = loadu(w + 2);
-        i0 = hsum(Ops::dot(_mm256_sign_epi8(q, q), _mm256_sign_epi8(ri, q)));
-      } else {
-        const bool five = qtype == KQ5_0 || qtype == KQ5_1, offset = qtype == KQ4_1 || qtype == KQ5_1;
-        __m256i q = nibbles32(w + (offset ? 4 : 2) + (five ? 4 : 0));
-        if (five) {
-          uint32_t qh;
-          std::memcpy(&qh, w + (offset ? 4 : 2), 4);
-          q = _mm256_or_si256(q, fifth_bits(qh));
-        }
-        i0 = hsum(Ops::dot(q, ri));
-        if (offset) {
-          i1 = sum;
-        } else {
-          i0 -= (five ? 16 : 8) * sum;
-        }
-      }
     }
     out[2 * i] = i0;
     out[2 * i + 1] = i1;
@@ -385,6 +415,44 @@ IntsFn ints_for(int64_t isa) {
   return ints_scalar;
 }
 
+// y[:, 0:n) (rows `stride` apart) = x W^T for one part: outputs in chunks of KQ_CHUNK, shared with
+// `partner` where there is one and torch runs on one thread (a step of the native decoder), else
+// over torch's threads. Each (row, output) is computed alone, so neither changes a bit.
+constexpr int64_t KQ_CHUNK = 16;
+
+void kq_part(const float* x, int64_t B, int64_t k, const uint8_t* w, int64_t qtype, int64_t n, int64_t isa,
+             const float* bias, Partner* partner, float* y, int64_t stride) {
+  const KqFormat f = kq_format(qtype);
+  const int64_t blocks = k / f.values, row = blocks * f.bytes;
+  KqActs a;
+  a.quantize(x, B, k, f.values);
+  const IntsFn ints = ints_for(isa);
+  auto outputs = [&](int64_t j0, int64_t j1) {
+    std::vector<int32_t> buf(2 * blocks);
+    for (int64_t j = j0; j < j1; ++j)
+      for (int64_t bi = 0; bi < B; ++bi) {
+        ints(qtype, w + j * row, a.r.data() + bi * k, a.sum16.data() + bi * k / 16, blocks, buf.data());
+        const float v = combine(qtype, w + j * row, buf.data(), a.scale.data() + bi * blocks, blocks);
+        y[bi * stride + j] = bias == nullptr ? v : v + bias[j];
+      }
+  };
+  if (partner != nullptr && at::get_num_threads() == 1) {
+    partner->run((n + KQ_CHUNK - 1) / KQ_CHUNK,
+                 [&](int64_t c) { outputs(c * KQ_CHUNK, std::min(n, (c + 1) * KQ_CHUNK)); });
+  } else {
+    at::parallel_for(0, n, KQ_CHUNK, outputs);
+  }
+}
+
+void check_part(const Tensor& raw, int64_t qtype, int64_t n, int64_t k) {
+  const KqFormat f = kq_format(qtype);
+  TORCH_CHECK(f.values > 0, "GGUF type ", qtype, " is not one the block kernels read");
+  TORCH_CHECK(n > 0 && k > 0 && k % f.values == 0, "inputs must be a positive multiple of ", f.values, ", got ", k);
+  const int64_t row = k / f.values * f.bytes;
+  TORCH_CHECK(raw.device().is_cpu() && raw.scalar_type() == at::kByte && raw.is_contiguous() && raw.numel() == n * row,
+              "raw must be a contiguous uint8 CPU tensor of ", n, " rows of ", row, " bytes");
+}
+
 }  // namespace
 
 int64_t kquant_isa(int64_t isa) {
@@ -394,12 +462,7 @@ int64_t kquant_isa(int64_t isa) {
 
 Tensor kquant_linear(Tensor x, Tensor raw, int64_t qtype, int64_t n, int64_t k, c10::optional<Tensor> bias,
                      int64_t isa) {
-  const KqFormat f = kq_format(qtype);
-  TORCH_CHECK(f.values > 0, "GGUF type ", qtype, " is not one the block kernels read");
-  TORCH_CHECK(n > 0 && k > 0 && k % f.values == 0, "inputs must be a positive multiple of ", f.values, ", got ", k);
-  const int64_t blocks = k / f.values, row = blocks * f.bytes;
-  TORCH_CHECK(raw.device().is_cpu() && raw.scalar_type() == at::kByte && raw.is_contiguous() && raw.numel() == n * row,
-              "raw must be a contiguous uint8 CPU tensor of ", n, " rows of ", row, " bytes");
+  check_part(raw, qtype, n, k);
   TORCH_CHECK(x.dim() == 2 && x.size(1) == k && x.scalar_type() == at::kFloat && x.device().is_cpu(),
               "x must be (B, ", k, ") float32");
   const int64_t chosen = isa == KQ_AUTO ? default_isa() : isa;
@@ -407,22 +470,44 @@ Tensor kquant_linear(Tensor x, Tensor raw, int64_t qtype, int64_t n, int64_t k, 
   std::vector<float> b;
   if (bias) b = to_vector(*bias, n, "bias");
   const Tensor xc = x.contiguous();
-  const int64_t B = xc.size(0);
-  KqActs a;
-  a.quantize(xc.data_ptr<float>(), B, k, f.values);
-  Tensor y = at::empty({B, n}, xc.options());
+  Tensor y = at::empty({xc.size(0), n}, xc.options());
+  kq_part(xc.data_ptr<float>(), xc.size(0), k, raw.data_ptr<uint8_t>(), qtype, n, chosen, b.empty() ? nullptr : b.data(),
+          nullptr, y.data_ptr<float>(), n);
+  return y;
+}
+
+Projection kquant_projection(const std::vector<Tensor>& raw, const std::vector<int64_t>& qtype,
+                             const std::vector<int64_t>& n, int64_t k, const c10::optional<Tensor>& bias) {
+  TORCH_CHECK(!raw.empty() && raw.size() == qtype.size() && raw.size() == n.size(),
+              "a GGUF projection needs one type and output count per part");
+  Projection p;
+  int64_t total = 0;
+  for (size_t i = 0; i < raw.size(); ++i) {
+    check_part(raw[i], qtype[i], n[i], k);
+    total += n[i];
+  }
+  p.kq_raw = raw;
+  p.kq_type = qtype;
+  p.kq_n = n;
+  p.kq_k = k;
+  if (bias) p.kq_bias = to_vector(*bias, total, "bias");
+  return p;
+}
+
+Tensor Projection::kq_rows(const Tensor& x) const {
+  TORCH_CHECK(x.size(1) == kq_k, "a GGUF projection of ", kq_k, " inputs got ", x.size(1));
+  int64_t total = 0;
+  for (int64_t n : kq_n) total += n;
+  const int64_t B = x.size(0);
+  Tensor y = at::empty({B, total}, x.options());
   float* yp = y.data_ptr<float>();
-  const uint8_t* w = raw.data_ptr<uint8_t>();
-  const IntsFn ints = ints_for(chosen);
-  at::parallel_for(0, n, 16, [&](int64_t j0, int64_t j1) {
-    std::vector<int32_t> buf(2 * blocks);
-    for (int64_t j = j0; j < j1; ++j)
-      for (int64_t bi = 0; bi < B; ++bi) {
-        ints(qtype, w + j * row, a.r.data() + bi * k, a.sum16.data() + bi * k / 16, blocks, buf.data());
-        const float v = combine(qtype, w + j * row, buf.data(), a.scale.data() + bi * blocks, blocks);
-        yp[bi * n + j] = b.empty() ? v : v + b[j];
-      }
-  });
+  const float* bias = kq_bias.empty() ? nullptr : kq_bias.data();
+  int64_t first = 0;  // the part's first output
+  for (size_t i = 0; i < kq_raw.size(); ++i) {
+    kq_part(x.data_ptr<float>(), B, kq_k, kq_raw[i].data_ptr<uint8_t>(), kq_type[i], kq_n[i], default_isa(),
+            bias == nullptr ? nullptr : bias + first, kq_partner, yp + first, total);
+    first += kq_n[i];
+  }
   return y;
 }
 

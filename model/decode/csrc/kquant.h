@@ -16,7 +16,7 @@
 // give the same bits, and a row's result never depends on the rows beside it.
 #pragma once
 
-#include "common.h"
+#include "projection.h"
 
 namespace tserve_native {
 
@@ -29,6 +29,11 @@ constexpr int64_t KQ_AUTO = -1, KQ_SCALAR = 0, KQ_AVX2 = 1, KQ_VNNI = 2;
 // -> (B, n) float32 (+ bias). `isa` as above; asking for loops this build or CPU lacks is an error.
 Tensor kquant_linear(Tensor x, Tensor raw, int64_t qtype, int64_t n, int64_t k, c10::optional<Tensor> bias,
                      int64_t isa);
+
+// The native step's projection over such blocks: parts of n[i] outputs each (raw[i] of type
+// qtype[i], uint8, contiguous), stacked by outputs, k inputs; checked. Projection::kq_rows runs it.
+Projection kquant_projection(const std::vector<Tensor>& raw, const std::vector<int64_t>& qtype,
+                             const std::vector<int64_t>& n, int64_t k, const c10::optional<Tensor>& bias);
 
 // Whether `isa` can run here (KQ_AUTO: the one the default picks).
 int64_t kquant_isa(int64_t isa);

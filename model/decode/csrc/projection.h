@@ -1,5 +1,5 @@
-// One projection y = W (x * inv_scale) + b, whose weights may come in several formats: 4-bit runs
-// (q4.cpp), fbgemm int8 (int8.cpp), or float (at::linear). Each format's kernel is a method
+// One projection y = W (x * inv_scale) + b, whose weights may come in several formats: GGUF blocks
+// as stored (kquant.cpp), 4-bit runs (q4.cpp), fbgemm int8 (int8.cpp), or float (at::linear). Each format's kernel is a method
 // defined in that format's file; operator() picks the one a call takes.
 #pragma once
 
@@ -27,6 +27,12 @@ struct Projection {
   std::vector<float> inv_scale;  // SmoothQuant's 1 / s per input channel; empty: none
   std::vector<float> row_sum, int8_bias;  // int8: W 1 (dequantized weights summed over inputs), b (or empty)
   int64_t int8_in = 0;  // int8: input features
+  // GGUF blocks as stored (kquant.cpp): parts stacked by outputs, each its own ggml type
+  std::vector<Tensor> kq_raw;
+  std::vector<int64_t> kq_type, kq_n;
+  int64_t kq_k = 0;
+  std::vector<float> kq_bias;  // empty: none
+  Partner* kq_partner = nullptr;  // shares the output rows with the step's thread
 
   // 4-bit runs when `q4` is set, fbgemm int8 when `packed` is set, else float. `prompt`: rows of
   // prompts, which take the int8 weights where the projection has both: at tens to thousands of
@@ -34,6 +40,7 @@ struct Projection {
   // costs arithmetic that only a step of a few rows, waiting for its bytes, hides. Decode steps
   // take the 4-bit weights whatever their rows, so a row's logits never depend on the batch.
   Tensor operator()(const Tensor& x, bool prompt = false) const {
+    if (!kq_raw.empty()) return kq_rows(x.contiguous());
     if (q4.defined() && !(prompt && packed)) return q4_rows(x.contiguous());
     if (packed) return int8_rows(x.contiguous());
     return at::linear(x, weight, bias.defined() ? c10::optional<Tensor>(bias) : c10::nullopt);
@@ -46,6 +53,9 @@ struct Projection {
 
   // x (B, K) -> (B, N) through the 4-bit runs (q4.cpp); `portable`: the plain loops whatever the CPU.
   Tensor q4_rows(const Tensor& x, bool portable = false) const;
+
+  // x (B, K) -> (B, N) through the GGUF blocks (kquant.cpp), decode rows and prompts alike.
+  Tensor kq_rows(const Tensor& x) const;
 
   // The smoothing scale of input j (1 where there is none).
   float scale(int64_t j) const { return inv_scale.empty() ? 1.0f : inv_scale[j]; }

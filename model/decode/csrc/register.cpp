@@ -37,6 +37,7 @@ TORCH_LIBRARY(tserve_native, m) {
       .def("add_layer", &LlamaDecoder::add_layer)
       .def("add_int8", &LlamaDecoder::add_int8)
       .def("add_float", &LlamaDecoder::add_float)
+      .def("add_kquant", &LlamaDecoder::add_kquant)
       .def("attach_q4", &LlamaDecoder::attach_q4)
       .def("num_layers", &LlamaDecoder::num_layers)
       .def("use_partner", &LlamaDecoder::use_partner)
