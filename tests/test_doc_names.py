@@ -53,6 +53,7 @@ NON_SETTINGS_ENV = {
     "TSERVE_NATIVE_ISA": "model/decode/csrc/common.h",  # =scalar: the native step's plain loops only
     "TSERVE_WEIGHTS_CACHE": "model/formats/manifest.py",  # where split weights are joined; docs/models.md
     "TSERVE_CONVERTED_CACHE": "model/formats/import_cache.py",  # off: no cache of converted GGUFs
+    "TSERVE_GGUF_WEIGHTS": "model/quant/kquant.py",  # stored: GGUF projections as their blocks
     "TSERVE_TEST_ARTIFACTS": "tests/service/test_playground.py",  # where the browser tests write
     "TSERVE_UPDATE_SCREENSHOTS": "tests/service/test_playground.py",  # =1 rewrites docs/screenshots/
     "TSERVE_PUBLISH": "docker-compose.yml",  # host ports of the compose service

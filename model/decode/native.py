@@ -47,6 +47,7 @@ from model.nn.layers import Linear
 from model.nn.transformer import DecoderLM, EncoderDecoder
 from model.quant import q4
 from model.quant.int8 import DecodeInt8Linear, RowwiseInt8, RowwiseInt8Linear
+from model.quant.kquant import KQuantLinear
 
 log = logging.getLogger(__name__)
 
@@ -263,7 +264,7 @@ def wants_native(mode: str, model: nn.Module, library: str | Path | None = None)
             raise ValueError(f"TSERVE_NATIVE_DECODE=on: {why}")
         build(library)  # an error naming why, where it cannot be built
         return True
-    if why is not None or not (encdec or any(isinstance(m, DecodeInt8Linear) for m in model.modules())):
+    if why is not None or not (encdec or any(isinstance(m, (DecodeInt8Linear, KQuantLinear)) for m in model.modules())):
         return False
     try:
         build(library)
@@ -606,6 +607,10 @@ def _add_projection(plan, layer: nn.Module, partner: bool) -> int:
         plan.add_int8(packed, layer.inv_scale)
         out_features, in_features = layer.quantized.out_features, layer.quantized.in_features
         return out_features * (in_features + 16) if partner and out_features >= 128 else 0
+    if isinstance(layer, KQuantLinear):  # GGUF blocks as stored, read in place
+        plan.add_kquant([p.raw for p in layer.parts], [p.qtype.code for p in layer.parts], [p.n for p in layer.parts],
+                        layer.in_features, layer.bias)
+        return 0
     if isinstance(layer, nn.Linear):
         plan.add_float(layer.weight.detach(), None if layer.bias is None else layer.bias.detach(), None)
         return 0

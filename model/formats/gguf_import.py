@@ -38,6 +38,7 @@ from model.config import ConfigError, ModelConfig
 from model.formats.checkpoint import TIED_KEY, CheckpointError
 from model.formats.hf.llama import llama_model_config
 from model.nn.transformer import TransformerModel, build_model
+from model.quant.kquant import stored_weights
 from model.tokenization.gguf_vocab import GGUFTokenizerError, gguf_tokenizer
 from model.tokenization.tokenizer import Tokenizer
 
@@ -439,6 +440,9 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
     check_all_used(f)
     if dtype is not None and dtype != torch.float32 or torch.device(device).type != "cpu":
         model.to(device=device, dtype=dtype)
+    if stored_weights() and torch.device(device).type == "cpu":  # projections read the file's blocks in place
+        from model.formats.gguf_stored import stored_projections_
+        stored_projections_(model, f, cfg)
     template, stops = chat_and_stops(f, cfg)
     general = {key[len("general."):]: f.get(key) for key in f.reader.fields
                if key.startswith("general.") and isinstance(f.get(key), str)}

@@ -5,6 +5,7 @@
 //   partner.*       the second thread that shares a step of a few rows
 //   projection.h    one projection's weights in any of its formats, and which path a call takes
 //   q4.*            4-bit weights (GGUF Q4_0 / Q4_1 runs): layout, activation quantizing, kernels
+//   kquant.*        GGUF blocks as stored (Q4_K, Q5_K, Q6_K, Q8_0, Q4/5_0/1): KQuantLinear's kernels
 //   int8.*          fbgemm int8 weights with each row quantized on its own; the Int8Linear class
 //   attention.*     decode attention over the paged KV cache, row by row
 //   prompt_attention.cpp  a prompt's rows attending as a block (torch's flash attention, or

@@ -5,6 +5,7 @@
 #include <tuple>
 
 #include "int8.h"
+#include "kquant.h"
 #include "q4.h"
 
 namespace tserve_native {
@@ -132,6 +133,13 @@ void LlamaDecoder::add_float(Tensor weight, c10::optional<Tensor> bias, c10::opt
   p.weight = float_contiguous(weight, "weight");
   if (bias) p.bias = float_contiguous(*bias, "bias");
   finish(std::move(p), inv_scale);
+}
+
+void LlamaDecoder::add_kquant(std::vector<Tensor> raw, std::vector<int64_t> qtype, std::vector<int64_t> n, int64_t k,
+                              c10::optional<Tensor> bias) {
+  Projection p = kquant_projection(raw, qtype, n, k, bias);
+  p.kq_partner = partner_.get();
+  finish(std::move(p), c10::nullopt);
 }
 
 void LlamaDecoder::attach_q4(Tensor runs, int64_t n, int64_t k, c10::optional<Tensor> bias) {

@@ -57,6 +57,9 @@ class LlamaDecoder : public torch::CustomClassHolder {
   // Projections in the order qkv, o, gate, up, down of each layer, then the head once.
   void add_int8(c10::IValue packed, c10::optional<Tensor> inv_scale);
   void add_float(Tensor weight, c10::optional<Tensor> bias, c10::optional<Tensor> inv_scale);
+  // A projection over GGUF blocks as stored (kquant.h): parts of n[i] outputs each, stacked.
+  void add_kquant(std::vector<Tensor> raw, std::vector<int64_t> qtype, std::vector<int64_t> n, int64_t k,
+                  c10::optional<Tensor> bias);
 
   // 4-bit weights for the projection added last, an int8 one: decode steps read these, prompts the
   // int8 ones. `runs` (uint8) as model/quant/q4.py packs them for n outputs (a multiple of 16) of

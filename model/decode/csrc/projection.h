@@ -1,5 +1,5 @@
-// One projection y = W (x * inv_scale) + b, whose weights may come in several formats: 4-bit runs
-// (q4.cpp), fbgemm int8 (int8.cpp), or float (at::linear). Each format's kernel is a method
+// One projection y = W (x * inv_scale) + b, whose weights may come in several formats: GGUF blocks
+// as stored (kquant.cpp), 4-bit runs (q4.cpp), fbgemm int8 (int8.cpp), or float (at::linear). Each format's kernel is a method
 // defined in that format's file; operator() picks the one a call takes.
 #pragma once
 
@@ -33,6 +33,12 @@ struct Projection {
   std::vector<float> i8_scale;
   int64_t i8_k = 0;
   bool i8_prompts = true;
+  // GGUF blocks as stored (kquant.cpp): parts stacked by outputs, each its own ggml type
+  std::vector<Tensor> kq_raw;
+  std::vector<int64_t> kq_type, kq_n;
+  int64_t kq_k = 0;
+  std::vector<float> kq_bias;  // empty: none
+  Partner* kq_partner = nullptr;  // shares the output rows with the step's thread
 
   // 4-bit runs when `q4` is set, fbgemm int8 when `packed` is set, else float. `prompt`: rows of
   // prompts, which take the int8 weights where the projection has both: at tens to thousands of
@@ -40,6 +46,7 @@ struct Projection {
   // costs arithmetic that only a step of a few rows, waiting for its bytes, hides. Decode steps
   // take the 4-bit weights whatever their rows, so a row's logits never depend on the batch.
   Tensor operator()(const Tensor& x, bool prompt = false) const {
+    if (!kq_raw.empty()) return kq_rows(x.contiguous());
     if (q4.defined() && !(prompt && packed)) return q4_rows(x.contiguous());
     if (!i8.empty() && (!prompt || i8_prompts)) return int8_block_rows(x.contiguous());
     if (packed) return int8_rows(x.contiguous());
@@ -61,6 +68,9 @@ struct Projection {
 
   // x (B, K) -> (B, N) through the 4-bit runs (q4.cpp); `portable`: the plain loops whatever the CPU.
   Tensor q4_rows(const Tensor& x, bool portable = false) const;
+
+  // x (B, K) -> (B, N) through the GGUF blocks (kquant.cpp), decode rows and prompts alike.
+  Tensor kq_rows(const Tensor& x) const;
 
   // The smoothing scale of input j (1 where there is none).
   float scale(int64_t j) const { return inv_scale.empty() ? 1.0f : inv_scale[j]; }

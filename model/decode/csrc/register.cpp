@@ -4,6 +4,7 @@
 
 #include "encdec_step.h"
 #include "int8.h"
+#include "kquant.h"
 #include "llama_step.h"
 #include "ops.h"
 
@@ -13,6 +14,8 @@ TORCH_LIBRARY(tserve_native, m) {
   m.def("cross_decode_attention", &cross_decode_attention);
   m.def("q4_linear", &q4_linear);
   m.def("int8_block_linear", &int8_block_linear);
+  m.def("kquant_linear", &kquant_linear);
+  m.def("kquant_isa", &kquant_isa);
   m.def("paged_decode_attention", &paged_decode_attention);
   m.class_<Int8Linear>("Int8Linear")
       .def(torch::init<c10::IValue, c10::optional<Tensor>, bool>())
@@ -35,6 +38,7 @@ TORCH_LIBRARY(tserve_native, m) {
       .def("add_layer", &LlamaDecoder::add_layer)
       .def("add_int8", &LlamaDecoder::add_int8)
       .def("add_float", &LlamaDecoder::add_float)
+      .def("add_kquant", &LlamaDecoder::add_kquant)
       .def("attach_q4", &LlamaDecoder::attach_q4)
       .def("num_layers", &LlamaDecoder::num_layers)
       .def("use_partner", &LlamaDecoder::use_partner)

@@ -1,0 +1,514 @@
+// The GGUF block kernels (kquant.h has the maths): activations quantized per block, the integers
+// of each weight block by scalar, AVX2 or AVX512-VNNI loops, then one float combination for all.
+#include "kquant.h"
+
+#include <cstdlib>
+#include <string>
+
+// AVX2 in a build without -mavx2 (the portable one) through the target attribute, chosen at run
+// time; in a -march=native build on an AVX2 machine the flags already allow it.
+#if defined(__GNUC__) && defined(__x86_64__)
+#define TSERVE_KQ_X86 1
+#if defined(__AVX2__)
+#define TSERVE_KQ_AVX2
+#else
+#define TSERVE_KQ_AVX2 __attribute__((target("avx2")))
+#endif
+// VNNI only where the compiler flags enable it (-march=native on such a CPU): untested on the
+// AVX2-only machines this was written on, so it is the AVX2 loops with two primitives swapped.
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX2__)
+#define TSERVE_KQ_VNNI 1
+#endif
+#endif
+
+namespace tserve_native {
+namespace {
+
+enum KqType : int64_t { KQ4_0 = 2, KQ4_1 = 3, KQ5_0 = 6, KQ5_1 = 7, KQ8_0 = 8, KQ4_K = 12, KQ5_K = 13, KQ6_K = 14 };
+
+struct KqFormat {
+  int64_t values = 0, bytes = 0;
+};
+
+KqFormat kq_format(int64_t qtype) {
+  switch (qtype) {
+    case KQ4_0: return {32, 18};
+    case KQ4_1: return {32, 20};
+    case KQ5_0: return {32, 22};
+    case KQ5_1: return {32, 24};
+    case KQ8_0: return {32, 34};
+    case KQ4_K: return {256, 144};
+    case KQ5_K: return {256, 176};
+    case KQ6_K: return {256, 210};
+    default: return {};
+  }
+}
+
+float kq_half(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+#if defined(__F16C__)
+  return _cvtsh_ss(h);  // exact, as the bit-by-bit conversion below
+#endif
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else if (exp == 0) {
+    if (man == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise
+      exp = 113;
+      while ((man & 0x400u) == 0) {
+        man <<= 1;
+        --exp;
+      }
+      bits = sign | (exp << 23) | ((man & 0x3ffu) << 13);
+    }
+  } else {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// B rows of activations, quantized per block of `block` (256 or 32) values: r in [-127, 127]
+// (round half to even), one scale per block, and the integer sum of every 16.
+struct KqActs {
+  std::vector<int8_t> r;
+  std::vector<float> scale;
+  std::vector<int32_t> sum16;
+  void quantize(const float* x, int64_t B, int64_t K, int64_t block) {
+    r.resize(B * K);
+    scale.resize(B * K / block);
+    sum16.resize(B * K / 16);
+    for (int64_t u = 0; u < B * K / block; ++u) {  // rows are whole blocks
+      const float* xs = x + u * block;
+      float top = 0.0f;
+      for (int64_t i = 0; i < block; ++i) top = std::max(top, std::fabs(xs[i]));
+      const float inv = top > 0.0f ? 127.0f / top : 0.0f;
+      scale[u] = top / 127.0f;
+      int8_t* rs = r.data() + u * block;
+      for (int64_t i = 0; i < block; ++i) {
+        const int32_t v = static_cast<int32_t>(std::nearbyint(xs[i] * inv));
+        rs[i] = static_cast<int8_t>(std::max(-127, std::min(127, v)));
+      }
+      for (int64_t g = 0; g < block / 16; ++g) {
+        int32_t s = 0;
+        for (int64_t i = 0; i < 16; ++i) s += rs[16 * g + i];
+        sum16[u * block / 16 + g] = s;
+      }
+    }
+  }
+};
+
+// Q4_K / Q5_K: the eight 6-bit scales and minima of a block's 12 bytes.
+void scale_min_k4(const uint8_t* s, int32_t* sc, int32_t* mn) {
+  for (int j = 0; j < 4; ++j) {
+    sc[j] = s[j] & 63;
+    mn[j] = s[j + 4] & 63;
+    sc[j + 4] = (s[j + 8] & 15) | ((s[j] >> 6) << 4);
+    mn[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4);
+  }
+}
+
+// i1 of Q4_K / Q5_K: sum_s m_s (sum r)_s over the eight sub-blocks of 32.
+int32_t minima_dot(const int32_t* mn, const int32_t* sum16) {
+  int32_t t = 0;
+  for (int s = 0; s < 8; ++s) t += mn[s] * (sum16[2 * s] + sum16[2 * s + 1]);
+  return t;
+}
+
+// --- the integers, scalar ----------------------------------------------------------------------
+// Each ints_* writes i0 (and i1) of `blocks` consecutive blocks of one weight row against one
+// activation row (r, sum16 at the same blocks) into out[2 i], out[2 i + 1].
+
+// value l (0-31) of a 32-value block whose low nibbles are values 0-15 and high nibbles 16-31
+inline int32_t nib32(const uint8_t* qs, int l) { return l < 16 ? qs[l] & 15 : qs[l - 16] >> 4; }
+
+void ints_scalar(int64_t qtype, const uint8_t* w, const int8_t* r, const int32_t* sum16, int64_t blocks,
+                 int32_t* out) {
+  const int64_t bytes = kq_format(qtype).bytes;
+  for (int64_t i = 0; i < blocks; ++i, w += bytes) {
+    int32_t i0 = 0, i1 = 0;
+    if (qtype == KQ4_K || qtype == KQ5_K) {
+      const int8_t* ri = r + 256 * i;
+      const uint8_t* qs = w + (qtype == KQ4_K ? 16 : 48);
+      int32_t sc[8], mn[8];
+      scale_min_k4(w + 4, sc, mn);
+      for (int s = 0; s < 8; ++s) {  // sub-block s: nibble s % 2 of bytes 32 (s / 2) ...
+        int32_t dot = 0;
+        for (int l = 0; l < 32; ++l) {
+          int32_t q = (qs[32 * (s / 2) + l] >> (4 * (s % 2))) & 15;
+          if (qtype == KQ5_K) q |= ((w[16 + l] >> s) & 1) << 4;
+          dot += q * ri[32 * s + l];
+        }
+        i0 += sc[s] * dot;
+      }
+      i1 = minima_dot(mn, sum16 + 16 * i);
+    } else if (qtype == KQ6_K) {
+      const int8_t* ri = r + 256 * i;
+      const int8_t* sc = reinterpret_cast<const int8_t*>(w + 192);
+      for (int v = 0; v < 256; ++v) {  // half h, chunk c of 32, l within it
+        const int h = v / 128, c = (v % 128) / 32, l = v % 32;
+        const uint8_t ql = w[64 * h + 32 * (c % 2) + l];
+        const int32_t q = ((c < 2 ? ql & 15 : ql >> 4) | (((w[128 + 32 * h + l] >> (2 * c)) & 3) << 4));
+        i0 += sc[v / 16] * q * ri[v];
+      }
+      for (int s = 0; s < 16; ++s) i0 -= 32 * sc[s] * sum16[16 * i + s];
+    } else {
+      const int8_t* ri = r + 32 * i;
+      const int32_t sum = sum16[2 * i] + sum16[2 * i + 1];
+      if (qtype == KQ8_0) {
+        for (int l = 0; l < 32; ++l) i0 += static_cast<int8_t>(w[2 + l]) * ri[l];
+      } else {
+        const bool five = qtype == KQ5_0 || qtype == KQ5_1, offset = qtype == KQ4_1 || qtype == KQ5_1;
+        const uint8_t* qs = w + (offset ? 4 : 2) + (five ? 4 : 0);
+        uint32_t qh = 0;
+        if (five) std::memcpy(&qh, w + (offset ? 4 : 2), 4);
+        for (int l = 0; l < 32; ++l) i0 += (nib32(qs, l) | (five ? ((qh >> l) & 1) << 4 : 0)) * ri[l];
+        if (offset) {
+          i1 = sum;
+        } else {
+          i0 -= (five ? 16 : 8) * sum;
+        }
+      }
+    }
+    out[2 * i] = i0;
+    out[2 * i + 1] = i1;
+  }
+}
+
+// --- the integers, vector ------------------------------------------------------------------------
+// The loops are templates over two primitives: dot (u8 x s8 -> int32 lanes, each the sum of four
+// products) and scaled (the same times a per-lane integer scale, from scale(a, b): a for the
+// lanes of values 0-15, b for 16-31). AVX2 makes them of maddubs and madd, VNNI of dpbusd.
+#if defined(TSERVE_KQ_X86)
+struct Avx2Ops {
+  TSERVE_KQ_AVX2 static inline __m256i dot(__m256i u, __m256i s) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+  }
+  TSERVE_KQ_AVX2 static inline __m256i scale(int32_t a, int32_t b) {
+    return _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(b)), _mm_set1_epi16(static_cast<int16_t>(a)));
+  }
+  TSERVE_KQ_AVX2 static inline __m256i scaled(__m256i u, __m256i s, __m256i sc) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), sc);
+  }
+};
+
+#if defined(TSERVE_KQ_VNNI)
+struct VnniOps {
+  static inline __m256i dot(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
+  static inline __m256i scale(int32_t a, int32_t b) { return _mm256_set_m128i(_mm_set1_epi32(b), _mm_set1_epi32(a)); }
+  static inline __m256i scaled(__m256i u, __m256i s, __m256i sc) { return _mm256_mullo_epi32(dot(u, s), sc); }
+};
+#endif
+
+TSERVE_KQ_AVX2 inline int32_t hsum(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+  return _mm_cvtsi128_si32(s);
+}
+
+TSERVE_KQ_AVX2 inline __m256i loadu(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+// 16 bytes of nibbles -> 32 bytes: values 0-15 (low nibbles), then 16-31 (high nibbles).
+TSERVE_KQ_AVX2 inline __m256i nibbles32(const uint8_t* qs) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)), low = _mm_set1_epi8(15);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), low), _mm_and_si128(b, low));
+}
+
+// The 32 bits of qh as bytes 0x10 (bit set) or 0 (clear), byte j for bit j.
+TSERVE_KQ_AVX2 inline __m256i fifth_bits(uint32_t qh) {
+  const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
+                                          3, 3, 3, 3, 3, 3);
+  const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+  const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int32_t>(qh)), spread);
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(0x10));
+}
+
+// One 32-value block's products as eight int32 lanes: their sum is q . r (no offset applied).
+template <class Ops>
+TSERVE_KQ_AVX2 inline __m256i block32(int64_t qtype, const uint8_t* w, const int8_t* r) {
+  const __m256i ri = loadu(r);
+  if (qtype == KQ8_0) {  // signed x signed: |w| times r with w's sign (|-128| reads as 128 unsigned)
+    const __m256i q = loadu(w + 2);
+    return Ops::dot(_mm256_sign_epi8(q, q), _mm256_sign_epi8(ri, q));
+  }
+  const bool five = qtype == KQ5_0 || qtype == KQ5_1, offset = qtype == KQ4_1 || qtype == KQ5_1;
+  __m256i q = nibbles32(w + (offset ? 4 : 2) + (five ? 4 : 0));
+  if (five) {
+    uint32_t qh;
+    std::memcpy(&qh, w + (offset ? 4 : 2), 4);
+    q = _mm256_or_si256(q, fifth_bits(qh));
+  }
+  return Ops::dot(q, ri);
+}
+
+// The lane sums of four vectors at once: [sum a, sum b, sum c, sum d].
+TSERVE_KQ_AVX2 inline __m128i hsum4(__m256i a, __m256i b, __m256i c, __m256i d) {
+  const __m256i abcd = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
+  return _mm_add_epi32(_mm256_castsi256_si128(abcd), _mm256_extracti128_si256(abcd, 1));
+}
+
+// The 32-value types, four blocks' sums at a time.
+template <class Ops>
+TSERVE_KQ_AVX2 void ints_vector32(int64_t qtype, const uint8_t* w, const int8_t* r, const int32_t* sum16,
+                                  int64_t blocks, int32_t* out) {
+  const int64_t bytes = kq_format(qtype).bytes;
+  const bool offset = qtype == KQ4_1 || qtype == KQ5_1;
+  const int32_t zero = qtype == KQ5_0 ? 16 : qtype == KQ4_0 ? 8 : 0;  // the value that stands for 0
+  alignas(16) int32_t dots[4];
+  auto finish = [&](int32_t dot, int64_t i) {
+    const int32_t sum = sum16[2 * i] + sum16[2 * i + 1];
+    out[2 * i] = offset ? dot : dot - zero * sum;
+    out[2 * i + 1] = offset ? sum : 0;
+  };
+  int64_t i = 0;
+  for (; i + 4 <= blocks; i += 4) {
+    const uint8_t* b = w + i * bytes;
+    const int8_t* ri = r + 32 * i;
+    _mm_store_si128(reinterpret_cast<__m128i*>(dots),
+                    hsum4(block32<Ops>(qtype, b, ri), block32<Ops>(qtype, b + bytes, ri + 32),
+                          block32<Ops>(qtype, b + 2 * bytes, ri + 64), block32<Ops>(qtype, b + 3 * bytes, ri + 96)));
+    for (int j = 0; j < 4; ++j) finish(dots[j], i + j);
+  }
+  for (; i < blocks; ++i) finish(hsum(block32<Ops>(qtype, w + i * bytes, r + 32 * i)), i);
+}
+
+template <class Ops>
+TSERVE_KQ_AVX2 void ints_vector(int64_t qtype, const uint8_t* w, const int8_t* r, const int32_t* sum16, int64_t blocks,
+                                int32_t* out) {
+  if (kq_format(qtype).values == 32) return ints_vector32<Ops>(qtype, w, r, sum16, blocks, out);
+  const int64_t bytes = kq_format(qtype).bytes;
+  const __m256i low = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1), three = _mm256_set1_epi8(3);
+  for (int64_t i = 0; i < blocks; ++i, w += bytes) {
+    int32_t i0 = 0, i1 = 0;
+    if (qtype == KQ4_K || qtype == KQ5_K) {
+      const int8_t* ri = r + 256 * i;
+      const uint8_t* qs = w + (qtype == KQ4_K ? 16 : 48);
+      int32_t sc[8], mn[8];
+      scale_min_k4(w + 4, sc, mn);
+      __m256i acc = _mm256_setzero_si256(), qh = qtype == KQ5_K ? loadu(w + 16) : _mm256_setzero_si256();
+      for (int j = 0; j < 4; ++j) {
+        const __m256i q = loadu(qs + 32 * j);
+        __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+        if (qtype == KQ5_K) {  // bit 2j of qh[l] tops up value l of sub-block 2j, bit 2j + 1 of 2j + 1
+          lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
+          qh = _mm256_srli_epi16(qh, 1);
+          hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
+          qh = _mm256_srli_epi16(qh, 1);
+        }
+        acc = _mm256_add_epi32(acc, Ops::scaled(lo, loadu(ri + 64 * j), Ops::scale(sc[2 * j], sc[2 * j])));
+        acc = _mm256_add_epi32(acc, Ops::scaled(hi, loadu(ri + 64 * j + 32), Ops::scale(sc[2 * j + 1], sc[2 * j + 1])));
+      }
+      i0 = hsum(acc);
+      i1 = minima_dot(mn, sum16 + 16 * i);
+    } else if (qtype == KQ6_K) {
+      const int8_t* ri = r + 256 * i;
+      const int8_t* sc = reinterpret_cast<const int8_t*>(w + 192);
+      __m256i acc = _mm256_setzero_si256();
+      for (int h = 0; h < 2; ++h) {
+        const __m256i ql0 = loadu(w + 64 * h), ql1 = loadu(w + 64 * h + 32), qh = loadu(w + 128 + 32 * h);
+        const __m256i nib[4] = {_mm256_and_si256(ql0, low), _mm256_and_si256(ql1, low),
+                                _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low),
+                                _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low)};
+        const __m256i top[4] = {_mm256_and_si256(qh, three), _mm256_and_si256(_mm256_srli_epi16(qh, 2), three),
+                                _mm256_and_si256(_mm256_srli_epi16(qh, 4), three),
+                                _mm256_and_si256(_mm256_srli_epi16(qh, 6), three)};
+        for (int c = 0; c < 4; ++c) {
+          const __m256i q = _mm256_or_si256(nib[c], _mm256_slli_epi16(top[c], 4));
+          const int s = 8 * h + 2 * c;
+          acc = _mm256_add_epi32(acc, Ops::scaled(q, loadu(ri + 128 * h + 32 * c), Ops::scale(sc[s], sc[s + 1])));
+        }
+      }
+      i0 = hsum(acc);
+      for (int s = 0; s < 16; ++s) i0 -= 32 * sc[s] * sum16[16 * i + s];
+    }
+    out[2 * i] = i0;
+    out[2 * i + 1] = i1;
+  }
+}
+
+TSERVE_KQ_AVX2 void ints_avx2(int64_t qtype, const uint8_t* w, const int8_t* r, const int32_t* sum16, int64_t blocks,
+                              int32_t* out) {
+  ints_vector<Avx2Ops>(qtype, w, r, sum16, blocks, out);
+}
+#if defined(TSERVE_KQ_VNNI)
+void ints_vnni(int64_t qtype, const uint8_t* w, const int8_t* r, const int32_t* sum16, int64_t blocks, int32_t* out) {
+  ints_vector<VnniOps>(qtype, w, r, sum16, blocks, out);
+}
+#endif
+#endif
+
+// --- one float combination for every path ----------------------------------------------------------
+// Row sum over blocks in order: acc = fma(d s_a, i0, acc), then the minima / offsets term.
+float combine(int64_t qtype, const uint8_t* w, const int32_t* ints, const float* scale, int64_t blocks) {
+  const int64_t bytes = kq_format(qtype).bytes;
+  float acc = 0.0f;
+  for (int64_t i = 0; i < blocks; ++i, w += bytes) {
+    const float sa = scale[i], i0 = static_cast<float>(ints[2 * i]), i1 = static_cast<float>(ints[2 * i + 1]);
+    switch (qtype) {
+      case KQ4_K:
+      case KQ5_K: {
+        const float dd = kq_half(w) * sa, dm = kq_half(w + 2) * sa;
+        acc = std::fma(dd, i0, acc);
+        acc = std::fma(-dm, i1, acc);
+        break;
+      }
+      case KQ6_K: {
+        const float dd = kq_half(w + 208) * sa;
+        acc = std::fma(dd, i0, acc);
+        break;
+      }
+      case KQ4_1:
+      case KQ5_1: {
+        const float dd = kq_half(w) * sa, mm = kq_half(w + 2) * sa;
+        acc = std::fma(dd, i0, acc);
+        acc = std::fma(mm, i1, acc);
+        break;
+      }
+      default: {
+        const float dd = kq_half(w) * sa;
+        acc = std::fma(dd, i0, acc);
+      }
+    }
+  }
+  return acc;
+}
+
+using IntsFn = void (*)(int64_t, const uint8_t*, const int8_t*, const int32_t*, int64_t, int32_t*);
+
+bool isa_runs(int64_t isa) {
+  if (isa == KQ_SCALAR) return true;
+#if defined(TSERVE_KQ_X86)
+  if (isa == KQ_AVX2) return __builtin_cpu_supports("avx2");
+#if defined(TSERVE_KQ_VNNI)
+  if (isa == KQ_VNNI) return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+#endif
+#endif
+  return false;
+}
+
+// The default, read once: TSERVE_NATIVE_ISA=scalar forces the scalar loops (to check that a
+// result does not depend on the vector units), else the best this build and CPU have.
+int64_t default_isa() {
+  static const int64_t chosen = [] {
+    const char* env = std::getenv("TSERVE_NATIVE_ISA");
+    if (env != nullptr && std::string(env) == "scalar") return KQ_SCALAR;
+    for (int64_t isa : {KQ_VNNI, KQ_AVX2})
+      if (isa_runs(isa)) return isa;
+    return KQ_SCALAR;
+  }();
+  return chosen;
+}
+
+IntsFn ints_for(int64_t isa) {
+#if defined(TSERVE_KQ_X86)
+  if (isa == KQ_AVX2) return ints_avx2;
+#if defined(TSERVE_KQ_VNNI)
+  if (isa == KQ_VNNI) return ints_vnni;
+#endif
+#endif
+  return ints_scalar;
+}
+
+// y[:, 0:n) (rows `stride` apart) = x W^T for one part: outputs in chunks of KQ_CHUNK, shared with
+// `partner` where there is one and torch runs on one thread (a step of the native decoder), else
+// over torch's threads. Each (row, output) is computed alone, so neither changes a bit.
+constexpr int64_t KQ_CHUNK = 16;
+
+void kq_part(const float* x, int64_t B, int64_t k, const uint8_t* w, int64_t qtype, int64_t n, int64_t isa,
+             const float* bias, Partner* partner, float* y, int64_t stride) {
+  const KqFormat f = kq_format(qtype);
+  const int64_t blocks = k / f.values, row = blocks * f.bytes;
+  KqActs a;
+  a.quantize(x, B, k, f.values);
+  const IntsFn ints = ints_for(isa);
+  auto outputs = [&](int64_t j0, int64_t j1) {
+    std::vector<int32_t> buf(2 * blocks);
+    for (int64_t j = j0; j < j1; ++j)
+      for (int64_t bi = 0; bi < B; ++bi) {
+        ints(qtype, w + j * row, a.r.data() + bi * k, a.sum16.data() + bi * k / 16, blocks, buf.data());
+        const float v = combine(qtype, w + j * row, buf.data(), a.scale.data() + bi * blocks, blocks);
+        y[bi * stride + j] = bias == nullptr ? v : v + bias[j];
+      }
+  };
+  if (partner != nullptr && at::get_num_threads() == 1) {
+    partner->run((n + KQ_CHUNK - 1) / KQ_CHUNK,
+                 [&](int64_t c) { outputs(c * KQ_CHUNK, std::min(n, (c + 1) * KQ_CHUNK)); });
+  } else {
+    at::parallel_for(0, n, KQ_CHUNK, outputs);
+  }
+}
+
+void check_part(const Tensor& raw, int64_t qtype, int64_t n, int64_t k) {
+  const KqFormat f = kq_format(qtype);
+  TORCH_CHECK(f.values > 0, "GGUF type ", qtype, " is not one the block kernels read");
+  TORCH_CHECK(n > 0 && k > 0 && k % f.values == 0, "inputs must be a positive multiple of ", f.values, ", got ", k);
+  const int64_t row = k / f.values * f.bytes;
+  TORCH_CHECK(raw.device().is_cpu() && raw.scalar_type() == at::kByte && raw.is_contiguous() && raw.numel() == n * row,
+              "raw must be a contiguous uint8 CPU tensor of ", n, " rows of ", row, " bytes");
+}
+
+}  // namespace
+
+int64_t kquant_isa(int64_t isa) {
+  if (isa == KQ_AUTO) return default_isa();
+  return isa_runs(isa) ? isa : -1;
+}
+
+Tensor kquant_linear(Tensor x, Tensor raw, int64_t qtype, int64_t n, int64_t k, c10::optional<Tensor> bias,
+                     int64_t isa) {
+  check_part(raw, qtype, n, k);
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == k && x.scalar_type() == at::kFloat && x.device().is_cpu(),
+              "x must be (B, ", k, ") float32");
+  const int64_t chosen = isa == KQ_AUTO ? default_isa() : isa;
+  TORCH_CHECK(isa_runs(chosen), "the block kernels' loops ", isa, " are not available in this build or on this CPU");
+  std::vector<float> b;
+  if (bias) b = to_vector(*bias, n, "bias");
+  const Tensor xc = x.contiguous();
+  Tensor y = at::empty({xc.size(0), n}, xc.options());
+  kq_part(xc.data_ptr<float>(), xc.size(0), k, raw.data_ptr<uint8_t>(), qtype, n, chosen, b.empty() ? nullptr : b.data(),
+          nullptr, y.data_ptr<float>(), n);
+  return y;
+}
+
+Projection kquant_projection(const std::vector<Tensor>& raw, const std::vector<int64_t>& qtype,
+                             const std::vector<int64_t>& n, int64_t k, const c10::optional<Tensor>& bias) {
+  TORCH_CHECK(!raw.empty() && raw.size() == qtype.size() && raw.size() == n.size(),
+              "a GGUF projection needs one type and output count per part");
+  Projection p;
+  int64_t total = 0;
+  for (size_t i = 0; i < raw.size(); ++i) {
+    check_part(raw[i], qtype[i], n[i], k);
+    total += n[i];
+  }
+  p.kq_raw = raw;
+  p.kq_type = qtype;
+  p.kq_n = n;
+  p.kq_k = k;
+  if (bias) p.kq_bias = to_vector(*bias, total, "bias");
+  return p;
+}
+
+Tensor Projection::kq_rows(const Tensor& x) const {
+  TORCH_CHECK(x.size(1) == kq_k, "a GGUF projection of ", kq_k, " inputs got ", x.size(1));
+  int64_t total = 0;
+  for (int64_t n : kq_n) total += n;
+  const int64_t B = x.size(0);
+  Tensor y = at::empty({B, total}, x.options());
+  float* yp = y.data_ptr<float>();
+  const float* bias = kq_bias.empty() ? nullptr : kq_bias.data();
+  int64_t first = 0;  // the part's first output
+  for (size_t i = 0; i < kq_raw.size(); ++i) {
+    kq_part(x.data_ptr<float>(), B, kq_k, kq_raw[i].data_ptr<uint8_t>(), kq_type[i], kq_n[i], default_isa(),
+            bias == nullptr ? nullptr : bias + first, kq_partner, yp + first, total);
+    first += kq_n[i];
+  }
+  return y;
+}
+
+}  // namespace tserve_native

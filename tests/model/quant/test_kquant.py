@@ -1,0 +1,214 @@
+"""GGUF blocks read as stored (model/quant/kquant.py, csrc/kquant.cpp), on tiny random GGUF files
+written with the ``gguf`` package: the reference dequantizer is gguf's bit for bit, the native
+scalar and AVX2 loops give the same bits, the native product stays within the bound the 8-bit
+activations allow of the float product, and a row's result does not depend on the rows beside it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from model.decode import native
+from model.quant import kquant
+from model.quant.kquant import KQuantLinear, kquant_projection
+
+TYPES = ["Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1"]
+# bytes of a block that hold its quantized values (after them or before them: its scales)
+Q_BYTES = {"Q4_K": (16, 144), "Q5_K": (16, 176), "Q6_K": (0, 192), "Q8_0": (2, 34), "Q5_0": (2, 22),
+           "Q5_1": (4, 24), "Q4_0": (2, 18), "Q4_1": (4, 20)}
+# where each block's float16 scales are (d, and dmin or m)
+HALVES = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q8_0": (0,), "Q5_0": (0,), "Q5_1": (0, 2),
+          "Q4_0": (0,), "Q4_1": (0, 2)}
+EPS = float(torch.finfo(torch.float32).eps)
+
+
+def _random_blocks(name: str, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """(n, row bytes) uint8. gguf's Python quantizer covers the 32-value types; the K-quants are
+    random bytes (every pattern of their quantized values and 6-bit scales is a valid block) with
+    float16 scales set to sizes a trained model has."""
+    t = kquant.BY_NAME[name]
+    qt = gguf.GGMLQuantizationType[name]
+    try:
+        return gguf.quants.quantize((rng.standard_normal((n, k)) * 0.05).astype(np.float32), qt)
+    except NotImplementedError:
+        blocks = rng.integers(0, 256, size=(n * k // t.values, t.size), dtype=np.uint8)
+        for at in HALVES[name]:
+            blocks[:, at:at + 2] = (rng.uniform(2e-4, 4e-3, size=(blocks.shape[0], 1)).astype(np.float16)
+                                    .view(np.uint8))
+        return blocks.reshape(n, -1)
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    """A GGUF file with one (5, k) tensor of each type (k: two blocks and a half for the 32-value
+    types, two blocks for the K-quants), read back through gguf's memory-mapped reader."""
+    rng = np.random.default_rng(41)
+    path = tmp_path_factory.mktemp("kquant") / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for name in TYPES:
+        k = 512 if kquant.BY_NAME[name].values == 256 else 96
+        writer.add_tensor(name, _random_blocks(name, 5, k, rng), raw_dtype=gguf.GGMLQuantizationType[name])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    reader = gguf.GGUFReader(str(path))
+    return {t.name: t for t in reader.tensors}
+
+
+def _stored(tiny_gguf, name: str) -> tuple[torch.Tensor, int, int]:
+    info = tiny_gguf[name]
+    k, n = (int(s) for s in info.shape.tolist())  # GGUF lists the fastest dimension first
+    return torch.from_numpy(np.array(info.data)).reshape(n, -1), n, k
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    native.build()
+    return torch.ops.tserve_native.kquant_linear
+
+
+def _activations(seed: int, rows: int, k: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=g) * 2
+    x[0, :32] = 0.0  # a block of zeros: scale 0
+    x[-1, 5] = 40.0  # an outlier: one block's scale is set by it
+    return x
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_the_reference_dequantizer_is_ggufs_bit_for_bit(tiny_gguf, name):
+    raw, n, k = _stored(tiny_gguf, name)
+    want = gguf.quants.dequantize(np.array(tiny_gguf[name].data), gguf.GGMLQuantizationType[name])
+    got = kquant.dequantize(raw, name, (n, k))
+    assert got.shape == (n, k)
+    assert np.array_equal(got.numpy().view(np.uint32), np.asarray(want, dtype=np.float32).reshape(n, k).view(np.uint32))
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_scalar_and_avx2_loops_give_the_same_bits(tiny_gguf, kernel, name, fresh_seed):
+    if torch.ops.tserve_native.kquant_isa(kquant.AVX2) != kquant.AVX2:
+        pytest.skip("this CPU has no AVX2")
+    raw, n, k = _stored(tiny_gguf, name)
+    x = _activations(fresh_seed, 7, k)
+    code = kquant.BY_NAME[name].code
+    scalar = kernel(x, raw, code, n, k, None, kquant.SCALAR)
+    vector = kernel(x, raw, code, n, k, None, kquant.AVX2)
+    assert torch.equal(scalar.view(torch.int32), vector.view(torch.int32))
+
+
+def _bound(x: torch.Tensor, raw: torch.Tensor, name: str, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """How far the kernel may be from x W^T (W dequantized), per output: (quantization, rounding).
+
+    Activations: a block of `v` inputs (256 for the K-quants, 32 else) goes in as s r with
+    s = max|x| / 127 and r = round(x / s), so |x_i - s r_i| <= s / 2 and the product moves by at
+    most sum_blocks (s / 2) sum_i |w_i|: the quantization term.
+    Float: each block adds one or two terms t = (d s) i into a float32 sum, each rounded at most
+    three times (d s, i to float, the fused add), so the sum is off by at most (3 + 2 terms)
+    eps sum |t|. A term is at most s sum_i (|w_i| + 2 |w0_i|) |r_i| with w0 the weights of the
+    same block with every quantized value zeroed (the minimum or offset part, which a term may
+    carry without the other cancelling it), and s |r_i| <= |x_i| + s / 2: the rounding term."""
+    v = kquant.BY_NAME[name].values
+    w = kquant.dequantize(raw, name, (n, k)).double()
+    zeroed = raw.reshape(-1, kquant.BY_NAME[name].size).clone()
+    lo, hi = Q_BYTES[name]
+    zeroed[:, lo:hi] = 0
+    w0 = kquant.dequantize(zeroed, name, (n, k)).double()
+    xb = x.double().reshape(x.shape[0], k // v, v)
+    s = xb.abs().amax(-1, keepdim=True) / 127  # (rows, blocks, 1)
+    half_step = (s / 2).expand_as(xb).reshape(x.shape[0], k)
+    terms = (x.double().abs() + half_step) @ (w.abs() + 2 * w0.abs()).T
+    return half_step @ w.abs().T, (3 + 2 * 2 * (k // v)) * EPS * terms
+
+
+def _kernel_maths(x: torch.Tensor, raw: torch.Tensor, name: str, n: int, k: int) -> torch.Tensor:
+    """What the kernel computes before float rounding: the activations quantized as it does
+    (float32 s = max|x| / 127, r = round half to even of x * (127 / max|x|)), then
+    sum_blocks s (w . r) in float64 (exact: float32 weights times 8-bit integers)."""
+    v = kquant.BY_NAME[name].values
+    xb = x.reshape(x.shape[0], k // v, v)
+    top = xb.abs().amax(-1, keepdim=True)
+    inv = torch.where(top > 0, 127 / torch.where(top > 0, top, torch.ones_like(top)), torch.zeros_like(top))
+    r = (xb * inv).round().clamp(-127, 127).double()
+    w = kquant.dequantize(raw, name, (n, k)).double().reshape(n, k // v, v)
+    return torch.einsum("bgv,ngv,bg->bn", r, w, (top / 127).squeeze(-1).double())
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_the_native_product_is_the_float_product_within_the_activation_rounding(tiny_gguf, kernel, name, fresh_seed):
+    raw, n, k = _stored(tiny_gguf, name)
+    x = _activations(fresh_seed, 6, k)
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(fresh_seed))
+    exact = x.double() @ kquant.dequantize(raw, name, (n, k)).double().T + bias.double()
+    maths = _kernel_maths(x, raw, name, n, k) + bias.double()
+    quantization, rounding = _bound(x, raw, name, n, k)
+    rounding = rounding + 2 * EPS * exact.abs()  # the bias added in float32
+    for isa in (kquant.SCALAR, kquant.AUTO):
+        got = kernel(x, raw, kquant.BY_NAME[name].code, n, k, bias, isa).double()
+        assert ((got - exact).abs() <= quantization + rounding).all(), (got - exact).abs().max()
+        # and tightly: apart from float rounding it is exactly the documented maths
+        assert ((got - maths).abs() <= rounding).all(), (got - maths).abs().max()
+    assert not torch.equal(got, exact)  # the 8-bit activations do move the product
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it(tiny_gguf, kernel, name, fresh_seed):
+    raw, n, k = _stored(tiny_gguf, name)
+    x = _activations(fresh_seed, 9, k)
+    code = kquant.BY_NAME[name].code
+    for isa in (kquant.SCALAR, kquant.AUTO):
+        together = kernel(x, raw, code, n, k, None, isa)
+        for b in (0, 4, 8):
+            alone = kernel(x[b:b + 1], raw, code, n, k, None, isa)
+            assert torch.equal(alone[0], together[b])
+
+
+def test_kquant_linear_fuses_parts_of_several_types_native_or_reference(tiny_gguf, monkeypatch, fresh_seed):
+    """A fused q/k/v whose parts differ in type (Gemma 3's Q4_K_M file: Q5_0 and Q8_0): the
+    native forward and the reference one (the weights dequantized per call) agree within the
+    activation bound of each part, for inputs of any leading shape."""
+    q50, n1, k = _stored(tiny_gguf, "Q5_0")
+    q80, n2, _ = _stored(tiny_gguf, "Q8_0")
+    bias = torch.randn(n1 + n2, generator=torch.Generator().manual_seed(fresh_seed))
+    layer = KQuantLinear([(q50, "Q5_0"), (q80, 8)], k, bias)
+    assert (layer.in_features, layer.out_features, layer.weight_bytes) == (k, n1 + n2, q50.numel() + q80.numel())
+    x = _activations(fresh_seed, 6, k).reshape(2, 3, k)
+    native.build()
+    got = layer(x)
+    monkeypatch.setattr(kquant, "_NATIVE", [False])
+    reference = layer(x)
+    assert got.shape == reference.shape == (2, 3, n1 + n2)
+    torch.testing.assert_close(reference, torch.nn.functional.linear(x, layer.dequantized(), bias))
+    rows = x.reshape(6, k)
+    bound = torch.cat([sum(_bound(rows, q50, "Q5_0", n1, k)), sum(_bound(rows, q80, "Q8_0", n2, k))], 1)
+    diff = (got.reshape(6, -1) - reference.reshape(6, -1)).double().abs()
+    assert (diff <= bound + 8 * EPS * reference.reshape(6, -1).double().abs() + 1e-6).all()
+
+
+def test_bad_shapes_and_types_are_refused(tiny_gguf):
+    raw, n, k = _stored(tiny_gguf, "Q4_K")
+    assert kquant_projection(raw, "Q4_K", (n, k)).out_features == n
+    with pytest.raises(ValueError, match="do not hold"):
+        kquant_projection(raw, "Q4_K", (n + 1, k))
+    with pytest.raises(ValueError, match="multiples of 256"):
+        KQuantLinear([(raw, "Q4_K")], 320)
+    with pytest.raises(ValueError, match="not read as stored"):
+        kquant_projection(raw, "IQ2_XS", (n, k))
+    native.build()
+    with pytest.raises(RuntimeError, match="multiple of 256"):
+        torch.ops.tserve_native.kquant_linear(torch.zeros(1, 320), raw, 12, n, 320, None, -1)
+
+
+def test_the_scalar_switch_is_read_from_the_environment():
+    native.build()  # built (or cached) here first, so the child only loads it
+    code = ("import torch; from model.decode import native; native.build(); "
+            "print(torch.ops.tserve_native.kquant_isa(-1))")
+    env = {**os.environ, "TSERVE_NATIVE_ISA": "scalar"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split()[-1] == str(kquant.SCALAR)
