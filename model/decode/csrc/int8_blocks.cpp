@@ -103,7 +103,12 @@ TSERVE_TARGET_AVX2 void block_outputs_avx2(const int8_t* w, const float* ws, con
 
 bool has_avx2() {
 #if defined(__GNUC__) && defined(__x86_64__)
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  // TSERVE_NATIVE_ISA=scalar: the plain loops, as every other kernel (common.h's cpu())
+  static const bool yes = [] {
+    const char* isa = std::getenv("TSERVE_NATIVE_ISA");
+    if (isa != nullptr && std::strcmp(isa, "scalar") == 0) return false;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  }();
   return yes;
 #else
   return false;
