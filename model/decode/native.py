@@ -20,7 +20,7 @@ Tests hold it to the eager path in float32 and bfloat16, and in int8 to the same
 float32 (``tests/model/decode/test_native_decode.py``, ``tests/model/formats/test_smollm2.py``).
 
 Built with torch's C++ extension machinery on first use (needs a C++ compiler and ninja;
-~12 s on 2 cores, then cached under ``TORCH_EXTENSIONS_DIR``, default
+~1 min on 2 quiet cores, then cached under ``TORCH_EXTENSIONS_DIR``, default
 ``~/.cache/torch_extensions``), or loaded prebuilt (``build(library)``; ``main`` builds one).
 Where neither works, ``wants_native`` says why in the log and the model keeps the Python step.
 Which models it can run is decided with every other fast path in ``model/decode/support.py``.
