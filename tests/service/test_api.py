@@ -146,7 +146,7 @@ INVALID = [
     ("/v1/generate", {"prompt": "x", "top_p": 1.5}, "top_p", "less than or equal to 1"),
     ("/v1/generate", {"prompt": "x", "top_k": -1}, "top_k", "greater than or equal to 0"),
     ("/v1/generate", {"prompt": "x", "max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
-    ("/v1/generate", {"prompt": "x", "max_tokens": 200}, "max_tokens", "limit of 128 tokens"),
+    ("/v1/generate", {"prompt": "x", "max_tokens": 200}, "max_tokens", "limit is 128 tokens"),
     ("/v1/generate", {"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
     ("/v1/generate", {"prompt": "x", "repetition_penalty": 0}, "repetition_penalty", "greater than 0"),
     ("/v1/generate", {"prompt": "   "}, "prompt", "must not be empty"),
@@ -194,8 +194,8 @@ INVALID = [
     ("/v1/completions", {"model": "generate-tiny", "prompt": [[5]] * 5}, "prompt", "at most 4"),
     ("/v1/completions", {"model": "generate-tiny", "prompt": ["a", "b", "c", "d"], "n": 8}, "n",
      "this server queues at most 24"),
-    ("/v1/completions", {"model": "generate-tiny", "prompt": [5] * 100, "max_tokens": 50}, "max_tokens",
-     "limit of 128 tokens"),
+    ("/v1/completions", {"model": "generate-tiny", "prompt": [5] * 100, "max_tokens": 128}, "max_tokens",
+     "limit is 128 tokens"),
     # unknown fields: refused as OpenAI refuses them, on every route of the service's own API
     ("/v1/completions", {"model": "generate-tiny", "prompt": "x", "max_tokenz": 3}, "max_tokenz",
      "Unrecognized request argument supplied: max_tokenz"),
@@ -361,3 +361,14 @@ async def test_a_body_not_sent_as_json_says_so(client):
     assert r.status_code == 400 and "this request sent no Content-Type" in r.json()["error"]["message"]
     r = await client.post("/v1/generate", json=["a", "list"])  # JSON, but not an object
     assert r.status_code == 400 and r.json()["error"]["message"] == "the request body must be a JSON object"
+
+
+async def test_max_tokens_past_what_the_prompt_leaves_is_a_ceiling(client):
+    """max_tokens bounds the output; the context ends it first when the prompt leaves less (as
+    llama.cpp and Ollama treat it): 100 prompt tokens of a 128-token context leave 28."""
+    r = await client.post("/v1/completions", json={"model": "generate-tiny", "prompt": [5] * 100, "max_tokens": 50,
+                                                   "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": 100, "completion_tokens": 28, "total_tokens": 128}
