@@ -84,11 +84,13 @@ def assert_as_accurate(got: torch.Tensor, reference, **inputs) -> None:
     own rounding on this input holds on any CPU. The reference goes back to float32 exactly."""
     with torch.no_grad():
         expected = reference(**inputs).logits
-        reference.double()
+        # transformers refuses .double() on a model read from a GGUF (its quantizer marks it so,
+        # though the weights are dequantized floats); torch's own Module.double casts the tensors
+        torch.nn.Module.double(reference)
         try:
             exact = reference(**inputs).logits
         finally:
-            reference.float()
+            torch.nn.Module.float(reference)
     own = (expected.double() - exact).abs().max().item()
     err = (got.double() - exact).abs().max().item()
     assert 0 < own and err <= ROUNDING_RATIO * own, (err, own)
