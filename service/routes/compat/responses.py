@@ -187,6 +187,17 @@ async def responses(body: ResponsesRequest, request: Request, registry: Registry
     return reply.response(status, final)
 
 
+def _close_call(reply: _Reply, item: dict | None) -> list[dict]:
+    """A streamed function call's closing events, once its arguments are whole (none for text)."""
+    if item is None or item["type"] != "function_call" or item["status"] == "completed":
+        return []
+    index = reply.output.index(item)
+    item["status"] = "completed"
+    return [reply.event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                        name=item["name"], arguments=item["arguments"]),
+            reply.event("response.output_item.done", output_index=index, item=dict(item))]
+
+
 async def _events(reply: _Reply, stream: RequestStream, request: Request) -> AsyncIterator[dict]:
     yield reply.event("response.created", response=reply.response("in_progress"))
     yield reply.event("response.in_progress", response=reply.response("in_progress"))
@@ -205,18 +216,20 @@ async def _events(reply: _Reply, stream: RequestStream, request: Request) -> Asy
                                   content_index=0, delta=delta["content"], logprobs=[])
                 continue
             call = delta["tool_calls"][0]
-            if "id" in call:
+            if "id" in call:  # a new call: the one before it is complete
+                for e in _close_call(reply, item):
+                    yield e
                 item = _call_item(call["id"], call["function"]["name"], "", "in_progress")
                 reply.output.append(item)
                 yield reply.event("response.output_item.added", output_index=len(reply.output) - 1, item=dict(item))
                 continue
-            arguments, index = call["function"]["arguments"], len(reply.output) - 1
-            yield reply.event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
-                              delta=arguments)
-            yield reply.event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
-                              name=item["name"], arguments=arguments)
-            item.update(arguments=arguments, status="completed")
-            yield reply.event("response.output_item.done", output_index=index, item=dict(item))
+            piece = call["function"].get("arguments") or ""  # the arguments stream as the model writes them
+            if piece:
+                item["arguments"] += piece
+                yield reply.event("response.function_call_arguments.delta", item_id=item["id"],
+                                  output_index=len(reply.output) - 1, delta=piece)
+    for e in _close_call(reply, item):
+        yield e
     final = events[-1]
     status = _status(final)
     if not reply.output and item is None:  # no text at all: the message item still opens and closes
