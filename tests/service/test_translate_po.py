@@ -207,5 +207,10 @@ async def test_the_schema_bounds_the_options_as_form_fields_as_it_does_as_query_
     form = op["requestBody"]["content"]["multipart/form-data"]["schema"]["properties"]
     assert query["max_tokens"]["maximum"] == form["max_tokens"]["maximum"] == 255  # max_seq_len 256, less one
     assert query["beam_size"]["maximum"] == form["beam_size"]["maximum"] == 8
+    # the model: a translation model, as a query parameter or a form field (a form's fill-mask model once
+    # passed the schema and got a 400)
+    served = {m["id"] for m in (await client.get("/v1/models")).json()["data"] if m.get("task") == "translation"}
+    for model in (query["model"], form["model"]):
+        assert {v for b in model.get("anyOf", [model]) for v in b.get("enum", []) if v} == served != set()
     over = await post_multipart(client, max_tokens="256")
     assert over.status_code == 400 and over.json()["error"]["param"] == "max_tokens"
