@@ -29,9 +29,10 @@ log = logging.getLogger("tserve.registry")
 
 TASKS = {"encoder-decoder": "translation", "decoder": "text-generation", "encoder": "fill-mask"}
 # What a card can only say once its model is loaded (null before, and listed in ``until_loaded``).
+# (An encoder has no decode step, an encoder-decoder no prefix cache or drafts: null loaded or not.)
 LOAD_ONLY = {"decoder": ("decode_step", "kv_cache", "prefix_cache", "speculative"),
-             "encoder-decoder": ("decode_step", "kv_cache", "prefix_cache", "speculative"),
-             "encoder": ("decode_step",)}
+             "encoder-decoder": ("decode_step", "kv_cache"), "encoder": ()}
+NEVER = {"decoder": (), "encoder-decoder": ("prefix_cache", "speculative"), "encoder": ("decode_step",)}
 LOAD_ONLY_QUANTIZATION = ("weights", "decode", "decode_q4")
 _NAMED_PAIR = re.compile(r"(?:^|[-_])([a-z]{2,3})[-_]([a-z]{2,3})$")
 
@@ -79,7 +80,7 @@ def file_card(name: str, path: Path, settings: Settings) -> dict[str, Any]:
         "metrics": card.metrics, "architecture": architecture(cfg, card.architecture), "context_length": length,
         "quantization": quant, "language_pair": list(pair) if pair else None, "chat": False, "tools": False,
         "source_bytes": card.source_bytes,
-        **dict.fromkeys(LOAD_ONLY[cfg.family]),
+        **dict.fromkeys((*LOAD_ONLY[cfg.family], *NEVER[cfg.family])),
         "until_loaded": [*LOAD_ONLY[cfg.family], *(f"quantization.{k}" for k in LOAD_ONLY_QUANTIZATION)],
     }
     if cfg.has_decoder:

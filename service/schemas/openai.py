@@ -163,6 +163,7 @@ class ModelCard(BaseModel):
     chat: bool = False  # serves /v1/chat/completions (the model has a chat template)
     prefix_cache: dict[str, int] | None = None  # decoder models: block_tokens, blocks_named (the prefix cache)
     kv_cache: dict[str, int] | None = None  # generative models: block_tokens, blocks, bytes, capacity_tokens
+    speculative: dict[str, Any] | None = None  # decoder models: prompt-lookup drafting's settings and counts
     structured_outputs: bool = False  # follows response_format / structured_outputs / guided_* (decoder models)
     tools: bool = False  # takes tools on /v1/chat/completions
     tool_prompt: Literal["template", "generic"] | None = None  # who shows the model its tools
