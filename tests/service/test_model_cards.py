@@ -98,7 +98,7 @@ async def test_shipped_models_with_preload_none(tmp_path, monkeypatch):
     shipped = ["generate-en", "translate-en-de", "all-minilm-l6-v2", "fill-mask-en", "smollm2-135m-instruct",
                "gemma3-270m"]
     app = create_app(settings_for(REPO / "weights", models=",".join(shipped), preload="none", max_seq_len=0,
-                                  fill_mask_rescore=False))
+                                  warmup=False, fill_mask_rescore=False))
     async with app.router.lifespan_context(app), asgi_client(app) as c:
         await wait_ready(c)
         cards = await check_cards_equal_loads(c, shipped)

@@ -331,7 +331,7 @@ def test_an_unloaded_model_is_driven_from_its_tab(browser_weights, driver, monke
 
     real_load = loading.load_model
     monkeypatch.setattr(loading, "load_model", lambda *a, **k: (time.sleep(3), real_load(*a, **k))[1])  # watchable
-    settings = settings_for(browser_weights, max_seq_len=1024, max_batch=2, preload="none", fill_mask_rescore=False)
+    settings = settings_for(browser_weights, max_seq_len=1024, max_batch=4, preload="none", fill_mask_rescore=False)
     with ServerThread(settings) as s:
         assert {m["state"] for m in httpx.get(s.url + "/v1/models").json()["data"]} == {"available"}
         panel = _open(driver, s.url, "translate")
