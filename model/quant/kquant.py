@@ -170,6 +170,10 @@ class KQuantLinear(nn.Module):
     def weight_bytes(self) -> int:
         return sum(p.raw.numel() for p in self.parts)
 
+    def float_weights(self) -> tuple[int, int, bool]:
+        """(out, in, has bias) of the float layer these blocks stand for (``num_parameters``)."""
+        return self.out_features, self.in_features, self.bias is not None
+
     def dequantized(self) -> Tensor:
         """The float32 weights (out, in): for tests and the reference path."""
         return torch.cat([dequantize(p.raw, p.qtype.code, (p.n, self.in_features)) for p in self.parts])
