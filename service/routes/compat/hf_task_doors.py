@@ -92,26 +92,30 @@ info_router = APIRouter(tags=["Hugging Face Inference (TGI / TEI)"], route_class
 
 @info_router.get("/v1/embeddings/info", summary="TEI's /info for the default embedding model")
 async def embeddings_info(registry: RegistryDep, settings: SettingsDep):
-    return tei_info(_default(registry, "feature-extraction"), settings)
+    engine = registry.default("feature-extraction")
+    return tei_info(engine, settings) if engine else _none("feature-extraction")
 
 
 @info_router.get("/v1/generate/info", summary="TGI's /info for the default generation model")
 async def generate_info(registry: RegistryDep, settings: SettingsDep):
-    return tgi_info(_default(registry, "text-generation"), settings)
+    return _tgi(registry, settings, "text-generation")
 
 
 @info_router.get("/v1/fill-mask/info", summary="TGI's /info shape for the default fill-mask model")
 async def fill_mask_info(registry: RegistryDep, settings: SettingsDep):
-    return tgi_info(_default(registry, "fill-mask"), settings)
+    return _tgi(registry, settings, "fill-mask")
 
 
 @info_router.get("/v1/translate/info", summary="TGI's /info shape for the default translation model")
 async def translate_info(registry: RegistryDep, settings: SettingsDep):
-    return tgi_info(_default(registry, "translation"), settings)
+    return _tgi(registry, settings, "translation")
 
 
-def _default(registry, task: str):
+def _tgi(registry, settings, task: str):
     engine = registry.default(task)
-    if engine is None:
-        raise InvalidRequestError(f"no {task} model is loaded")
-    return engine
+    return tgi_info(engine, settings) if engine else _none(task)
+
+
+def _none(task: str) -> JSONResponse:
+    # 404: this endpoint has no model behind it (a URL nobody serves), in HF's error shape
+    return JSONResponse({"error": f"no {task} model is loaded", "error_type": "validation"}, status_code=404)
