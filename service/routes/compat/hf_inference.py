@@ -82,7 +82,11 @@ async def root(request: Request, registry: RegistryDep, settings: SettingsDep):
     body = await read_params(request)
     if not isinstance(body.get("parameters", {}), dict | None):
         raise InvalidRequestError("parameters: must be an object", "parameters")
-    task = pick_task(body, registry)
+    return await answer(pick_task(body, registry), body, request, registry, settings)
+
+
+async def answer(task: str, body: dict[str, Any], request: Request, registry: EngineRegistry, settings) -> Any:
+    """One HF task's answer, in the shape InferenceClient reads for that task."""
     if task == "text-generation":
         req = tgi.TGIRequest.model_validate(body)
         if req.stream:
@@ -144,18 +148,31 @@ async def info(registry: RegistryDep, settings: SettingsDep):
     engines = list(registry.engines.values())
     decoder = registry.default("text-generation")  # the model a request without `model` goes to
     embedder = registry.default("feature-extraction")
-    common = {"max_concurrent_requests": settings.max_queue + settings.max_batch, "max_client_batch_size":
-              settings.max_texts, "version": VERSION, "sha": None, "docker_label": None}
     if decoder is None and embedder is not None:
-        return {"model_id": embedder.name, "model_sha": None, "model_dtype": settings.dtype,
-                "model_type": {"embedding": {"pooling": embedder.pooling}},
-                "max_input_length": embedder.max_len, "max_batch_tokens": settings.max_encoder_batch * embedder.max_len,
-                "max_batch_requests": settings.max_encoder_batch, "tokenization_workers": 1, **common}
+        return tei_info(embedder, settings)
     model = decoder or (engines[0] if engines else None)
     if model is None:
         raise InvalidRequestError("no model is loaded")
+    return tgi_info(model, settings)
+
+
+def _common(settings) -> dict[str, Any]:
+    return {"max_concurrent_requests": settings.max_queue + settings.max_batch, "max_client_batch_size":
+            settings.max_texts, "version": VERSION, "sha": None, "docker_label": None}
+
+
+def tei_info(embedder, settings) -> dict[str, Any]:
+    """TEI's /info for an embedding model."""
+    return {"model_id": embedder.name, "model_sha": None, "model_dtype": settings.dtype,
+            "model_type": {"embedding": {"pooling": embedder.pooling}},
+            "max_input_length": embedder.max_len, "max_batch_tokens": settings.max_encoder_batch * embedder.max_len,
+            "max_batch_requests": settings.max_encoder_batch, "tokenization_workers": 1, **_common(settings)}
+
+
+def tgi_info(model, settings) -> dict[str, Any]:
+    """TGI's /info for a model of any task (``model_pipeline_tag`` names it)."""
     return {"model_id": model.name, "model_sha": None, "model_dtype": settings.dtype,
             "model_device_type": settings.device, "model_pipeline_tag": model.task, "max_best_of": 1,
             "max_stop_sequences": MAX_STOP_STRINGS, "max_input_tokens": model.max_len - 1,
             "max_total_tokens": model.max_len, "validation_workers": 1, "router": "text-generation-router",
-            **common}
+            **_common(settings)}

@@ -59,6 +59,8 @@ ROUTES = {
     ("post", "/generate"): ("HFError", TGI, False), ("post", "/generate_stream"): ("HFError", TGI, True),
     ("post", "/"): ("HFError", TGI, None),
     ("get", "/info"): ("HFError", {401: TGI[401], 422: "no model loaded"}, False),
+    **{("get", f"/v1/{task}/info"): ("HFError", {401: TGI[401], 404: "no model of this task loaded"}, False)
+       for task in ("embeddings", "generate", "fill-mask", "translate")},
     ("post", "/embed"): ("HFError", TEI, False),
     ("post", "/translate"): ("LibreTranslateError", LT, False), ("post", "/detect"): ("LibreTranslateError", LT, False),
     ("get", "/languages"): ("LibreTranslateError", {}, False),
