@@ -49,6 +49,7 @@ class BaseEngine:
         self.max_len = min(settings.max_seq_len or self.cfg.max_positions, self.cfg.max_positions)
         self.created = int(time.time())
         self.source_facts: tuple[str | None, str | None] = (None, None)  # (architecture, quantization) of the file
+        self.parameters: int | None = None  # the float model's count, taken by the loader before quantizing
         self._weights_bytes: int | None = None
         self.ready = False
         self.accepting = False
@@ -144,7 +145,8 @@ class BaseEngine:
         arch, source = self.source_facts
         return {"id": self.name, "object": "model", "created": self.created, "owned_by": "transformer-serve",
                 "family": self.family, "task": self.task, "max_seq_len": self.max_len,
-                "parameters": self.model.num_parameters(), "metrics": self.ckpt.metrics,
+                "parameters": self.model.num_parameters() if self.parameters is None else self.parameters,
+                "metrics": self.ckpt.metrics,
                 "architecture": architecture(self.cfg, arch), "context_length": self.max_len,
                 "quantization": quantization(self.model, source, self.decode_q4()),
                 "decode_step": self.decode_step_name, "language_pair": self.language_pair,

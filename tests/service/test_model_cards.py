@@ -154,3 +154,25 @@ def test_the_hf_root_and_a_default_setting_load_on_demand(weights):
         assert r.status_code == 200, r.text
         assert states(srv.url)["generate-tiny"] == "loaded"  # TSERVE_DEFAULT_GENERATION_MODEL, though chat-tiny chats
         assert states(srv.url)["chat-tiny"] == "available"
+
+
+@pytest.mark.asyncio
+async def test_models_counts_parameters_without_unpacking_int8_weights(weights_dir, monkeypatch):
+    """A loaded model's count is taken before its projections become int8: afterwards a
+    ``RowwiseInt8``'s bias is found by unpacking its fbgemm weights, which took /v1/models 41-65 s
+    (the event loop with it) for Qwen2.5-Coder 1.5B."""
+    from model.quant.int8 import RowwiseInt8
+
+    app = create_app(settings_for(weights_dir))
+    async with app.router.lifespan_context(app), asgi_client(app) as c:
+        await wait_ready(c)
+        engine = app.state.registry.engines["translate-tiny"]
+        assert any(isinstance(m, RowwiseInt8) for m in engine.model.modules())  # the case in question
+        counted = engine.model.num_parameters()
+
+        def unpacks(self):
+            raise AssertionError("/v1/models unpacked int8 weights")
+
+        monkeypatch.setattr(RowwiseInt8, "float_weights", unpacks)
+        listed = {m["id"]: m for m in (await c.get("/v1/models")).json()["data"]}
+        assert listed["translate-tiny"]["parameters"] == counted
