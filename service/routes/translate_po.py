@@ -123,11 +123,18 @@ async def _upload(request: Request) -> tuple[bytes, dict[str, str]]:
 
 
 def _options(query: TranslatePoOptions, fields: dict[str, str]) -> TranslatePoOptions:
-    """The query's options, overridden by the form's fields (checked the same way)."""
+    """The options, from the query and the form's fields (checked the same way); one given both
+    ways must be the same in both (which would win is no answer to a client that sent two)."""
     given = {k: v for k, v in fields.items() if k in TranslatePoOptions.model_fields}
     if not given:
         return query
     try:
+        form = TranslatePoOptions.model_validate(given)
+        both = [k for k in given if k in query.model_fields_set and getattr(form, k) != getattr(query, k)]
+        if both:
+            raise InvalidRequestError(f"{both[0]}: given as a query parameter and as a form field, with different "
+                                      f"values ({getattr(query, both[0])!r} and {getattr(form, both[0])!r}); "
+                                      f"give it once", both[0])
         return TranslatePoOptions.model_validate({**query.model_dump(exclude_unset=True), **given})
     except ValidationError as exc:
         err = exc.errors()[0]

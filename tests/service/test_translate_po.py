@@ -214,3 +214,15 @@ async def test_the_schema_bounds_the_options_as_form_fields_as_it_does_as_query_
         assert {v for b in model.get("anyOf", [model]) for v in b.get("enum", []) if v} == served != set()
     over = await post_multipart(client, max_tokens="256")
     assert over.status_code == 400 and over.json()["error"]["param"] == "max_tokens"
+
+
+async def test_an_option_given_as_query_and_form_field_must_agree(client):
+    """Which of two different values would win is no answer: a 400 naming the option (a query
+    model of 'AAA' beside a served form model once translated with the form's and answered 200)."""
+    model = OPTIONS["model"]
+    files = {"file": ("de.po", SOURCE, "text/x-po")}
+    clash = await client.post("/v1/translate/po", params={"model": "AAA"}, files=files, data=OPTIONS)
+    assert clash.status_code == 400 and clash.json()["error"]["param"] == "model", clash.text
+    assert "'AAA'" in clash.json()["error"]["message"]
+    same = await client.post("/v1/translate/po", params={"model": model}, files=files, data=OPTIONS)
+    assert same.status_code == 200, same.text
