@@ -12,16 +12,17 @@ thread count, and every item goes to it as one chat completion at ``temperature 
   in any order); an item expecting none is right when the answer has no ``tool_calls``;
 - **non-2xx**: an answer that is not 2xx (every request in the set is valid);
 - **undeclared**: a ``tool_calls`` entry naming a tool the request did not offer (must be 0);
-- **text names the right call**: whether the model's own output names the expected calls, read
-  from what the server gives back: its ``tool_calls`` (the calls the server read out of the
-  text) together with every call-shaped thing in ``content``, found leniently (any JSON object
-  with ``name`` and ``arguments``/``parameters``, or wrapped in ``function``; ``<tool_call>`` tags
-  and fences need no special case; ``name(key="value", ...)`` in Python syntax). A server that
-  fails to read a call leaves it in ``content``, so this sees it. For an item expecting no call,
-  the text names the right thing when it names no call. "Right where the text names the right
-  call" is right / those items: how often the server turns what the model wrote into the answer
-  the client should get. It cannot see text the server dropped on purpose (a repeated call cut
-  by ours), nor what the model would have written without a grammar (``required`` and named).
+- **text names the right call**: whether the model's own output names exactly the expected calls
+  (as a set), found leniently in its raw text: any JSON object with ``name`` and
+  ``arguments``/``parameters`` (or wrapped in ``function``), so ``<tool_call>`` tags, fences and
+  lists need no special case, and ``name(key="value", ...)`` in Python syntax. The raw text is
+  the answer's tokens as its ``logprobs`` list them (every request asks for ``logprobs``; both
+  servers give the generated tokens, special ones included); an answer without them falls back
+  to its ``tool_calls`` together with what is call-shaped in ``content`` (a server that fails to
+  read a call leaves it there). For an item expecting no call, the text is right when it names
+  no call. "Right where the text names the right call" is right / those items: how often the
+  server turns what the model wrote into the answer the client should get. Under ``required``
+  and named the text is what the grammar let the model write.
 
 ``--peer-from`` reuses llama-server's answers from an earlier run's JSON (the peer does not
 change while our code does). Prints one markdown table per file; writes JSON (default
@@ -119,7 +120,10 @@ def score(item: dict, answer: dict) -> dict:
     if answer["status"] != 200:
         return {"right": False, "non_2xx": True, "undeclared": 0, "text_names_right": False}
     calls = answer_calls(answer)
-    named = set(calls or []) | set(calls_in_text(answer.get("content")))
+    if answer.get("raw") is not None:  # the tokens the model wrote, as the server's logprobs list them
+        named = set(calls_in_text(answer["raw"]))
+    else:
+        named = set(calls or []) | set(calls_in_text(answer.get("content")))
     return {"right": calls is not None and Counter(calls) == expected, "non_2xx": False,
             "undeclared": sum(c["name"] not in offered for c in answer.get("tool_calls") or []),
             "text_names_right": named == set(expected)}
@@ -133,36 +137,39 @@ def ask(client, model: str, item: dict, max_tokens: int) -> dict:
     try:
         r = client.chat.completions.create(model=model, messages=item["messages"], tools=item["tools"],
                                            tool_choice=item["tool_choice"], temperature=0, max_tokens=max_tokens,
-                                           **extra)
+                                           logprobs=True, **extra)
     except openai.APIStatusError as e:
         return {"status": e.status_code, "error": str(e)[:500], "seconds": time.perf_counter() - start}
     except openai.APIConnectionError as e:
         return {"status": 0, "error": f"connection: {e}", "seconds": time.perf_counter() - start}
     choice = r.choices[0]
-    return {"status": 200, "finish_reason": choice.finish_reason, "content": choice.message.content,
+    raw = "".join(e.token for e in choice.logprobs.content) if choice.logprobs and choice.logprobs.content else None
+    return {"status": 200, "finish_reason": choice.finish_reason, "content": choice.message.content, "raw": raw,
             "tool_calls": [{"name": c.function.name, "arguments": c.function.arguments}
                            for c in choice.message.tool_calls or []],
             "completion_tokens": r.usage.completion_tokens if r.usage else None,
             "seconds": round(time.perf_counter() - start, 2)}
 
 
-def server_for(side: str, gguf: Path, binary: Path, threads: int, log: Path) -> ServerProcess:
+def server_for(side: str, gguf: Path, binary: Path, threads: int, log: Path, peer_threads: int | None = None
+               ) -> ServerProcess:
     if side == "ours":
         env = {"TSERVE_TORCH_THREADS": str(threads), "TSERVE_LOG_LEVEL": "warning"}
         return service_process(log, "--models", str(gguf), env=env, ready_timeout_s=1800)
-    port = free_port()
+    port, threads = free_port(), peer_threads or threads
     argv = [str(binary), "--jinja", "-m", str(gguf), "--port", str(port), "-t", str(threads), "-tb", str(threads),
             "--parallel", "1", "-c", "8192", "--no-webui"]
     return ServerProcess(argv, log, port=port, ready_path="/health", ready_timeout_s=600)
 
 
-def run_side(side: str, items: list[dict], gguf: Path, binary: Path, threads: int, max_tokens: int) -> dict:
+def run_side(side: str, items: list[dict], gguf: Path, binary: Path, threads: int, max_tokens: int,
+             peer_threads: int | None = None) -> dict:
     import openai
 
     logs = REPO_ROOT / "build" / "tool_use"
     logs.mkdir(parents=True, exist_ok=True)
     answers = {}
-    with server_for(side, gguf, binary, threads, logs / f"{gguf.stem}-{side}.log") as server:
+    with server_for(side, gguf, binary, threads, logs / f"{gguf.stem}-{side}.log", peer_threads) as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=900)
         model = client.models.list().data[0].id
         for item in items:
@@ -213,18 +220,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--peer-from", type=Path, help="llama-server's answers from an earlier run's JSON")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--peer-threads", type=int, help="llama-server's threads (default --threads): its spinning "
+                        "threads slow to a crawl on cores other jobs share, where 1 thread does not")
     parser.add_argument("--items", nargs="*", help="only these item ids")
     args = parser.parse_args(argv)
     items = [i for i in load_set() if not args.items or i["id"] in args.items]
     report = {"gguf": str(args.gguf), "llama_server": str(args.llama_server), "max_tokens": args.max_tokens,
-              "threads": args.threads, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "answers": {}}
+              "threads": args.threads, "peer_threads": args.peer_threads or args.threads,
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "answers": {}}
     if args.peer_from:
         earlier = json.loads(args.peer_from.read_text())
         report["answers"]["llama-server"] = earlier["answers"]["llama-server"]
         report["peer_from"] = str(args.peer_from)
+    out = args.json or REPO_ROOT / "benchmarks" / "data" / f"tool_use-{args.gguf.stem}.json"
     for side in args.sides:
         if side not in report["answers"]:
-            report["answers"][side] = run_side(side, items, args.gguf, args.llama_server, args.threads, args.max_tokens)
+            report["answers"][side] = run_side(side, items, args.gguf, args.llama_server, args.threads, args.max_tokens,
+                                               args.peer_threads)
+            out.write_text(json.dumps(report, indent=1) + "\n")  # each side kept as soon as it is done
     sides = {side: summary(items, report["answers"][side]) for side in ("ours", "llama-server")
              if side in report["answers"]}
     report["summary"] = sides
@@ -232,7 +245,6 @@ def main(argv: list[str] | None = None) -> None:
         misses = [k for k, v in s["scores"].items() if not v["right"]]
         print(f"{side} missed: {', '.join(misses) or 'none'}")
     print(table(args.gguf.name, sides))
-    out = args.json or REPO_ROOT / "benchmarks" / "data" / f"tool_use-{args.gguf.stem}.json"
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {out}")
 
