@@ -65,5 +65,9 @@ def test_scoring_right_undeclared_and_what_the_text_named():
         "right": True, "non_2xx": False, "undeclared": 0, "text_names_right": True}
     assert score(_item([]), _answer(content='{"name": "book_table", "arguments": {}}'))["text_names_right"] is False
     assert score(_item([]), _answer(calls=[("book_table", {})]))["undeclared"] == 1
+    # where the answer carries the model's raw tokens, those say what the text named
+    raw = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>'
+    assert score(_item(expected), {**_answer(), "raw": raw})["text_names_right"] is True
+    assert score(_item(expected), {**_answer(calls=[call]), "raw": "Paris"})["text_names_right"] is False
     assert score(_item(expected), _answer(status=400)) == {
         "right": False, "non_2xx": True, "undeclared": 0, "text_names_right": False}
