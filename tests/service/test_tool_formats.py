@@ -265,7 +265,8 @@ def qwen_source() -> str | None:
 @pytest.mark.slow
 @pytest.mark.skipif(qwen_source() is None, reason=f"{QWEN_NAME}'s packages are not installed "
                     "(requirements-models-run.txt, `make run`)")
-def test_qwen_coder_calls_its_tools_under_required_named_and_auto():
+def test_qwen_coder_calls_its_tools_under_required_named_and_auto(monkeypatch):
+    monkeypatch.setenv("TSERVE_GGUF_WEIGHTS", "stored")  # no float copy, no int8 calibration at start
     source = qwen_source()
     settings = settings_for(Path("weights"), models=source, max_batch=2, max_seq_len=2048, warmup=False,
                             grammar_timeout_s=60)
