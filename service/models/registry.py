@@ -155,6 +155,14 @@ class EngineRegistry:
                                      "model")
         return entry
 
+    def check_named(self, name: str, family: str, endpoint: str) -> None:
+        """Raise as ``acquire`` would for a name that is not served (404) or is of another family
+        (400), without loading it."""
+        entry = self._entry(name)
+        known = entry.engine.info() if entry.engine is not None else entry.described
+        if known is not None:
+            check_family(name, known["family"], family, endpoint)
+
     async def acquire(self, name: str | None, family: str, endpoint: str, task: str | None = None,
                       only_one: bool = False, keep_alive: float | None = None) -> BaseEngine:
         """``get``, loading first (within the request's deadline, TSERVE_REQUEST_TIMEOUT_S) a named

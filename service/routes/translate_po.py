@@ -70,6 +70,8 @@ async def translate_po(request: Request, registry: RegistryDep, settings: Settin
                        query: Annotated[TranslatePoOptions, Query()]):
     data, fields = await _upload(request)
     body = _options(query, fields)
+    if query.model is not None and query.model != body.model:  # overridden by the form: still a name to check
+        registry.check_named(query.model, "encoder-decoder", "/v1/translate/po")
     engine: GenerativeEngine = await registry.acquire(body.model, "encoder-decoder", "/v1/translate/po")
     mark(request, engine.name)
     po = po_catalogue.parse(data, settings)
@@ -123,18 +125,11 @@ async def _upload(request: Request) -> tuple[bytes, dict[str, str]]:
 
 
 def _options(query: TranslatePoOptions, fields: dict[str, str]) -> TranslatePoOptions:
-    """The options, from the query and the form's fields (checked the same way); one given both
-    ways must be the same in both (which would win is no answer to a client that sent two)."""
+    """The query's options, overridden by the form's fields (checked the same way)."""
     given = {k: v for k, v in fields.items() if k in TranslatePoOptions.model_fields}
     if not given:
         return query
     try:
-        form = TranslatePoOptions.model_validate(given)
-        both = [k for k in given if k in query.model_fields_set and getattr(form, k) != getattr(query, k)]
-        if both:
-            raise InvalidRequestError(f"{both[0]}: given as a query parameter and as a form field, with different "
-                                      f"values ({getattr(query, both[0])!r} and {getattr(form, both[0])!r}); "
-                                      f"give it once", both[0])
         return TranslatePoOptions.model_validate({**query.model_dump(exclude_unset=True), **given})
     except ValidationError as exc:
         err = exc.errors()[0]

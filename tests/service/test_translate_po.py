@@ -216,13 +216,13 @@ async def test_the_schema_bounds_the_options_as_form_fields_as_it_does_as_query_
     assert over.status_code == 400 and over.json()["error"]["param"] == "max_tokens"
 
 
-async def test_an_option_given_as_query_and_form_field_must_agree(client):
-    """Which of two different values would win is no answer: a 400 naming the option (a query
-    model of 'AAA' beside a served form model once translated with the form's and answered 200)."""
-    model = OPTIONS["model"]
+async def test_a_query_option_the_form_overrides_is_still_checked(client):
+    """The form's fields override the query's options, but a query naming no served model is
+    refused as it would be alone (a query model of 'AAA' beside a served form model once answered
+    200)."""
     files = {"file": ("de.po", SOURCE, "text/x-po")}
-    clash = await client.post("/v1/translate/po", params={"model": "AAA"}, files=files, data=OPTIONS)
-    assert clash.status_code == 400 and clash.json()["error"]["param"] == "model", clash.text
-    assert "'AAA'" in clash.json()["error"]["message"]
-    same = await client.post("/v1/translate/po", params={"model": model}, files=files, data=OPTIONS)
-    assert same.status_code == 200, same.text
+    unknown = await client.post("/v1/translate/po", params={"model": "AAA"}, files=files, data=OPTIONS)
+    assert unknown.status_code == 404 and unknown.json()["error"]["param"] == "model", unknown.text
+    overridden = await client.post("/v1/translate/po", params={"include_fuzzy": "true", "beam_size": "1"},
+                                   files=files, data=OPTIONS)
+    assert overridden.status_code == 200, overridden.text  # valid query options the form overrides
