@@ -223,6 +223,9 @@ async def test_a_query_option_the_form_overrides_is_still_checked(client):
     files = {"file": ("de.po", SOURCE, "text/x-po")}
     unknown = await client.post("/v1/translate/po", params={"model": "AAA"}, files=files, data=OPTIONS)
     assert unknown.status_code == 404 and unknown.json()["error"]["param"] == "model", unknown.text
+    for name, value in (("max_tokens", "256"), ("beam_size", "9")):  # over the model's context, TSERVE_MAX_BATCH
+        over = await client.post("/v1/translate/po", params={name: value}, files=files, data=OPTIONS)
+        assert over.status_code == 400 and over.json()["error"]["param"] == name, over.text
     overridden = await client.post("/v1/translate/po", params={"include_fuzzy": "true", "beam_size": "1"},
                                    files=files, data=OPTIONS)
     assert overridden.status_code == 200, overridden.text  # valid query options the form overrides
