@@ -14,10 +14,11 @@ task's default model on the others.
 
 from __future__ import annotations
 
+import json
 from json import JSONDecodeError
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import ValidationError
@@ -26,6 +27,7 @@ import service.routes.compat.tei as tei
 import service.routes.compat.tgi as tgi
 from service.engines.errors import EngineError, InvalidRequestError
 from service.http.dependencies import RegistryDep, SettingsDep
+from service.http.errors import BODY_PARSE_ERROR
 from service.routes.compat.hf_inference import answer, tei_info, tgi_info
 
 # path -> (HF task, the route's own input field)
@@ -37,8 +39,12 @@ async def _json_object(request: Request) -> dict[str, Any] | None:
     if request.method != "POST" or "json" not in request.headers.get("content-type", "json"):
         return None
     try:
-        body = await request.json()  # cached on the request: the route reads it again
-    except (JSONDecodeError, UnicodeDecodeError):
+        raw = await request.body()  # cached on the request: the route reads it again
+    except Exception as exc:  # noqa: BLE001 - a cut or refused body: answered as the route itself answers it
+        raise HTTPException(400, BODY_PARSE_ERROR) from exc
+    try:
+        body = json.loads(raw)
+    except (JSONDecodeError, UnicodeDecodeError, RecursionError):  # the route's own parse answers these
         return None
     return body if isinstance(body, dict) else None
 
