@@ -73,7 +73,8 @@ async def translate_po(request: Request, registry: RegistryDep, settings: Settin
     if query.model is not None and query.model != body.model:  # overridden by the form: still a name to check
         registry.check_named(query.model, "encoder-decoder", "/v1/translate/po")
     engine: GenerativeEngine = await registry.acquire(body.model, "encoder-decoder", "/v1/translate/po")
-    _check_bounds(query, engine, settings)  # the query's values too, where the form's override them
+    for options in (query, body):  # the query's values too, where the form's override them
+        _check_bounds(options, engine, settings)
     mark(request, engine.name)
     po = po_catalogue.parse(data, settings)
     texts = po_catalogue.plan(po, body.include_fuzzy, body.max_entries)

@@ -67,7 +67,7 @@ def test_the_format_comes_from_the_template_and_the_vocabulary():
 def test_calls_are_read_tagged_bare_or_fenced_and_only_for_listed_tools():
     call = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
     for text in (f"<tool_call>\n{call}\n</tool_call>", call, f"```json\n{call}\n```", f"```\n{call}\n```",
-                 f"[{call}]", f"  {call}\n"):
+                 f"[{call}]", f"  {call}\n", f"{{{call}}}", f"<tool_call>\n{{{call}}}\n</tool_call>"):
         content, calls = parse(text, HERMES, NAMES)
         assert content is None and [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
             ("get_weather", {"city": "Paris"})], text

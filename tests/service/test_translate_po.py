@@ -226,6 +226,8 @@ async def test_a_query_option_the_form_overrides_is_still_checked(client):
     for name, value in (("max_tokens", "256"), ("beam_size", "9")):  # over the model's context, TSERVE_MAX_BATCH
         over = await client.post("/v1/translate/po", params={name: value}, files=files, data=OPTIONS)
         assert over.status_code == 400 and over.json()["error"]["param"] == name, over.text
+        over = await client.post("/v1/translate/po", files=files, data=OPTIONS | {name: value})  # as a form field
+        assert over.status_code == 400 and over.json()["error"]["param"] == name, over.text
     overridden = await client.post("/v1/translate/po", params={"include_fuzzy": "true", "beam_size": "1"},
                                    files=files, data=OPTIONS)
     assert overridden.status_code == 200, overridden.text  # valid query options the form overrides
