@@ -142,6 +142,9 @@ def _options(query: TranslatePoOptions, fields: dict[str, str]) -> TranslatePoOp
     given = {k: v for k, v in fields.items() if k in TranslatePoOptions.model_fields}
     if not given:
         return query
+    for name, value in given.items():  # a form's boolean as the schema states it (pydantic would read "0", "no")
+        if TranslatePoOptions.model_fields[name].annotation in (bool, "bool") and value not in ("true", "false"):
+            raise InvalidRequestError(f"{name}: {value!r} is not a boolean; send true or false", name)
     try:
         return TranslatePoOptions.model_validate({**query.model_dump(exclude_unset=True), **given})
     except ValidationError as exc:

@@ -228,6 +228,9 @@ async def test_a_query_option_the_form_overrides_is_still_checked(client):
         assert over.status_code == 400 and over.json()["error"]["param"] == name, over.text
         over = await client.post("/v1/translate/po", files=files, data=OPTIONS | {name: value})  # as a form field
         assert over.status_code == 400 and over.json()["error"]["param"] == name, over.text
+    for value in ("0", "no", "True"):  # a form field's boolean is true or false, as the schema says
+        odd = await client.post("/v1/translate/po", files=files, data=OPTIONS | {"include_fuzzy": value})
+        assert odd.status_code == 400 and odd.json()["error"]["param"] == "include_fuzzy", odd.text
     overridden = await client.post("/v1/translate/po", params={"include_fuzzy": "true", "beam_size": "1"},
                                    files=files, data=OPTIONS)
     assert overridden.status_code == 200, overridden.text  # valid query options the form overrides
