@@ -53,8 +53,11 @@ def checkout(rev: str) -> Path:
 
 def serve(tree: Path, threads: int, log: Path) -> ServerProcess:
     """``python -m service`` of the checkout ``tree`` (its code, its weights/)."""
-    env = {"TSERVE_WEIGHTS_DIR": str(tree / "weights"), "TSERVE_MODELS": f"{CHAT},{MT}",
-           "TSERVE_TORCH_THREADS": str(threads), "TSERVE_LOG_LEVEL": "warning", "TSERVE_PREFIX_CACHE": "false"}
+    # Each tree its own converted-weights cache: an older revision prunes the other's entries.
+    env = {"TSERVE_WEIGHTS_DIR": str(tree / "weights"), "TSERVE_WEIGHTS_CACHE": str(tree / "build" / "cache"),
+           "TSERVE_MODELS": f"{CHAT},{MT}",
+           "TSERVE_TORCH_THREADS": str(threads), "TSERVE_LOG_LEVEL": "warning",
+           "TSERVE_PREFIX_CACHE": "false"}
     return service_process(log, env=env, cwd=tree, ready_timeout_s=900)
 
 

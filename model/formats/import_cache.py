@@ -16,7 +16,9 @@ native step that keeps only the int8 copies touches few of them). The key hashes
 conversion depends on: the source's identity, the source of the converter and of the model
 code (model/formats, model/tokenization, model/nn, model/config.py), the versions of gguf and
 torch, and ``CACHE_FORMAT``. Any change there gives a new directory; the older ones of the same
-source are removed when it is written.
+source are removed when it is written, unless read or written within the last hour
+(``IN_USE_S``): two code versions served side by side share the cache without pulling entries
+from under each other's loads.
 
 The source's identity: a manifest's file by its pinned sha256 (verified by ``locate``); a GGUF
 path given directly by its resolved path, size, modification time and inode (``file_identity``:
@@ -41,6 +43,7 @@ import os
 import shutil
 import struct
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -64,6 +67,9 @@ from model.formats.manifest import Manifest, cache_dir
 log = logging.getLogger("tserve.weights")
 
 CACHE_FORMAT = 1  # bump when the layout of an entry changes
+# An older entry of the same source read or written this recently may be another process's (a
+# server of another code version starting beside this one, mid-read): it is kept until it ages.
+IN_USE_S = 3600.0
 SWITCH_ENV = "TSERVE_CONVERTED_CACHE"
 SUBDIR = "converted"
 MODEL_ROOT = Path(__file__).resolve().parents[1]  # model/
@@ -198,6 +204,10 @@ def _read(entry: Path, path: Path, device: str | torch.device, dtype: torch.dtyp
     if problem:
         raise CheckpointError(problem)
     ckpt = dataclasses.replace(load(entry, device, dtype), path=path)
+    try:
+        os.utime(entry)  # last use: an entry in use is not pruned (IN_USE_S)
+    except OSError:
+        pass  # a read-only cache
     ckpt.model.weights_cache_dir = entry  # model.quant.int8 keeps the model's int8 copies beside it
     return ckpt
 
@@ -228,7 +238,7 @@ def _write(entry: Path, fill: Callable[[Path], None], key: dict[str, object], se
         else:
             tmp = None
         for old in entry.parent.glob(entry.name.split("-")[0] + "-*"):
-            if old != entry and old.is_dir():
+            if old != entry and old.is_dir() and _unused(old):
                 shutil.rmtree(old, ignore_errors=True)
         _remove_orphans(entry.parent)
         log.info("converted weights cached", extra={"entry": str(entry)})
@@ -240,6 +250,13 @@ def _write(entry: Path, fill: Callable[[Path], None], key: dict[str, object], se
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _unused(entry: Path) -> bool:
+    try:
+        return time.time() - entry.stat().st_mtime > IN_USE_S
+    except OSError:
+        return False  # gone already, or not ours to judge
 
 
 def _remove_orphans(root: Path) -> None:

@@ -4,6 +4,8 @@ an entry is damaged or the converter changes, and never required (off, or not wr
 from __future__ import annotations
 
 import logging
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -97,14 +99,23 @@ def test_a_damaged_entry_is_rebuilt_with_a_warning(tiny_file, manifest, cache, c
     assert import_cache.load_converted(manifest, convert) is not None and convert.calls == 3
 
 
-def test_a_new_converter_gives_a_new_entry_and_drops_the_old(tiny_file, manifest, cache, monkeypatch):
+def test_a_new_converter_gives_a_new_entry_and_drops_the_old_once_unused(tiny_file, manifest, cache, monkeypatch):
     convert = Converter(tiny_file, manifest)
     import_cache.load_converted(manifest, convert)
     (old,) = cache.iterdir()
     monkeypatch.setattr(import_cache, "code_version", lambda: "changed")
     import_cache.load_converted(manifest, convert)
-    (new,) = cache.iterdir()
-    assert convert.calls == 2 and new != old
+    assert convert.calls == 2 and len(list(cache.iterdir())) == 2  # the old one was used just now: kept
+    monkeypatch.setattr(import_cache, "code_version", lambda: "changed again")
+    age(old)
+    import_cache.load_converted(manifest, convert)
+    assert convert.calls == 3 and old not in list(cache.iterdir()) and len(list(cache.iterdir())) == 2
+
+
+def age(entry):
+    """``entry`` last used longer ago than the cache keeps an older entry that may be in use."""
+    past = time.time() - import_cache.IN_USE_S - 60
+    os.utime(entry, (past, past))
 
 
 def test_the_key_follows_the_code_it_depends_on():
@@ -176,6 +187,7 @@ def test_a_gguf_path_is_cached_and_a_changed_file_misses(tmp_path, cache, monkey
     same(load_model(file), first)  # the entry equals a fresh conversion in memory, tensor for tensor
     monkeypatch.delenv(import_cache.SWITCH_ENV)
     write_llama_gguf(file, tiny_llama(seed=2, vocab_size=bpe.get_vocab_size()), bpe)  # rewritten in place
+    age(entry)
     third = load_model(file)
     assert calls == [1] and not torch.equal(third.model.embed.tokens.weight, first.model.embed.tokens.weight)
     (newer,) = cache.iterdir()
