@@ -406,8 +406,8 @@ def quantize_checkpoint_(model: nn.Module, tokenizer) -> int:
             for old in cached.parent.glob("int8-*.safetensors"):
                 if old != cached:
                     old.unlink(missing_ok=True)
-        except OSError as exc:
-            log.warning("cannot keep the int8 copies in %s (%s)", cached, exc)
+        except Exception as exc:  # noqa: BLE001 - OSError or safetensors' own error (a full disk): the model is served
+            log.warning("cannot keep the int8 copies in %s (%s: %s)", cached, type(exc).__name__, exc)
     return count
 
 
