@@ -111,6 +111,9 @@ def test_streamed_calls_arrive_in_pieces_and_match_the_whole(step):
         assert sum(1 for d in deltas if d["tool_calls"][0]["function"].get("arguments")) > 10
     fenced = '```json\n{"name": "get_time", "arguments": {"zone": "CET"}}\n```'
     assert calls_of(deltas_of(CallStream(HERMES, NAMES), fenced, step)) == [("get_time", {"zone": "CET"})]
+    doubled = '<tool_call>\n{{"name": "get_time", "arguments": {"zone": "CET"}}}\n</tool_call>'  # Qwen2.5's habit
+    out = deltas_of(CallStream(HERMES, NAMES), doubled, step)
+    assert calls_of(out) == [("get_time", {"zone": "CET"})] and not any("content" in d for d in out)
     prose = "Paris is sunny, {mostly} <b>warm</b> ```code```."
     out = deltas_of(CallStream(HERMES, NAMES), prose, step)
     assert "".join(d["content"] for d in out) == prose and not calls_of(out)
