@@ -51,13 +51,13 @@ def checkout(rev: str) -> Path:
     return tree
 
 
-def serve(tree: Path, threads: int, log: Path) -> ServerProcess:
+def serve(tree: Path, threads: int, log: Path, extra: dict[str, str] | None = None) -> ServerProcess:
     """``python -m service`` of the checkout ``tree`` (its code, its weights/)."""
     # Each tree its own converted-weights cache: an older revision prunes the other's entries.
     env = {"TSERVE_WEIGHTS_DIR": str(tree / "weights"), "TSERVE_WEIGHTS_CACHE": str(tree / "build" / "cache"),
            "TSERVE_MODELS": f"{CHAT},{MT}",
            "TSERVE_TORCH_THREADS": str(threads), "TSERVE_LOG_LEVEL": "warning",
-           "TSERVE_PREFIX_CACHE": "false"}
+           "TSERVE_PREFIX_CACHE": "false", **(extra or {})}
     return service_process(log, env=env, cwd=tree, ready_timeout_s=900)
 
 
@@ -109,13 +109,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("new")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--env", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="settings for both servers, e.g. TSERVE_KV_DTYPE=bfloat16 to hold a default that "
+                             "changed between the revisions fixed, so the comparison is the code alone")
     args = parser.parse_args(argv)
     logs = REPO_ROOT / "build" / "revisions"
     logs.mkdir(parents=True, exist_ok=True)
     servers = {}
     try:
         for label, rev in (("old", args.old), ("new", args.new)):
-            servers[label] = serve(checkout(rev), args.threads, logs / f"{label}.log").start()
+            servers[label] = serve(checkout(rev), args.threads, logs / f"{label}.log",
+                                   dict(item.split("=", 1) for item in args.env)).start()
         for s in servers.values():
             s.wait_ready()
         results: dict[str, dict[str, list[float]]] = {"old": {}, "new": {}}
