@@ -40,15 +40,16 @@ struct KtBlocks {
   alignas(32) float d[KT], m[KT];
 };
 
+TSERVE_KT_TARGET inline void kt_store(uint8_t* p, __m256i v) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), v); }
+
 template <int64_t T>
 TSERVE_KT_TARGET void kt_unpack(const uint8_t* w, KtBlocks& b, int64_t j) {
   const __m256i low = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1), three = _mm256_set1_epi8(3);
-  auto store = [&](int at, __m256i v) { _mm256_store_si256(reinterpret_cast<__m256i*>(b.q[j] + at), v); };
   if constexpr (T == KQ4_K || T == KQ5_K) {
     const uint8_t* qs = w + (T == KQ4_K ? 16 : 48);
     __m256i qh = T == KQ5_K ? loadu(w + 16) : _mm256_setzero_si256();
-    for (int j = 0; j < 4; ++j) {  // sub-blocks 2j (low nibbles) and 2j + 1 (high)
-      const __m256i q = loadu(qs + 32 * j);
+    for (int c = 0; c < 4; ++c) {  // sub-blocks 2c (low nibbles) and 2c + 1 (high)
+      const __m256i q = loadu(qs + 32 * c);
       __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
       if (T == KQ5_K) {
         lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
@@ -56,8 +57,8 @@ TSERVE_KT_TARGET void kt_unpack(const uint8_t* w, KtBlocks& b, int64_t j) {
         hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
         qh = _mm256_srli_epi16(qh, 1);
       }
-      store(64 * j, lo);
-      store(64 * j + 32, hi);
+      kt_store(b.q[j] + 64 * c, lo);
+      kt_store(b.q[j] + 64 * c + 32, hi);
     }
     int32_t sc[8], mn[8];
     scale_min_k4(w + 4, sc, mn);
@@ -75,7 +76,7 @@ TSERVE_KT_TARGET void kt_unpack(const uint8_t* w, KtBlocks& b, int64_t j) {
                               _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low)};
       for (int c = 0; c < 4; ++c) {
         const __m256i top = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c)), three);
-        store(128 * h + 32 * c, _mm256_or_si256(nib[c], _mm256_slli_epi16(top, 4)));
+        kt_store(b.q[j] + 128 * h + 32 * c, _mm256_or_si256(nib[c], _mm256_slli_epi16(top, 4)));
       }
     }
     for (int g = 0; g < 16; ++g) {
@@ -86,7 +87,7 @@ TSERVE_KT_TARGET void kt_unpack(const uint8_t* w, KtBlocks& b, int64_t j) {
     b.d[j] = kq_half(w + 208);
   } else {
     if (T == KQ8_0) {
-      store(0, loadu(w + 2));
+      kt_store(b.q[j], loadu(w + 2));
     } else {
       const bool five = T == KQ5_0 || T == KQ5_1, offset = T == KQ4_1 || T == KQ5_1;
       __m256i q = nibbles32(w + (offset ? 4 : 2) + (five ? 4 : 0));
@@ -95,7 +96,7 @@ TSERVE_KT_TARGET void kt_unpack(const uint8_t* w, KtBlocks& b, int64_t j) {
         std::memcpy(&qh, w + (offset ? 4 : 2), 4);
         q = _mm256_or_si256(q, fifth_bits(qh));
       }
-      store(0, q);
+      kt_store(b.q[j], q);
     }
     const int32_t c = T == KQ4_0 ? 8 : T == KQ5_0 ? 16 : (T == KQ4_1 || T == KQ5_1) ? 1 : 0;
     b.sc[0][j] = b.sc[1][j] = 1;
@@ -229,13 +230,14 @@ void kt_run(const KqActs& a, int64_t B, int64_t k, const uint8_t* w, int64_t j0,
             float* y, int64_t stride) {
   constexpr int64_t V = kt_values(T);
   const int64_t blocks = k / V, row = blocks * kq_format(T).bytes;
-  thread_local std::vector<__m256i> buf;
-  buf.resize(static_cast<size_t>(blocks * kt_stride(T)));
+  thread_local std::vector<uint8_t> bytes;  // the tile's buffer, aligned to its vectors
+  bytes.resize(static_cast<size_t>(blocks * kt_stride(T) + 1) * sizeof(__m256i));
+  __m256i* buf = reinterpret_cast<__m256i*>((reinterpret_cast<uintptr_t>(bytes.data()) + 31) & ~uintptr_t{31});
   for (int64_t t0 = j0; t0 < j1; t0 += KT) {
     const int64_t count = std::min(KT, j1 - t0);
     const uint8_t* rows[KT];
     for (int64_t j = 0; j < KT; ++j) rows[j] = w + (t0 + std::min(j, count - 1)) * row;
-    kt_pack<T>(rows, blocks, buf.data());
+    kt_pack<T>(rows, blocks, buf);
     float out[KT_ROWS][KT];
     auto emit = [&](int64_t b, int x) {
       for (int64_t j = 0; j < count; ++j) {
@@ -245,11 +247,11 @@ void kt_run(const KqActs& a, int64_t B, int64_t k, const uint8_t* w, int64_t j0,
     };
     int64_t b = 0;
     for (; b + KT_ROWS <= B; b += KT_ROWS) {
-      kt_rows<Ops, T, KT_ROWS>(buf.data(), blocks, a, k, b, out);
+      kt_rows<Ops, T, KT_ROWS>(buf, blocks, a, k, b, out);
       for (int x = 0; x < KT_ROWS; ++x) emit(b + x, x);
     }
     for (; b < B; ++b) {
-      kt_rows<Ops, T, 1>(buf.data(), blocks, a, k, b, out);
+      kt_rows<Ops, T, 1>(buf, blocks, a, k, b, out);
       emit(b, 0);
     }
   }
