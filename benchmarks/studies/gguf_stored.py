@@ -119,13 +119,18 @@ def main(argv: list[str] | None = None) -> None:
     print(f"torch threads {torch.get_num_threads()}; read bandwidth "
           + ", ".join(f"{t} thread(s) {b / 1e9:.2f} GB/s" for t, b in bandwidth.items()))
     for path in args.files:
-        g = load_gguf(path)  # float32, as the default import
-        model, tok = g.model.eval(), g.tokenizer
-        os.environ["TSERVE_GGUF_WEIGHTS"] = "stored"
+        before = os.environ.get("TSERVE_GGUF_WEIGHTS")
         try:
+            os.environ["TSERVE_GGUF_WEIGHTS"] = "float"  # the default import: float32, then int8 decode copies
+            g = load_gguf(path)
+            os.environ["TSERVE_GGUF_WEIGHTS"] = "stored"
             stored = load_gguf(path).model.eval()
         finally:
-            del os.environ["TSERVE_GGUF_WEIGHTS"]
+            if before is None:
+                del os.environ["TSERVE_GGUF_WEIGHTS"]
+            else:
+                os.environ["TSERVE_GGUF_WEIGHTS"] = before
+        model, tok = g.model.eval(), g.tokenizer
         swapped = sum(isinstance(m, KQuantLinear) for m in stored.modules())
         text = heldout_text()
         prompts = [tok.encode(text[i * 400:i * 400 + 300]) for i in range(args.prompts)]
