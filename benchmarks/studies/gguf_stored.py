@@ -2,13 +2,16 @@
 the native step's block kernels) against the default (the file dequantized, then int8 decode
 copies), in-process, both imported from the same file and alternated:
 
-    python -m benchmarks.studies.gguf_stored FILE.gguf [FILE.gguf ...] [--batches 1 8] [--reps 3]
+    python -m benchmarks.studies.gguf_stored FILE.gguf [FILE.gguf ...] [--batches 1 8] [--reps 3] [--prompt 512]
 
 Per model: weight bytes a decode step reads (batch 1), milliseconds per decode step and tokens/s
 (median over repetitions of the median of ``--steps`` steps over a fresh float32 cache), the
 share of the bandwidth floor (bytes per token / read bandwidth, over the measured time), and
 fidelity: greedy continuations of ``--prompts`` held-out snippets against the float model's
-(identical continuations, and the mean length of the prefix that matches).
+(identical continuations, and the mean length of the prefix that matches). Then one prompt of
+``--prompt`` tokens through each step's prefill (the native step's where it takes prompts, else
+the model's), milliseconds per prompt, median over repetitions. Each row gives the ratio of
+stored to int8 measured in the same repetitions (the host may be shared: compare ratios).
 The read bandwidth is a sum over a 512 MiB array at 1 and 2 torch threads (best of 5).
 """
 
@@ -67,6 +70,19 @@ def step_ms(step, model, tokens: list[int], batch: int, steps: int) -> float:
     return statistics.median(times[2:]) * 1e3
 
 
+@torch.inference_mode()
+def prompt_ms(step, model, tokens: list[int]) -> float:
+    """Milliseconds for one prompt of ``tokens`` into a fresh cache: the step's prefill where it
+    takes prompts (the engine's path), else the model's."""
+    cache = model.new_cache(1, len(tokens) + 1, dtype=torch.float32)
+    start = time.perf_counter()
+    if getattr(step, "prefills", False):
+        step.prefill(cache, [tokens], [0])
+    else:
+        model.prefill(cache, [tokens], [0])
+    return (time.perf_counter() - start) * 1e3
+
+
 def greedy(model, step, tokenizer, prompts: list[list[int]], new: int) -> list[list[int]]:
     from model.engine.offline import generate
     from model.engine.sampling import SamplingParams
@@ -92,6 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--prompts", type=int, default=6)
     parser.add_argument("--new", type=int, default=32)
+    parser.add_argument("--prompt", type=int, default=512, help="tokens of the prompt row (0: none)")
     args = parser.parse_args(argv)
 
     from model.decode import DecodeOptions, prepare
@@ -102,13 +119,18 @@ def main(argv: list[str] | None = None) -> None:
     print(f"torch threads {torch.get_num_threads()}; read bandwidth "
           + ", ".join(f"{t} thread(s) {b / 1e9:.2f} GB/s" for t, b in bandwidth.items()))
     for path in args.files:
-        g = load_gguf(path)  # float32, as the default import
-        model, tok = g.model.eval(), g.tokenizer
-        os.environ["TSERVE_GGUF_WEIGHTS"] = "stored"
+        before = os.environ.get("TSERVE_GGUF_WEIGHTS")
         try:
+            os.environ["TSERVE_GGUF_WEIGHTS"] = "float"  # the default import: float32, then int8 decode copies
+            g = load_gguf(path)
+            os.environ["TSERVE_GGUF_WEIGHTS"] = "stored"
             stored = load_gguf(path).model.eval()
         finally:
-            del os.environ["TSERVE_GGUF_WEIGHTS"]
+            if before is None:
+                del os.environ["TSERVE_GGUF_WEIGHTS"]
+            else:
+                os.environ["TSERVE_GGUF_WEIGHTS"] = before
+        model, tok = g.model.eval(), g.tokenizer
         swapped = sum(isinstance(m, KQuantLinear) for m in stored.modules())
         text = heldout_text()
         prompts = [tok.encode(text[i * 400:i * 400 + 300]) for i in range(args.prompts)]
@@ -118,8 +140,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\n{path.name}: {swapped} projections stored; steps: "
               + ", ".join(f"{k} {type(s).__name__}" for k, s in steps.items()))
         print("| weights | bytes/step | greedy = float | mean matching prefix | batch | step ms | tok/s "
-              "| floor share (1 thr / 2 thr) |")
-        print("|---|---|---|---|---|---|---|---|")
+              "| floor share (1 thr / 2 thr) | stored / int8 time |")
+        print("|---|---|---|---|---|---|---|---|---|")
         fidelity = {k: agreement(greedy(models[k], s, tok, prompts, args.new), reference) for k, s in steps.items()}
         tokens = prompts[0][:64]
         for batch in args.batches:
@@ -127,13 +149,28 @@ def main(argv: list[str] | None = None) -> None:
             for _ in range(args.reps):
                 for k, s in steps.items():
                     times[k].append(step_ms(s, models[k], tokens, batch, args.steps))
+            ratio = statistics.median(a / b for a, b in zip(times["stored"], times["int8"]))
             for k in steps:
                 ms = statistics.median(times[k])
                 nbytes = step_bytes(models[k])
                 floors = [nbytes / bandwidth[t] * 1e3 / ms for t in (1, 2)]
                 same, prefix = fidelity[k]
                 print(f"| {k} | {nbytes / 1e6:.1f} MB | {same}/{len(prompts)} | {prefix:.1f}/{args.new} | {batch} "
-                      f"| {ms:.2f} | {1e3 * batch / ms:.1f} | {floors[0]:.0%} / {floors[1]:.0%} |", flush=True)
+                      f"| {ms:.2f} | {1e3 * batch / ms:.1f} | {floors[0]:.0%} / {floors[1]:.0%} "
+                      f"| {ratio if k == 'stored' else 1.0:.2f} |", flush=True)
+        if args.prompt > 0:
+            ids = (tok.encode(text) * (1 + args.prompt // 100))[:args.prompt]
+            ptimes: dict[str, list[float]] = {k: [] for k in steps}
+            for _ in range(args.reps + 1):  # the first round warms up
+                for k, s in steps.items():
+                    ptimes[k].append(prompt_ms(s, models[k], ids))
+            ratio = statistics.median(a / b for a, b in zip(ptimes["stored"][1:], ptimes["int8"][1:]))
+            print("\n| weights | prompt tokens | prompt ms | prompt tok/s | stored / int8 time |")
+            print("|---|---|---|---|---|")
+            for k in steps:
+                ms = statistics.median(ptimes[k][1:])
+                print(f"| {k} | {len(ids)} | {ms:.1f} | {1e3 * len(ids) / ms:.0f} "
+                      f"| {ratio if k == 'stored' else 1.0:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

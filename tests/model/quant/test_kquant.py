@@ -140,10 +140,12 @@ def _kernel_maths(x: torch.Tensor, raw: torch.Tensor, name: str, n: int, k: int)
     return torch.einsum("bgv,ngv,bg->bn", r, w, (top / 127).squeeze(-1).double())
 
 
+@pytest.mark.parametrize("rows", [1, 6, 33])
 @pytest.mark.parametrize("name", TYPES)
-def test_the_native_product_is_the_float_product_within_the_activation_rounding(tiny_gguf, kernel, name, fresh_seed):
+def test_the_native_product_is_the_float_product_within_the_activation_rounding(tiny_gguf, kernel, name, rows,
+                                                                                 fresh_seed):
     raw, n, k = _stored(tiny_gguf, name)
-    x = _activations(fresh_seed, 6, k)
+    x = _activations(fresh_seed, rows, k)
     bias = torch.randn(n, generator=torch.Generator().manual_seed(fresh_seed))
     exact = x.double() @ kquant.dequantize(raw, name, (n, k)).double().T + bias.double()
     maths = _kernel_maths(x, raw, name, n, k) + bias.double()
@@ -167,6 +169,28 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(tiny_gguf, kernel, 
         for b in (0, 4, 8):
             alone = kernel(x[b:b + 1], raw, code, n, k, None, isa)
             assert torch.equal(alone[0], together[b])
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_tiles_of_outputs_keep_every_rows_bits_at_any_batch(kernel, name, fresh_seed):
+    """Rows from two on (and one row of a 32-value type) take the tiled loops (kquant_tiles.cpp:
+    8 outputs unpacked once for all rows, 4 rows at a time), one row of a K-quant the
+    row-at-a-time ones. Over 21 outputs (two tiles and 5 of a third) and several blocks, at 1, 3,
+    8 and 33 rows, the default loops give the scalar loops' bits, and every row equals itself
+    computed alone."""
+    rng = np.random.default_rng(fresh_seed)
+    n, k = 21, 3 * kquant.BY_NAME[name].values if kquant.BY_NAME[name].values == 256 else 7 * 32
+    raw = torch.from_numpy(np.ascontiguousarray(_random_blocks(name, n, k, rng)))
+    code = kquant.BY_NAME[name].code
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(fresh_seed))
+    for rows in (1, 3, 8, 33):
+        x = _activations(fresh_seed + rows, rows, k)
+        scalar = kernel(x, raw, code, n, k, bias, kquant.SCALAR)
+        vector = kernel(x, raw, code, n, k, bias, kquant.AUTO)
+        assert torch.equal(scalar.view(torch.int32), vector.view(torch.int32)), rows
+        for b in range(rows):
+            alone = kernel(x[b:b + 1], raw, code, n, k, bias, kquant.AUTO)
+            assert torch.equal(alone[0].view(torch.int32), vector[b].view(torch.int32)), (rows, b)
 
 
 def test_kquant_linear_fuses_parts_of_several_types_native_or_reference(tiny_gguf, monkeypatch, fresh_seed):
