@@ -482,9 +482,22 @@ def check_all_used(f: GGUFFile) -> None:
                               "describe them")
 
 
+# Control tokens that end a generation in the families whose GGUFs we read, whatever the file's
+# eos id: Qwen2.5 names <|im_end|> its eos and writes <|endoftext|> at the end of a completion;
+# Llama 3 ends turns with <|eot_id|> and text with <|end_of_text|>. llama.cpp stops at the same.
+END_MARKERS = frozenset({"<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>",
+                         "<end_of_turn>", "<|end|>", "</s>"})
+CONTROL_TYPE = 3  # tokenizer.ggml.token_type of a control token
+
+
 def chat_and_stops(f: GGUFFile, cfg: ModelConfig) -> tuple[str | None, list[int]]:
-    """The chat template and the stop ids besides ``cfg.eos_token_id`` (end of turn, of message)."""
-    stops = [f.get(f"tokenizer.ggml.{name}_token_id") for name in ("eot", "eom")]
+    """The chat template and the stop ids besides ``cfg.eos_token_id``: end of turn and of message
+    as the metadata names them, and the control tokens of ``END_MARKERS`` in the vocabulary."""
+    stops = {f.get(f"tokenizer.ggml.{name}_token_id") for name in ("eot", "eom")}
+    tokens, types = f.get("tokenizer.ggml.tokens") or [], f.get("tokenizer.ggml.token_type") or []
+    if len(types) == len(tokens):
+        stops |= {i for i, (text, kind) in enumerate(zip(tokens, types))
+                  if kind == CONTROL_TYPE and text in END_MARKERS}
     return f.get("tokenizer.chat_template"), sorted({s for s in stops if isinstance(s, int) and s != cfg.eos_token_id})
 
 

@@ -234,7 +234,8 @@ def test_quantized_files_give_close_logits(qtype, bound, tmp_path, reference, bp
 
 def test_stop_ids_from_end_of_turn_metadata(tmp_path, reference, bpe):
     spec = GGUFSpec(extra_kv={"tokenizer.ggml.eot_token_id": 1})
-    assert load_gguf(write_llama_gguf(tmp_path / "eot.gguf", reference, bpe, spec)).stop_token_ids == [1]
+    # 1 as the metadata says; 0 as <|endoftext|>, a control token that ends text (eos is 2, <|im_end|>)
+    assert load_gguf(write_llama_gguf(tmp_path / "eot.gguf", reference, bpe, spec)).stop_token_ids == [0, 1]
 
 
 # --- tokenizer ------------------------------------------------------------------------------
