@@ -288,7 +288,9 @@ def test_importing_the_packages_has_no_side_effects():
 # which imports nothing else of the benchmarks.
 BENCH_LAYERS = ("benchmarks.harness", "benchmarks.sections", "benchmarks.studies")
 SECTION_REUSE = {"benchmarks.sections.gpu": {"benchmarks.sections.attention", "benchmarks.sections.decode",
-                                             "benchmarks.sections.kv_cache", "benchmarks.sections.translation"}}
+                                             "benchmarks.sections.kv_cache", "benchmarks.sections.translation"},
+                 # the divergence probe reads the fidelity study's prompts, reference and systems
+                 "benchmarks.studies.fidelity_margins": {"benchmarks.studies.fidelity"}}
 
 
 def layer_of(module: str) -> str | None:

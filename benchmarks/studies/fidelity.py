@@ -330,7 +330,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="instead: prompt and decode tokens/s of the default step under each int8 activation mode")
     parser.add_argument("--llama-server", type=Path, default=LLAMA_BIN / "llama-server")
     parser.add_argument("--tokens", type=int, default=48)
-    parser.add_argument("--ppl-ctx", type=int, default=256, help="llama-perplexity's window (-c)")
+    parser.add_argument("--ppl-ctx", type=int, default=128,
+                        help="llama-perplexity's window (-c); it needs two of them (the held-out text: ~464 tokens)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--reps", type=int, default=3, help="--speed: repetitions, modes alternated")
     parser.add_argument("--json", type=Path)
