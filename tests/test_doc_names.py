@@ -42,6 +42,10 @@ ALLOWED = {
     ("model/formats/convert.py", "weights/translate-opus-en-de"): "the output directory of a convert command",
     ("model/formats/convert.py", "weights/smollm2-local"): "the output directory of a convert command",
     ("model/formats/manifest.py", "weights/NAME"): "a placeholder in a usage line",
+    ("docs/structured-outputs.md", "OpenAIChatModel"): "pydantic-ai's class, in the agent frameworks' section",
+    ("docs/structured-outputs.md", "AsyncOpenAI"): "the openai client's class, in the agent frameworks' section",
+    ("docs/structured-outputs.md", "OpenAIChatCompletionsModel"): "openai-agents' class, in the agent frameworks' "
+    "section",
 }
 
 # llama.cpp is a project, not a C++ file of ours.

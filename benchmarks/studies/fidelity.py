@@ -17,7 +17,8 @@ new tokens, stopping at the end-of-sequence token. Per configuration:
 
 Ours is measured in-process, through the very path the service takes: ``service.settings.Settings``
 read with the configuration's environment (``default``: none; ``prefill-model``:
-``TSERVE_PREFILL=model``; ``quantize-none``: ``TSERVE_QUANTIZE=none``) gives the ``DecodeOptions``,
+``TSERVE_PREFILL=model``; ``quantize-none``: ``TSERVE_QUANTIZE=none``; ``stored``:
+``TSERVE_GGUF_WEIGHTS=stored``, the file's blocks read as stored) gives the ``DecodeOptions``,
 ``model.decode.prepare`` the step, and ``model.generate`` runs the engine's loop with it.
 
 llama-server (``--llama-server``, default /work/tools/llama.cpp/build/bin/llama-server, skipped
@@ -50,7 +51,7 @@ DATA = REPO_ROOT / "benchmarks" / "data"
 # the last two: the default with the native step's int8 activations quantized per row throughout (as before)
 # or per run in decode steps only (NativeStep's ``activations``), for comparisons
 CONFIGS = {"default": {}, "prefill-model": {"TSERVE_PREFILL": "model"}, "quantize-none": {"TSERVE_QUANTIZE": "none"},
-           "rows": {}, "runs-decode": {}}
+           "stored": {"TSERVE_GGUF_WEIGHTS": "stored"}, "rows": {}, "runs-decode": {}}
 LLAMA_BIN = Path("/work/tools/llama.cpp/build/bin")
 
 
@@ -179,9 +180,9 @@ class Ours:
         from model.decode.step import kv_cache_dtype, prepare_weights
         from service.settings import Settings
 
-        with environment(env):
+        with environment(env):  # (the load reads TSERVE_GGUF_WEIGHTS)
             options = Settings().decode_options()
-        self.ckpt = load_model(source)
+            self.ckpt = load_model(source)
         self.model = self.ckpt.model.eval()
         if activations == "runs":
             self.step = prepare(self.model, options, self.ckpt.tokenizer)

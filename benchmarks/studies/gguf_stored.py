@@ -1,6 +1,6 @@
 """A GGUF model's projections read as stored (``TSERVE_GGUF_WEIGHTS=stored``: ``KQuantLinear``,
 the native step's block kernels) against the default (the file dequantized, then int8 decode
-copies), in-process, both built from one import and alternated:
+copies), in-process, both imported from the same file and alternated:
 
     python -m benchmarks.studies.gguf_stored FILE.gguf [FILE.gguf ...] [--batches 1 8] [--reps 3]
 
@@ -15,7 +15,7 @@ The read bandwidth is a sum over a 512 MiB array at 1 and 2 torch threads (best 
 from __future__ import annotations
 
 import argparse
-import copy
+import os
 import statistics
 import time
 from pathlib import Path
@@ -95,8 +95,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     from model.decode import DecodeOptions, prepare
-    from model.formats.gguf_import import GGUFFile, load_gguf
-    from model.formats.gguf_stored import stored_projections_
+    from model.formats.gguf_import import load_gguf
+    from model.quant.kquant import KQuantLinear
 
     bandwidth = {t: read_bandwidth(t) for t in (1, 2)}
     print(f"torch threads {torch.get_num_threads()}; read bandwidth "
@@ -104,8 +104,12 @@ def main(argv: list[str] | None = None) -> None:
     for path in args.files:
         g = load_gguf(path)  # float32, as the default import
         model, tok = g.model.eval(), g.tokenizer
-        stored = copy.deepcopy(model)
-        swapped = stored_projections_(stored, GGUFFile(path), g.config)
+        os.environ["TSERVE_GGUF_WEIGHTS"] = "stored"
+        try:
+            stored = load_gguf(path).model.eval()
+        finally:
+            del os.environ["TSERVE_GGUF_WEIGHTS"]
+        swapped = sum(isinstance(m, KQuantLinear) for m in stored.modules())
         text = heldout_text()
         prompts = [tok.encode(text[i * 400:i * 400 + 300]) for i in range(args.prompts)]
         reference = greedy(model, prepare(model, DecodeOptions.reference(), tok), tok, prompts, args.new)

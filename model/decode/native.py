@@ -47,7 +47,7 @@ from model.nn.layers import Linear
 from model.nn.transformer import DecoderLM, EncoderDecoder
 from model.quant import q4
 from model.quant.int8 import DecodeInt8Linear, RowwiseInt8, RowwiseInt8Linear
-from model.quant.kquant import KQuantLinear
+from model.quant.kquant import KQuantLinear, StoredEmbedding
 
 log = logging.getLogger(__name__)
 
@@ -342,7 +342,7 @@ class NativeStep:
         plan.use_int8_blocks(INT8_ACTIVATIONS.index(activations))
         self.one_thread_rows = PARTNER_ROWS if self.partner else SMALL_DECODE
         with torch.no_grad():
-            plan.set_model(model.embed.tokens.weight, model.decoder_norm.weight, model.embed.rope)
+            _set_model(plan, model)
             # What the lineages after Llama add, as data (support.py lists what is implemented).
             plan.set_features(float(model.embed.scale), ACTIVATIONS[cfg.activation],
                               getattr(model.embed, "rope_local", None))
@@ -366,7 +366,7 @@ class NativeStep:
             drop_float_copies(model)
             if halve_embeddings(model):
                 with torch.no_grad():
-                    plan.set_model(model.embed.tokens.weight, model.decoder_norm.weight, model.embed.rope)
+                    _set_model(plan, model)
 
     def _add(self, plan, layer: nn.Module, weights4: bool) -> int:
         """Hands ``layer`` to the C++ step (``_add_projection``), with its 4-bit runs too where it is
@@ -455,6 +455,8 @@ def halve_embeddings(model: nn.Module) -> bool:
     table is 640 MiB in float32. Only where nothing else holds the table (an output head tied
     to it and still float is not halved). Returns whether it did."""
     tokens = model.embed.tokens
+    if not isinstance(tokens, nn.Embedding):  # GGUF blocks read as stored: smaller already
+        return False
     holders = [p for _, p in model.named_parameters(remove_duplicate=False) if p is tokens.weight]
     if tokens.weight.dtype != torch.float32 or len(holders) != 1:
         return False
@@ -597,6 +599,16 @@ class NativeEncDecStep:
         with decode_threads(len(positions)):
             return self.plan.step(tokens.view(-1), torch.tensor(positions, dtype=torch.long), cache.k, cache.v,
                                   tables, cache.cross_k, cache.cross_v, cache.cross_rows[rows], cache.src_lengths[rows])
+
+
+def _set_model(plan, model: nn.Module) -> None:
+    """The token embeddings (a float table, or GGUF blocks read as stored), final norm and rotary table."""
+    tokens = model.embed.tokens
+    if isinstance(tokens, StoredEmbedding):
+        plan.set_model(torch.empty(0, tokens.embedding_dim), model.decoder_norm.weight, model.embed.rope)
+        plan.set_embedding_blocks(tokens.raw, tokens.qtype.code)
+    else:
+        plan.set_model(tokens.weight, model.decoder_norm.weight, model.embed.rope)
 
 
 def _add_projection(plan, layer: nn.Module, partner: bool) -> int:

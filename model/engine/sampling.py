@@ -146,7 +146,9 @@ class Sampler:
             temps = to_device([p.temperature if not p.greedy else 1.0 for p in params], torch.float32, dev)
             scaled = processed / temps[:, None]
             if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
-                top_k = to_device([p.top_k for p in params], torch.long, dev)
+                # a top_k past the vocabulary keeps every token; clamped, since any size a client
+                # writes (TGI's schema bounds none; 7e34 overflowed int64 and failed the whole step)
+                top_k = to_device([min(p.top_k, scaled.size(-1)) for p in params], torch.long, dev)
                 top_p = to_device([p.top_p for p in params], torch.float32, dev)
                 scaled = filter_top_k_top_p(scaled, top_k, top_p)
             cdf = scaled.softmax(dim=-1).cumsum(dim=-1)  # (B, V)

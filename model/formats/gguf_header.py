@@ -5,8 +5,10 @@ without the data.
 tokenizer's arrays (Gemma 3's 262,144 tokens, their scores and types) took it ~12 s per file
 here, and the service read the header twice per load (the memory estimate and the model card)
 before it read any weight: half of a cached start-up. This reader walks the same layout with
-``struct`` and keeps arrays only as (item type, count); the import (``gguf_import``) still uses
-gguf's reader, which it needs for the tensors' data.
+``struct`` and keeps arrays only as (item type, count), or (``arrays=True``, what the import's
+``gguf_import.GGUFFile`` asks) as lists, strings decoded in one loop and numbers through one
+``numpy.frombuffer`` each: the 1.5B Qwen's 151,936 tokens and merges in well under a second,
+where gguf's reader took ~30 s of every start.
 
 Layout (GGUF v2/v3, little-endian): magic ``GGUF``, version u32, tensor count u64, key count
 u64; each key a string (u64 length, bytes), a value type u32 and the value (an array: item type
@@ -21,6 +23,8 @@ import mmap
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 # value type -> struct format of a scalar of that type (8: string, 9: array)
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
@@ -54,11 +58,15 @@ class GGUFHeader:
     version: int
     fields: dict[str, object] = field(default_factory=dict)  # scalars and strings; arrays as ArrayInfo
     tensors: list[TensorInfo] = field(default_factory=list)
+    data_start: int = 0  # where the tensors' data begins (the header's end, aligned)
+
+
+_NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
 
 
 class _Cursor:
-    def __init__(self, data, path: Path):
-        self.data, self.at, self.path = data, 0, path
+    def __init__(self, data, path: Path, arrays: bool = False):
+        self.data, self.at, self.path, self.arrays = data, 0, path, arrays
 
     def take(self, fmt: str):
         try:
@@ -87,6 +95,19 @@ class _Cursor:
             raise GGUFHeaderError(f"{self.path}: an array of strings runs past the end")
         self.at = at
 
+    def strings(self, count: int) -> list[str]:
+        data, at, end, out = self.data, self.at, len(self.data), []
+        for _ in range(count):
+            if at + 8 > end:
+                raise GGUFHeaderError(f"{self.path}: an array of strings runs past the end")
+            (n,) = struct.unpack_from("<Q", data, at)
+            if at + 8 + n > end:
+                raise GGUFHeaderError(f"{self.path}: an array of strings runs past the end")
+            out.append(bytes(data[at + 8:at + 8 + n]).decode("utf-8", errors="replace"))
+            at += 8 + n
+        self.at = at
+        return out
+
     def value(self, kind: int):
         if kind in _SCALARS:
             return self.take(_SCALARS[kind])
@@ -94,6 +115,17 @@ class _Cursor:
             return self.string()
         if kind == ARRAY:
             item, count = self.take("<I"), self.take("<Q")
+            if self.arrays and item == STRING:
+                return self.strings(count)
+            if self.arrays and item in _SCALARS:
+                size = struct.calcsize(_SCALARS[item]) * count
+                if self.at + size > len(self.data):
+                    raise GGUFHeaderError(f"{self.path}: an array runs past the end")
+                values = np.frombuffer(self.data, dtype=_NUMPY[item], count=count, offset=self.at).tolist()
+                self.at += size
+                return values
+            if self.arrays:
+                return [self.value(item) for _ in range(count)]
             if item == STRING:
                 self.skip_strings(count)
             elif item in _SCALARS:
@@ -107,11 +139,12 @@ class _Cursor:
         raise GGUFHeaderError(f"{self.path}: unknown value type {kind} at byte {self.at - 4}")
 
 
-def read_header(path: str | Path) -> GGUFHeader:
-    """The header of the GGUF file at ``path``; raises GGUFHeaderError (or OSError)."""
+def read_header(path: str | Path, arrays: bool = False) -> GGUFHeader:
+    """The header of the GGUF file at ``path`` (``arrays``: array values as lists, else
+    ``ArrayInfo``); raises GGUFHeaderError (or OSError)."""
     path = Path(path)
     with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        cur = _Cursor(data, path)
+        cur = _Cursor(data, path, arrays)
         if bytes(data[:4]) != b"GGUF":
             raise GGUFHeaderError(f"{path}: no GGUF magic")
         cur.at = 4
@@ -127,4 +160,8 @@ def read_header(path: str | Path) -> GGUFHeader:
             name = cur.string()
             dims = tuple(cur.take("<Q") for _ in range(cur.take("<I")))
             header.tensors.append(TensorInfo(name, dims, cur.take("<I"), cur.take("<Q")))
+        align = header.fields.get("general.alignment", 32)
+        if not isinstance(align, int) or align <= 0 or align & (align - 1):
+            raise GGUFHeaderError(f"{path}: general.alignment is {align!r}; expected a power of two")
+        header.data_start = cur.at + (-cur.at % align)
         return header

@@ -6,7 +6,7 @@
 
 The GGUF metadata is the single source: the config comes from ``<arch>.*`` keys, the
 tokenizer from ``tokenizer.ggml.*`` (model.tokenization.gguf_vocab), the chat template from
-``tokenizer.chat_template``. The file is memory-mapped (gguf's reader) and read tensor by
+``tokenizer.chat_template``. The file is memory-mapped (``GGUFFile``) and read tensor by
 tensor into a model built on the meta device (``gguf_model``): each tensor is dequantized to
 float32 and placed before the next is read, so a load holds the model plus one tensor's float
 copy, never a second model. ``projection_for`` is the one place a projection's representation
@@ -23,6 +23,7 @@ RoPE and are stored unpermuted. Gemma's ``1 + w`` norm weights are stored with t
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -36,12 +37,15 @@ from torch import Tensor, nn
 
 from model.config import ConfigError, ModelConfig
 from model.formats.checkpoint import TIED_KEY, CheckpointError
+from model.formats.gguf_header import read_header
+from model.formats.gguf_stored import stored_embedding_, stored_rows
 from model.formats.hf.llama import llama_model_config
 from model.nn.transformer import TransformerModel, build_model
-from model.quant.kquant import stored_weights
+from model.quant.kquant import KQuantLinear, StoredEmbedding, stored_weights
 from model.tokenization.gguf_vocab import GGUFTokenizerError, gguf_tokenizer
 from model.tokenization.tokenizer import Tokenizer
 
+log = logging.getLogger(__name__)
 Q = gguf.GGMLQuantizationType
 SUPPORTED_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q6_K)  # each one tested
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "phi3")
@@ -63,28 +67,59 @@ class GGUFModel:
     notes: list[str] = field(default_factory=list)  # what the import changed beyond a 1:1 copy
 
 
+@dataclass
+class GGUFTensor:
+    """One tensor of the file: its data is a numpy view of the map, shaped as gguf's reader
+    shapes it (outermost first; a quantized type's rows as bytes)."""
+
+    name: str
+    tensor_type: int
+    shape: np.ndarray  # as stored: innermost dimension first
+    n_bytes: int
+    data: np.ndarray
+
+
+_PLAIN = {Q.F16: np.float16, Q.F32: np.float32, Q.F64: np.float64, Q.I8: np.int8, Q.I16: np.int16,
+          Q.I32: np.int32, Q.I64: np.int64}
+
+
 class GGUFFile:
-    """Metadata and tensors of one file, read through gguf's memory-mapped reader."""
+    """Metadata and tensors of one file: the header read by ``gguf_header`` (arrays as lists),
+    the tensors' data as views of one read-only memory map. gguf's own reader made a numpy view
+    per element of every metadata array, ~30 s of each start for a 151k-token vocabulary."""
 
     def __init__(self, path: Path):
         self.path = path
         if not path.is_file():
             raise GGUFImportError(f"{path}: file not found")
         try:
-            self.reader = gguf.GGUFReader(str(path))
-        except Exception as exc:  # noqa: BLE001 - the reader raises ValueError, struct errors, ...
+            header = read_header(path, arrays=True)
+            self.map = np.memmap(path, dtype=np.uint8, mode="r")
+            self.tensors = {}
+            for t in header.tensors:
+                if t.name in self.tensors:
+                    raise ValueError(f"tensor {t.name!r} appears twice")
+                qtype = Q(t.ggml_type)
+                block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+                n_bytes = t.n_elements * type_size // block
+                start = header.data_start + t.offset
+                if start + n_bytes > self.map.size:
+                    raise ValueError(f"tensor {t.name!r} runs past the end of the file")
+                dims = tuple(reversed(t.shape))
+                raw = self.map[start:start + n_bytes]
+                if qtype in _PLAIN:
+                    data = raw.view(_PLAIN[qtype]).reshape(dims)
+                else:
+                    data = raw.reshape(gguf.quants.quant_shape_to_byte_shape(dims, qtype))
+                self.tensors[t.name] = GGUFTensor(t.name, int(qtype), np.array(t.shape, dtype=np.uint64), n_bytes,
+                                                  data)
+        except Exception as exc:  # noqa: BLE001 - the header reader's errors, struct errors, unknown types
             raise GGUFImportError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from None
-        self.tensors = {t.name: t for t in self.reader.tensors}
+        self.fields = header.fields
         self.used: set[str] = set()
 
     def get(self, key: str, default: Any = None) -> Any:
-        found = self.reader.get_field(key)
-        if found is None:
-            return default
-        try:
-            return found.contents()
-        except Exception as exc:  # noqa: BLE001
-            raise GGUFImportError(f"{self.path}: metadata '{key}' cannot be read ({exc})") from None
+        return self.fields.get(key, default)
 
     def require(self, key: str, kind: type = int) -> Any:
         value = self.get(key)
@@ -264,14 +299,24 @@ class Rows:
     select: Tensor | None = None
 
 
-def projection_for(f: GGUFFile, parts: list[Rows], bias: Tensor | None, like: nn.Module) -> nn.Module:
+def projection_for(f: GGUFFile, parts: list[Rows], bias: Tensor | None, like: nn.Module,
+                   stored: bool = False) -> nn.Module:
     """The module that serves one projection whose weight is ``parts``' rows stacked in order
-    (q, k and v fused: three parts): the one place its representation is chosen. Here a float
-    ``Linear`` (``like``, the model's own layer on the meta device) holding the dequantized rows,
-    built part by part: at most the result and one part's float copy exist at a time. Another
-    representation (the blocks as stored: ``f.tensors[name].data`` is the mapped file's bytes,
-    ``.tensor_type`` their type) returns its own module here and marks each part read
-    (``f.used.add(name)``), as ``take`` does."""
+    (q, k and v fused: three parts): the one place its representation is chosen. ``stored``
+    (``TSERVE_GGUF_WEIGHTS=stored``) and every part of a type the block kernels read: a
+    ``KQuantLinear`` over the file's bytes (views of the map; a row selection that is not one run
+    copies that tensor's bytes), no float weight ever made. Else a float ``Linear`` (``like``, the
+    model's own layer on the meta device) holding the dequantized rows, built part by part: at
+    most the result and one part's float copy exist at a time."""
+    raws = [stored_rows(f, part.tensor, part.select) for part in parts] if stored else [None]
+    if all(r is not None for r in raws):
+        layer = KQuantLinear(raws, like.in_features, bias)  # type: ignore[arg-type]
+        if layer.out_features != like.out_features:
+            raise GGUFImportError(f"{f.path}: tensors {[p.tensor for p in parts]} have {layer.out_features} rows; "
+                                  f"the metadata implies {like.out_features}")
+        for part in parts:
+            f.used.add(part.tensor)
+        return layer
     weight = stacked_rows(f, parts, tuple(like.weight.shape))
     like.weight = nn.Parameter(weight)
     if bias is not None:
@@ -369,13 +414,23 @@ def gguf_layout(f: GGUFFile, cfg: ModelConfig) -> tuple[dict[str, list[Rows]], d
     return projections, tensors
 
 
-def gguf_model(f: GGUFFile, cfg: ModelConfig) -> TransformerModel:
+def gguf_model(f: GGUFFile, cfg: ModelConfig, stored: bool = False) -> TransformerModel:
     """Our model from the file, tensor by tensor: each is dequantized (or taken as
     ``projection_for`` chooses) and placed before the next is read, so the float copies of a
-    load never exceed one tensor beyond what the model keeps."""
+    load never exceed one tensor beyond what the model keeps. ``stored``: the projections and the
+    token embeddings of types the block kernels read stay the file's blocks (``StoredEmbedding``;
+    a tied head is a ``KQuantLinear`` over the same blocks); norms and biases are float."""
     with torch.device("meta"):
         model = build_model(cfg)
     projections, tensors = gguf_layout(f, cfg)
+    embedding = stored_rows(f, "token_embd.weight") if stored else None
+    if embedding is not None:  # the token table (and a tied head) as the file's blocks
+        if embedding[0].shape[0] != cfg.vocab_size:
+            raise GGUFImportError(f"{f.path}: tensor 'token_embd.weight' has {embedding[0].shape[0]} rows; the "
+                                  f"metadata implies {cfg.vocab_size}")
+        stored_embedding_(model, embedding, cfg)
+        del tensors["embed.tokens.weight"]
+        f.used.add("token_embd.weight")
     for name, parts in projections.items():
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name)
@@ -383,7 +438,7 @@ def gguf_model(f: GGUFFile, cfg: ModelConfig) -> TransformerModel:
         bias = None
         if like.bias is not None:  # a fused bias is one of `tensors`; the layer takes it with its weight
             bias = _concat(f, tensors.pop(f"{name}.bias", None) or [f"{name}.bias"], tuple(like.bias.shape))
-        setattr(parent, attr, projection_for(f, parts, bias, like))
+        setattr(parent, attr, projection_for(f, parts, bias, like, stored))
     state = {}
     for ours, theirs in tensors.items():
         ref = model.get_parameter(ours)
@@ -436,18 +491,26 @@ def chat_and_stops(f: GGUFFile, cfg: ModelConfig) -> tuple[str | None, list[int]
 def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> GGUFModel:
     """Read a GGUF file into our model (float32, or ``dtype``), tokenizer, config and chat template."""
     f, cfg, tokenizer = open_gguf(path)
-    model = gguf_model(f, cfg)
+    stored = stored_weights() and torch.device(device).type == "cpu"  # the file's blocks read in place
+    model = gguf_model(f, cfg, stored)
     check_all_used(f)
     if dtype is not None and dtype != torch.float32 or torch.device(device).type != "cpu":
         model.to(device=device, dtype=dtype)
-    if stored_weights() and torch.device(device).type == "cpu":  # projections read the file's blocks in place
-        from model.formats.gguf_stored import stored_projections_
-        stored_projections_(model, f, cfg)
+    if stored and any(isinstance(m, (KQuantLinear, StoredEmbedding)) for m in model.modules()):
+        from model.decode import native
+
+        try:
+            native.build()  # the block kernels; without them each call dequantizes its weights
+        except RuntimeError as exc:
+            log.warning("%s; the stored GGUF blocks are dequantized on each call", exc)
     template, stops = chat_and_stops(f, cfg)
-    general = {key[len("general."):]: f.get(key) for key in f.reader.fields
+    general = {key[len("general."):]: f.get(key) for key in f.fields
                if key.startswith("general.") and isinstance(f.get(key), str)}
     types = sorted({Q(f.tensors[name].tensor_type).name for name in f.used})
-    notes = [f"tensors stored as {', '.join(types)} were dequantized to {str(dtype or torch.float32)[6:]}"]
+    kept = sorted({p.qtype.name for m in model.modules() if isinstance(m, KQuantLinear) for p in m.parts}
+                  | {m.qtype.name for m in model.modules() if isinstance(m, StoredEmbedding)})
+    notes = [f"tensors stored as {', '.join(types)} were dequantized to {str(dtype or torch.float32)[6:]}"
+             + (f", but for the {', '.join(kept)} blocks, read as stored" if kept else "")]
     return GGUFModel(model, cfg, tokenizer, str(f.get("general.architecture")), f.path, template, stops, general,
                      notes)
 

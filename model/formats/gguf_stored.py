@@ -1,88 +1,51 @@
-"""``TSERVE_GGUF_WEIGHTS=stored``: an imported GGUF model's projections read the file's own blocks
-(``model.quant.kquant.KQuantLinear`` over views of the memory-mapped file) in place of float
-weights that later become int8. A projection is swapped only where every tensor it is made of
-has a type the block kernels read; the others (float tensors, types outside kquant.TYPES) stay as
-imported. Rows are taken as the import takes them (llama's q / k rows put back in rotate-half
-order, which copies those two tensors' bytes; Phi-3's fused up split in halves, a view)."""
+"""The blocks of a GGUF file read as stored (``TSERVE_GGUF_WEIGHTS=stored``; the import,
+``gguf_import.gguf_model``, asks here for each tensor): a tensor's bytes as a uint8 view of the
+memory-mapped file, for ``model.quant.kquant.KQuantLinear`` (projections) and ``StoredEmbedding``
+(the token table, and a tied output head over the same blocks). Only types the block kernels read
+(``kquant.TYPES``); the others are dequantized to float by the import as before."""
 
 from __future__ import annotations
 
-import logging
 import warnings
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from model.decode import native
 from model.quant import kquant
-from model.quant.kquant import KQuantLinear
+from model.quant.kquant import KQuantLinear, StoredEmbedding
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from model.config import ModelConfig
 
 
-def _raw(f, name: str) -> tuple[Tensor, int] | None:
-    """The tensor's bytes as stored, (rows, row bytes) uint8 (no copy), and its type; None where
-    the block kernels do not read its type."""
-    info = f.tensors[name]
-    code = int(info.tensor_type)
-    if code not in kquant.TYPES:
+def stored_rows(f, tensor: str, select: Tensor | None = None) -> tuple[Tensor, int] | None:
+    """Rows of ``tensor`` of ``f`` (a ``gguf_import.GGUFFile``), all or those ``select`` lists, as
+    the file stores them: (rows, row bytes) uint8 and their ggml type; None where the tensor is
+    missing or of a type the block kernels do not read. All rows, or one run of them, are a view
+    of the mapped file; another selection (llama's q / k rows) is a copy of those bytes."""
+    info = f.tensors.get(tensor)
+    if info is None or int(info.tensor_type) not in kquant.TYPES:
         return None
     rows = int(np.prod([int(s) for s in info.shape.tolist()[1:]]))
     with warnings.catch_warnings():  # the reader's map is read-only, and so are these views
         warnings.filterwarnings("ignore", message=".*not writable.*")
         raw = torch.from_numpy(np.asarray(info.data).reshape(rows, -1))
-    f.used.add(name)
-    return raw, code
-
-
-def _rope_rows(raw: Tensor, n_heads: int) -> Tensor:
-    """llama.cpp's interleaved q / k rows back in rotate-half order (gguf_import.unpermute_rope_rows)."""
-    rows, width = raw.shape
-    return raw.reshape(n_heads, rows // n_heads // 2, 2, width).transpose(1, 2).reshape(rows, width).contiguous()
-
-
-def _swap(parent: nn.Module, attr: str, parts: list[tuple[Tensor, int] | None]) -> int:
-    old = getattr(parent, attr)
-    if any(p is None for p in parts):
-        return 0
-    layer = KQuantLinear(parts, old.in_features, old.bias)  # type: ignore[arg-type]
-    if layer.out_features != old.out_features:
-        raise ValueError(f"{attr}: the stored tensors have {layer.out_features} outputs, the model {old.out_features}")
-    setattr(parent, attr, layer)
-    return 1
-
-
-def stored_projections_(model: nn.Module, f, cfg) -> int:
-    """Swap the projections of an imported GGUF model (``f``: its ``GGUFFile``) for ones over the
-    file's blocks, in place; returns how many were swapped."""
-    arch = f.get("general.architecture")
-    count = 0
-    for i, layer in enumerate(model.decoder_layers):
-        blk, attn, ffn = f"blk.{i}", layer.self_attn, layer.ffn
-        if arch == "phi3":
-            qkv = [_raw(f, f"{blk}.attn_qkv.weight")]
+    sel = select
+    if sel is not None:
+        first = int(sel[0]) if sel.numel() else 0
+        if sel.numel() and torch.equal(sel, torch.arange(first, first + sel.numel())):
+            raw = raw[first:first + sel.numel()]
         else:
-            qkv = [_raw(f, f"{blk}.attn_{x}.weight") for x in "qkv"]
-            if arch == "llama" and all(qkv):
-                qkv[0] = (_rope_rows(qkv[0][0], cfg.n_heads), qkv[0][1])
-                qkv[1] = (_rope_rows(qkv[1][0], cfg.kv_heads), qkv[1][1])
-        count += _swap(attn, "qkv_proj", qkv)
-        count += _swap(attn, "out_proj", [_raw(f, f"{blk}.attn_output.weight")])
-        if arch == "phi3":  # ffn_up holds the gate rows, then the up rows
-            up = _raw(f, f"{blk}.ffn_up.weight")
-            half = None if up is None else up[0].shape[0] // 2
-            count += _swap(ffn, "gate", [None if up is None else (up[0][:half], up[1])])
-            count += _swap(ffn, "up", [None if up is None else (up[0][half:], up[1])])
-        else:
-            count += _swap(ffn, "gate", [_raw(f, f"{blk}.ffn_gate.weight")])
-            count += _swap(ffn, "up", [_raw(f, f"{blk}.ffn_up.weight")])
-        count += _swap(ffn, "down", [_raw(f, f"{blk}.ffn_down.weight")])
-    if not cfg.tie_word_embeddings:
-        count += _swap(model.lm_head, "proj", [_raw(f, "output.weight")])
-    if count:
-        try:
-            native.build()  # the block kernels; without them each call dequantizes its weights
-        except RuntimeError as exc:
-            log.warning("%s; the stored GGUF blocks are dequantized on each call", exc)
-    return count
+            raw = raw[sel].contiguous()
+    return raw, int(info.tensor_type)
+
+
+def stored_embedding_(model: nn.Module, embedding: tuple[Tensor, int], cfg: ModelConfig) -> None:
+    """Gives ``model`` (built on the meta device) the token table as ``embedding``'s blocks
+    (``stored_rows`` of token_embd), and a tied head as a projection over the same blocks."""
+    raw, code = embedding
+    model.embed.tokens = StoredEmbedding(raw, code, cfg.d_model)
+    if cfg.tie_word_embeddings:
+        model.lm_head.proj = KQuantLinear([embedding], cfg.d_model)

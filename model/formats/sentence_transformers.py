@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer as HFTokenizer
 
+from model.config import ModelConfig
 from model.formats.checkpoint import Checkpoint, CheckpointError
 from model.formats.hf.format import HFImportError, read_json
 from model.formats.hf.importer import load_hf
@@ -80,25 +81,41 @@ def _pooling(directory: Path, d_model: int) -> str:
     return POOLING_MODES[on[0]]
 
 
+def transformer_dir(directory: Path) -> Path:
+    """Where the pipeline's Transformer module (a Hugging Face BertModel) lies."""
+    return directory / _modules(directory)[0].get("path", "")
+
+
+def pipeline_config(directory: Path, encoder: ModelConfig) -> ModelConfig:
+    """The Transformer module's config with the pipeline's settings: pooling, normalisation and
+    ``max_seq_length`` (read without the weights: the model card reads it too)."""
+    _, pooling, *rest = _modules(directory)
+    st_path = transformer_dir(directory) / ST_CONFIG_FILE
+    st_config = read_json(st_path) if st_path.is_file() else {}
+    if st_config.get("do_lower_case"):
+        raise HFImportError(f"{st_path}: do_lower_case=true is not supported (lower-case in the tokenizer instead)")
+    max_len = st_config.get("max_seq_length") or encoder.max_positions
+    return dataclasses.replace(encoder, pooling=_pooling(directory / pooling["path"], encoder.d_model),
+                               normalize_embeddings=bool(rest), max_input_tokens=min(max_len, encoder.max_positions),
+                               dropout=0.0, attention_dropout=0.0)
+
+
+def with_mlm_head(cfg: ModelConfig) -> ModelConfig:
+    """An encoder's config once ``attach_mlm_head`` has given it BERT's head (tied decoder)."""
+    return dataclasses.replace(cfg, mlm_head=True, mlm_transform=True, lm_head_bias=True, tie_word_embeddings=True)
+
+
 def load_sentence_transformer(path: str | Path, device: str | torch.device = "cpu",
                               dtype: torch.dtype | None = None) -> Checkpoint:
     """Read a sentence-transformers directory into a ``Checkpoint`` of the encoder family."""
     directory = Path(path)
     if not directory.is_dir():
         raise HFImportError(f"{directory}: not a local directory (nothing is downloaded; fetch the model first)")
-    transformer, pooling, *rest = _modules(directory)
-    hf = load_hf(directory / transformer.get("path", ""), device, dtype)
+    hf = load_hf(transformer_dir(directory), device, dtype)
     if hf.config.family != "encoder":
         raise HFImportError(f"{directory}: the Transformer module is a {hf.architecture}; only BERT encoders are "
                             "supported")
-    st_path = directory / transformer.get("path", "") / ST_CONFIG_FILE
-    st_config = read_json(st_path) if st_path.is_file() else {}
-    if st_config.get("do_lower_case"):
-        raise HFImportError(f"{st_path}: do_lower_case=true is not supported (lower-case in the tokenizer instead)")
-    max_len = st_config.get("max_seq_length") or hf.config.max_positions
-    cfg = dataclasses.replace(hf.config, pooling=_pooling(directory / pooling["path"], hf.config.d_model),
-                              normalize_embeddings=bool(rest), max_input_tokens=min(max_len, hf.config.max_positions),
-                              dropout=0.0, attention_dropout=0.0)
+    cfg = pipeline_config(directory, hf.config)
     hf.model.cfg = cfg  # the layers read shapes only; pooling reads these fields
     return Checkpoint(hf.model.eval(), cfg, hf.tokenizer, directory, {})
 
@@ -117,8 +134,7 @@ def attach_mlm_head(ckpt: Checkpoint, file: str | Path) -> Checkpoint:
 
     path = Path(file)
     tensors = load_file(path)
-    cfg = dataclasses.replace(ckpt.config, mlm_head=True, mlm_transform=True, lm_head_bias=True,
-                              tie_word_embeddings=True)
+    cfg = with_mlm_head(ckpt.config)
     model = ckpt.model
     model.cfg = cfg
     model.lm_head = LMHead(cfg).to(device=model.device, dtype=model.dtype)

@@ -25,6 +25,7 @@ from model.formats.hf.importer import HFModel, is_hf_model_dir, load_hf
 from model.formats.import_cache import load_converted
 from model.formats.manifest import is_manifest_dir, locate, locate_mlm_head, read_manifest
 from model.formats.sentence_transformers import attach_mlm_head, is_sentence_transformer_dir, load_sentence_transformer
+from model.quant.kquant import stored_weights
 
 
 def is_model_dir(path: str | Path) -> bool:
@@ -46,6 +47,8 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
         if not is_gguf_file(path):
             raise CheckpointError(f"{path}: not a GGUF file (a model file must be .gguf; other formats are "
                                   "directories)")
+        if stored_weights():  # the file's blocks read in place: nothing to convert or cache
+            return as_checkpoint(load_gguf(path, device, dtype))
         # converted once, then read back from the cache on later starts (import_cache)
         return load_converted(path, lambda: as_checkpoint(load_gguf(path)), device, dtype, gguf=path)
     if not path.is_dir():
@@ -60,7 +63,10 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
                 return ckpt
             return dataclasses.replace(attach_mlm_head(ckpt, head), fill_rescore=manifest.rescore)
         # The import is converted once and read back from the cache on later starts (import_cache).
-        ckpt = load_converted(manifest, lambda: as_checkpoint(load_gguf(file), path), device, dtype, gguf=file)
+        if stored_weights():
+            ckpt = as_checkpoint(load_gguf(file, device, dtype), path)
+        else:
+            ckpt = load_converted(manifest, lambda: as_checkpoint(load_gguf(file), path), device, dtype, gguf=file)
         return dataclasses.replace(ckpt, tool_format=manifest.tool_format) if manifest.tool_format else ckpt
     if is_sentence_transformer_dir(path):  # before is_hf_model_dir: its config.json is a HF BertModel's
         return load_sentence_transformer(path, device, dtype)

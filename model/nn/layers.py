@@ -392,7 +392,8 @@ class Embeddings(nn.Module):
 
     def reset_buffers(self) -> None:
         """(Re)compute non-persistent buffers, e.g. after building on the meta device."""
-        device = self.tokens.weight.device
+        # a table kept as GGUF blocks (model.quant.kquant.StoredEmbedding) has no float weight
+        device = self.tokens.weight.device if isinstance(self.tokens, nn.Embedding) else self.tokens.device
         if self.cfg.positional == "sinusoidal":
             self.sinusoid = sinusoidal_table(self.cfg.max_positions, self.cfg.d_model,
                                              self.cfg.sinusoidal_layout).to(device)

@@ -95,7 +95,8 @@ class TransformerModel(nn.Module):
         self.tie_weights()
 
     def tie_weights(self) -> None:
-        if self.cfg.tie_word_embeddings and self.lm_head is not None:
+        # (a table kept as GGUF blocks has its head over the same blocks already: gguf_import)
+        if self.cfg.tie_word_embeddings and self.lm_head is not None and isinstance(self.embed.tokens, nn.Embedding):
             self.lm_head.proj.weight = self.embed.tokens.weight
 
     def reset_buffers(self) -> None:
@@ -135,11 +136,13 @@ class TransformerModel(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.embed.tokens.weight.device
+        tokens = self.embed.tokens
+        return tokens.weight.device if isinstance(tokens, nn.Embedding) else tokens.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed.compute_dtype or self.embed.tokens.weight.dtype
+        tokens = self.embed.tokens
+        return self.embed.compute_dtype or (tokens.weight.dtype if isinstance(tokens, nn.Embedding) else tokens.dtype)
 
     def num_parameters(self) -> int:
         """The model's weights, however they are held now: a projection whose float weights a

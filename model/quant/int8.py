@@ -271,6 +271,8 @@ def quantize_int8_(model: nn.Module, calibration: Tensor | None = None, decode_o
     if any(p.device.type != "cpu" for p in model.parameters()):
         raise ValueError("int8 dynamic quantization runs on the CPU only")
     model.eval()
+    if not any(isinstance(m, Linear) for m in model.modules()):
+        return 0  # no float projection (a GGUF read as stored): nothing to calibrate or quantize
     if decode_only and calibration is not None:  # every projection smoothed on its own input
         maxima = input_maxima(model, calibration)
         smoothed = True

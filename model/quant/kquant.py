@@ -10,7 +10,8 @@ formats (tested equal, bit for bit, to ``gguf.quants.dequantize``).
 ``forward`` runs the native kernel (``model/decode/csrc/kquant.cpp``: activations quantized per
 block to 8 bits, an exact integer dot product per block, then float) where the native library is
 built, else the float product with the weights dequantized on each call. ``kquant_projection``
-is what the GGUF import calls (``TSERVE_GGUF_WEIGHTS=stored``).
+wraps one tensor's bytes; the GGUF import (``TSERVE_GGUF_WEIGHTS=stored``) builds ``KQuantLinear``
+and ``StoredEmbedding`` (token embeddings as blocks) over views of the mapped file.
 """
 
 from __future__ import annotations
@@ -139,7 +140,7 @@ _NATIVE: list[bool] = []  # [False]: never the native kernel (tests of the refer
 
 def native_kernel() -> bool:
     """Whether the native library with ``kquant_linear`` is loaded in this process (the import
-    loads it: ``model.formats.gguf_stored``; the decode step's preparation does too)."""
+    loads it: ``model.formats.gguf_import.load_gguf``; the decode step's preparation does too)."""
     if _NATIVE:
         return _NATIVE[0]
     return hasattr(torch.ops.tserve_native, "kquant_linear")
@@ -170,6 +171,10 @@ class KQuantLinear(nn.Module):
     def weight_bytes(self) -> int:
         return sum(p.raw.numel() for p in self.parts)
 
+    def float_weights(self) -> tuple[int, int, bool]:
+        """(out, in, has bias) of the float layer these blocks stand for (``num_parameters``)."""
+        return self.out_features, self.in_features, self.bias is not None
+
     def dequantized(self) -> Tensor:
         """The float32 weights (out, in): for tests and the reference path."""
         return torch.cat([dequantize(p.raw, p.qtype.code, (p.n, self.in_features)) for p in self.parts])
@@ -190,6 +195,47 @@ class KQuantLinear(nn.Module):
     def extra_repr(self) -> str:
         types = "+".join(p.qtype.name for p in self.parts)
         return f"in_features={self.in_features}, out_features={self.out_features}, {types}"
+
+
+class StoredEmbedding(nn.Module):
+    """Token embeddings kept as a GGUF tensor's blocks (``raw``: (V, row bytes) uint8, a view of the
+    mapped file): a lookup dequantizes only the rows it gathers (``torch.ops.tserve_native.kquant_rows``
+    where the native library is loaded, else ``dequantize``: the same bits). The native step reads
+    the same blocks (``LlamaDecoder.set_embedding_blocks``), and a tied output head is a
+    ``KQuantLinear`` over them, so the table never exists in float."""
+
+    dtype = torch.float32  # what a lookup returns
+
+    def __init__(self, raw: Tensor, qtype: int | str, dim: int):
+        super().__init__()
+        self.qtype = block_type(qtype)
+        if dim % self.qtype.values:
+            raise ValueError(f"{self.qtype.name} needs rows in multiples of {self.qtype.values}, got {dim}")
+        row = dim // self.qtype.values * self.qtype.size
+        if raw.dtype != torch.uint8 or raw.numel() % row:
+            raise ValueError(f"{self.qtype.name}: expected uint8 rows of {row} bytes, got {raw.dtype} x {raw.numel()}")
+        self.raw = raw.reshape(-1, row)
+        self.num_embeddings, self.embedding_dim = self.raw.shape[0], dim
+
+    @property
+    def device(self) -> torch.device:
+        return self.raw.device
+
+    def float_weights(self) -> tuple[int, int, bool]:
+        return self.num_embeddings, self.embedding_dim, False
+
+    def forward(self, ids: Tensor) -> Tensor:
+        flat = ids.reshape(-1)
+        if native_kernel():
+            rows = torch.ops.tserve_native.kquant_rows(self.raw, self.qtype.code, self.embedding_dim, flat)
+        else:
+            if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= self.num_embeddings):
+                raise IndexError(f"token id out of range [0, {self.num_embeddings})")
+            rows = dequantize(self.raw[flat].reshape(-1), self.qtype.code, (flat.numel(), self.embedding_dim))
+        return rows.reshape(*ids.shape, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, {self.qtype.name}"
 
 
 def kquant_projection(raw: Tensor, qtype: int | str, shape: tuple[int, int], bias: Tensor | None = None

@@ -45,8 +45,15 @@ def as_call(obj: Any, names: set[str]) -> ToolCall | None:
 
 
 def json_calls(text: str, names: set[str]) -> list[ToolCall] | None:
-    """The calls when ``text`` is nothing but JSON calls (objects, or lists of them), else None."""
+    """The calls when ``text`` is nothing but JSON calls (objects, or lists of them), else None.
+    A call in doubled braces counts too: Qwen2.5's own template shows the call's shape as
+    ``{{"name": ..., "arguments": ...}}`` (braces escaped inside a Jinja string literal, so they
+    render doubled), and its models copy it."""
     calls, i, text = [], 0, text.strip()
+    if text.startswith("{{") and text.endswith("}}"):
+        inner = json_calls(text[1:-1], names)
+        if inner:
+            return inner
     while i < len(text):
         try:
             obj, end = _JSON.raw_decode(text, i)

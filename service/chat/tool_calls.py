@@ -154,7 +154,10 @@ def grammar(fmt: ToolFormat, schemas: list[dict], one: bool, free_text: bool) ->
     else:
         more = "" if one else " " + " ".join(f'({json.dumps(fmt.separator)} block' for _ in range(MAX_CALLS - 1)) + \
             ")?" * (MAX_CALLS - 1)
-        rules = [f"calls: block{more}", f"block: {opener}{after} call {closer}"]
+        # the separator may also end the turn: a model that writes it after its last block (Qwen2.5
+        # does, after the closing token) and then wants to stop must not be held to another block
+        trail = f" {json.dumps(fmt.separator)}?" if fmt.separator.strip() == "" else ""
+        rules = [f"calls: block{more}{trail}", f"block: {opener}{after} call {closer}"]
     if free_text:
         # text may not begin as a call does: a marker written as text, or JSON where calls are bare
         first = "{" if not fmt.open or fmt.optional_open else (fmt.open[0] if fmt.open_id is None else "")

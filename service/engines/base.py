@@ -15,13 +15,13 @@ from typing import Any
 from model import Checkpoint, EngineEvent
 from service.engines.errors import EmptyInputError, EngineStoppedError, InputTooLongError, InvalidRequestError
 from service.metrics import Metrics
-from service.models.facts import architecture, quantization
+from service.models.facts import TASKS, architecture, language_pair, quantization
 from service.models.memory import weights_bytes
 from service.settings import Settings
 
 log = logging.getLogger("tserve.engine")
 
-TASKS = {"encoder-decoder": "translation", "decoder": "text-generation", "encoder": "fill-mask"}
+__all__ = ["TASKS", "BaseEngine", "TokenUsage"]  # TASKS: what each family serves (service.models.facts)
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,7 @@ class BaseEngine:
         self.max_len = min(settings.max_seq_len or self.cfg.max_positions, self.cfg.max_positions)
         self.created = int(time.time())
         self.source_facts: tuple[str | None, str | None] = (None, None)  # (architecture, quantization) of the file
+        self.parameters: int | None = None  # the float model's count, taken by the loader before quantizing
         self._weights_bytes: int | None = None
         self.ready = False
         self.accepting = False
@@ -159,11 +160,18 @@ class BaseEngine:
         arch, source = self.source_facts
         return {"id": self.name, "object": "model", "created": self.created, "owned_by": "transformer-serve",
                 "family": self.family, "task": self.task, "max_seq_len": self.max_len,
-                "parameters": self.model.num_parameters(), "metrics": self.ckpt.metrics,
+                "parameters": self.model.num_parameters() if self.parameters is None else self.parameters,
+                "metrics": self.ckpt.metrics,
                 "architecture": architecture(self.cfg, arch), "context_length": self.max_len,
                 "quantization": quantization(self.model, source, self.decode_q4()),
-                "decode_step": self.decode_step_name,
-                "memory": self.memory()}
+                "decode_step": self.decode_step_name, "language_pair": self.language_pair,
+                "chat": False, "tools": False, "memory": self.memory()}
+
+    @property
+    def language_pair(self) -> list[str] | None:
+        """A translation model's (source, target) language codes (``service.models.facts``)."""
+        pair = language_pair(self.family, self.cfg, self.name)
+        return list(pair) if pair else None
 
     def decode_q4(self) -> int:
         """Projections whose decode steps read the file's own 4-bit weights (the native step's)."""

@@ -40,6 +40,7 @@ from service.routes import (
     translate_po,
 )
 from service.settings import Settings
+from service.translation import language_id
 
 log = logging.getLogger("tserve.app")
 
@@ -52,6 +53,8 @@ async def _load(registry: EngineRegistry, app: FastAPI) -> None:
     """Load the models; a failure is logged loudly and, with TSERVE_EXIT_ON_LOAD_FAILURE, ends the
     process (``app.state.exit_code``, which the server polls and ``python -m service`` exits with)."""
     await registry.start()
+    if any(e.family == "encoder-decoder" for e in registry.engines.values()):  # /detect, source "auto": langid
+        app.state.langid = asyncio.create_task(asyncio.to_thread(language_id.warm))
     if registry.error is None:
         return
     failed = next((name for name, entry in registry.entries.items() if entry.state == "failed"), None)

@@ -210,12 +210,13 @@ def _po_query(op: dict | None, registry, settings) -> None:
     if not op or not engines:
         return
     query = {p["name"]: p for p in op.get("parameters", [])}
-    _model_field(query["model"]["schema"], "encoder-decoder", [e.name for e in engines])
-    query["model"]["description"] = query["model"]["schema"]["description"]
     form = op.get("requestBody", {}).get("content", {}).get("multipart/form-data", {}).get("schema", {})
     for options in (query, form.get("properties", {})):  # the same options, as query parameters or form fields
         if not options:
             continue
+        model = options["model"].get("schema", options["model"])
+        _model_field(model, "encoder-decoder", [e.name for e in engines])
+        options["model"]["description"] = model["description"]
         max_tokens = options["max_tokens"].get("schema", options["max_tokens"])
         max_tokens["maximum"] = min(max_tokens["maximum"], min(e.max_len for e in engines) - 1)
         max_tokens["default"] = min(max_tokens["default"], max_tokens["maximum"])

@@ -8,7 +8,8 @@ and engines, never an entry to write.
 
 Threads: ``discover`` reads the weights directory synchronously; the registry calls it on the
 event loop at start-up (once, before any model is loaded), benchmarks and tests call it outside
-any loop. ``card`` runs on the event loop (``GET /v1/models``).
+any loop. ``read_cards`` runs in a worker thread at start-up; ``card`` runs on the event loop
+(``GET /v1/models``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 from model import CheckpointError, is_model_dir
 from model.formats.manifest import ManifestError, RescoreSpec, is_manifest_dir, locate, read_manifest
 from service.engines.generative import BaseEngine
+from service.models.facts import file_card
 from service.settings import Settings
 
 log = logging.getLogger("tserve.registry")
@@ -46,6 +48,13 @@ class ModelEntry:
     keep_alive: float | None = None  # the last request's keep_alive (seconds, -1 forever); None: the setting
     measured_bytes: int | None = None  # weights + KV caches at its last load
     card: dict[str, Any] | None = None  # its /v1/models entry while it was last loaded
+    facts: dict[str, Any] | None = None  # its card read from its files, before any load (``facts.file_card``)
+    card_error: str | None = None  # why its files could not say what it is
+
+    @property
+    def described(self) -> dict[str, Any] | None:
+        """What is known of it without loading it: its files' card, else its last load's."""
+        return self.facts or self.card
 
     def in_use(self) -> bool:
         return self.engine is not None and (self.leases > 0 or self.users > 0 or self.engine.in_flight)
@@ -105,16 +114,34 @@ def _installed(path: Path) -> bool:
     return True
 
 
+def read_cards(models: list[tuple[str, Path]], settings: Settings) -> dict[str, tuple[dict | None, str | None]]:
+    """(card, None) for each model whose files say what it is (``facts.file_card``: no weights
+    read), else (None, why): its load will say more. Runs in a worker thread; the registry writes
+    the results into the entries on the event loop."""
+    cards: dict[str, tuple[dict | None, str | None]] = {}
+    for name, path in models:
+        try:
+            cards[name] = file_card(name, path, settings), None
+        except Exception as exc:  # noqa: BLE001 - any reader's error: the card says it, the load decides
+            cards[name] = None, f"{type(exc).__name__}: {exc}"
+            log.warning("cannot read what model %s is before loading it: %s", name, cards[name][1])
+    return cards
+
+
 def card(entry: ModelEntry, default_keep_alive: float) -> dict[str, Any]:
-    """One model's /v1/models entry: what it is (its last load's facts, once loaded) and where
-    it stands (state, why it failed, the memory it holds now)."""
+    """One model's /v1/models entry: what it is and where it stands (state, why it failed, the
+    memory it holds now). A loaded model's fields come from its engine (over its file card, for
+    ``source_bytes``); a model that is not loaded shows its file card, whose load-only fields are
+    null and named in ``until_loaded``."""
     if entry.engine is not None:
-        shown = entry.engine.info()
+        shown = {**(entry.facts or {}), **entry.engine.info(), "until_loaded": []}
+    elif entry.facts is not None:
+        shown = {**entry.facts, "memory": dict(NO_MEMORY)}
     else:
         created = int(entry.path.stat().st_mtime) if entry.path.exists() else 0
         shown = {**(entry.card or {"id": entry.name, "object": "model", "created": created,
                                    "owned_by": "transformer-serve"}),
-                 "memory": dict(NO_MEMORY)}
+                 "memory": dict(NO_MEMORY), "card_error": entry.card_error}
     return {**shown, "state": entry.state, "state_reason": entry.error,
             "keep_alive": entry.keep_alive_s(default_keep_alive)}
 

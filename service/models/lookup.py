@@ -22,6 +22,14 @@ DEFAULT_SETTINGS = {"text-generation": "default_generation_model", "feature-extr
 PLACEHOLDER_MODELS = {"", "tgi", "tei", "dummy", "default", "unused", "none"}
 
 
+def placeholder_schema() -> dict:
+    """The placeholders as a JSON Schema string, for the routes that take them: any case, blanks
+    around (a subset of what ``is_placeholder`` strips), or a URL."""
+    words = "|".join("".join(f"[{c.upper()}{c.lower()}]" for c in word) for word in sorted(PLACEHOLDER_MODELS) if word)
+    return {"type": "string", "pattern": f"^[ \\t\\n\\r\\f\\v]*({words})?[ \\t\\n\\r\\f\\v]*$|^https?://",
+            "description": "a placeholder (what a client with no model to name sends): the default model"}
+
+
 def is_placeholder(name: str | None) -> bool:
     return name is None or name.strip().lower() in PLACEHOLDER_MODELS or name.startswith(("http://", "https://"))
 

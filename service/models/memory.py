@@ -22,6 +22,7 @@ from model.formats.gguf_header import GGUFHeaderError, read_header
 from model.formats.gguf_import import is_gguf_file
 from model.formats.manifest import ManifestError, is_manifest_dir, locate, read_manifest
 from model.quant.int8 import DecodeInt8Linear
+from model.quant.kquant import KQuantLinear
 
 log = logging.getLogger("tserve.memory")
 
@@ -52,6 +53,9 @@ def weights_bytes(model: nn.Module) -> int:
         for value in vars(module).values():  # tensors kept as plain attributes (prepacked copies)
             if isinstance(value, torch.Tensor):
                 add(value)
+        if isinstance(module, KQuantLinear):  # GGUF blocks as stored (views of the mapped file)
+            for part in module.parts:
+                add(part.raw)
         if isinstance(module, DecodeInt8Linear):  # its int8 copy: sizes known without unpacking fbgemm's
             # (unpacking took ~2 s per call for Gemma 3); the bias is the float layer's, where kept
             q, bias = module.quantized, None if module.dense is None else module.dense.bias

@@ -45,7 +45,7 @@ from service.models import catalogue, leases
 from service.models.catalogue import ModelEntry
 from service.models.leases import KeepAlive
 from service.models.loading import ModelLoader
-from service.models.lookup import FAMILY_NAMES, check_family, is_placeholder, pick_default
+from service.models.lookup import DEFAULT_SETTINGS, FAMILY_NAMES, check_family, is_placeholder, pick_default
 from service.schemas.common import printable
 from service.settings import Settings
 
@@ -80,6 +80,10 @@ class EngineRegistry:
         """Find the models, load the preloaded ones in order; a failure is ``self.error``."""
         try:
             self.entries.update((name, ModelEntry(name, path)) for name, path in self.discover())
+            cards = await asyncio.to_thread(catalogue.read_cards, [(n, e.path) for n, e in self.entries.items()],
+                                            self.settings)
+            for name, (facts, why) in cards.items():
+                self.entries[name].facts, self.entries[name].card_error = facts, why
             wanted = self.settings.preload_names()
             if wanted is None:  # every model TSERVE_MODELS names; without it, all found but the on-demand ones
                 named = bool(self.settings.model_names())
@@ -151,15 +155,30 @@ class EngineRegistry:
                                      "model")
         return entry
 
+    def check_named(self, name: str, family: str, endpoint: str) -> None:
+        """Raise as ``acquire`` would for a name that is not served (404) or is of another family
+        (400), without loading it."""
+        entry = self._entry(name)
+        known = entry.engine.info() if entry.engine is not None else entry.described
+        if known is not None:
+            check_family(name, known["family"], family, endpoint)
+
     async def acquire(self, name: str | None, family: str, endpoint: str, task: str | None = None,
                       only_one: bool = False, keep_alive: float | None = None) -> BaseEngine:
-        """``get``, loading a named model that is available but not loaded first (within the
-        request's deadline, TSERVE_REQUEST_TIMEOUT_S). ``keep_alive``: how long the model stays
-        loaded after this request (seconds, -1 forever; None: TSERVE_KEEP_ALIVE)."""
+        """``get``, loading first (within the request's deadline, TSERVE_REQUEST_TIMEOUT_S) a named
+        model that is available but not loaded, or, without a name, the default model that
+        ``default_to_load`` says is needed. ``keep_alive``: how long the model stays loaded after
+        this request (seconds, -1 forever; None: TSERVE_KEEP_ALIVE)."""
+        if only_one and is_placeholder(name):
+            name = None
+        wanted = self.default_to_load(family, task, only_one) if name is None and not self.stopping else None
+        if wanted is not None:  # no loaded model answers a request without one: its default loads, like a named one
+            await self.load_within_deadline(wanted)
         entry = self.entries.get(name) if name is not None else None
         if entry is not None and entry.engine is None and not self.stopping:
-            if entry.card is not None:  # loaded before: its family is known without loading it
-                check_family(name, entry.card["family"], family, endpoint)
+            known = entry.described  # its files' card (or its last load's): its family is known before loading
+            if known is not None:
+                check_family(name, known["family"], family, endpoint)
             await self.load_within_deadline(name)
         engine = self.get(name, family, endpoint, task, only_one)
         self.entries[engine.name].keep_alive = keep_alive
@@ -175,6 +194,31 @@ class EngineRegistry:
         without a model goes to (``lookup.pick_default``); None when no model of it is loaded."""
         candidates = [e for e in self.engines.values() if e.task == task]
         return pick_default(candidates, task, self.settings) if candidates else None
+
+    def default_to_load(self, family: str, task: str | None = None, only_one: bool = False) -> str | None:
+        """The model a request of ``family`` (and ``task``) without a model needs loaded first; None
+        when a loaded model answers it (``get``) or no model's card says it serves it. A drop-in
+        request (``only_one``) needs its task's ``TSERVE_DEFAULT_*_MODEL`` where set; otherwise one
+        is needed only when no model of the family is loaded: the task's default among every
+        model's card, chosen as ``lookup.pick_default`` chooses among loaded ones."""
+        task = task or TASKS[family]
+        setting = DEFAULT_SETTINGS.get(task)
+        named = getattr(self.settings, setting) if setting else ""
+        if only_one and named:
+            entry = self.entries.get(named)  # of another family or not served: ``pick_default`` says so
+            fits = entry is not None and (entry.described or {}).get("family", family) == family
+            return named if fits and entry.engine is None else None
+        if any(e.family == family for e in self.engines.values()):
+            return None
+        cards = [e for e in self.entries.values() if e.described and e.described["family"] == family]
+        of_task = [e for e in cards if e.described["task"] == task] or cards
+        if not of_task:
+            return None
+        if named and any(e.name == named for e in of_task):
+            return named
+        if task == "text-generation":
+            return next((e.name for e in of_task if e.described.get("chat")), of_task[0].name)
+        return of_task[0].name
 
     def get(self, name: str | None, family: str, endpoint: str, task: str | None = None,
             only_one: bool = False) -> BaseEngine:

@@ -3,8 +3,9 @@
 import { apiKey, onUnauthorized, request, setApiKey, startLoadPanel } from "./api.js";
 import { setupChat, setupEmbeddings, setupFillMask, setupGenerate, setupTranslate } from "./tabs.js";
 
-// A tab is shown when at least one loaded model serves it. Every encoder embeds: masked-LM
-// ("fill-mask") ones and embedding-only ("feature-extraction") ones.
+// A tab is shown when at least one model serves it, loaded or not (/v1/models says what a model
+// is before it loads). Every encoder embeds: masked-LM ("fill-mask") ones and embedding-only
+// ("feature-extraction") ones.
 const TABS = [
   { name: "chat", serves: (m) => m.task === "text-generation" && m.chat === true, setup: setupChat },
   { name: "generate", serves: (m) => m.task === "text-generation", setup: setupGenerate },
@@ -34,6 +35,7 @@ function select(name, focus = false) {
 function wireTabs() {
   for (const t of TABS) {
     t.setup(panel(t.name));
+    panel(t.name).querySelector("form").addEventListener("submit", () => setTimeout(() => followLoad(panel(t.name))));
     tab(t.name).addEventListener("click", () => select(t.name));
   }
   document.querySelector("[role=tablist]").addEventListener("keydown", (e) => {
@@ -62,6 +64,64 @@ function recommend(where, model) {
   }
 }
 
+// What each panel says about its chosen model's state: nothing once loaded; before, that it
+// loads on its first request; while a request waits for the load, how long it has been loading.
+let known = {};  // model id -> its /v1/models card, as last polled
+const STATE_NOTES = {
+  available: "Not loaded yet: it loads on its first request, which waits for the load.",
+  loading: "Loading the model…",
+  failed: "Its last load failed; a request tries again.",
+};
+
+function stateNote(where) {
+  let note = where.querySelector("[data-model-state]");
+  if (!note) {
+    note = Object.assign(document.createElement("p"), { className: "model-state" });
+    note.dataset.modelState = "";
+    note.setAttribute("role", "status");
+    where.querySelector("[data-model]").closest(".row").after(note);
+  }
+  return note;
+}
+
+function showState(where, since = null) {
+  const model = known[where.querySelector("[data-model]").value];
+  const note = stateNote(where);
+  const state = model ? model.state : "loaded";
+  note.dataset.state = state;
+  note.hidden = state === "loaded";
+  let text = STATE_NOTES[state] || "";
+  if (state === "loading" && since !== null) text += ` ${((performance.now() - since) / 1000).toFixed(0)} s`;
+  if (state === "failed" && model.state_reason) text += ` (${model.state_reason})`;
+  note.textContent = text;
+}
+
+function label(m) {
+  return m.state === "loaded" ? m.id : `${m.id} (${m.state === "available" ? "not loaded" : m.state})`;
+}
+
+// A request sent to a model that is not loaded: poll /v1/models while it loads, so the panel
+// shows the load as it happens, then the option's label says it is loaded.
+async function followLoad(where) {
+  const id = where.querySelector("[data-model]").value;
+  if (!known[id] || known[id].state === "loaded") return;
+  const since = performance.now();
+  while (where.dataset.state === "running" || known[id].state === "loading") {
+    try {
+      known[id] = await (await request(`v1/models/${encodeURIComponent(id)}`)).json();
+    } catch (err) {
+      break;
+    }
+    for (const t of TABS) {
+      const option = [...panel(t.name).querySelector("[data-model]").options].find((o) => o.value === id);
+      if (option) option.textContent = label(known[id]);
+      showState(panel(t.name), since);
+    }
+    if (known[id].state === "loaded" || known[id].state === "failed") break;
+    await new Promise((done) => setTimeout(done, 500));
+  }
+}
+
 async function loadModels() {
   status.textContent = "Loading the model list…";
   let models;
@@ -71,8 +131,9 @@ async function loadModels() {
     status.textContent = `Could not list the models: ${err.message}`;
     return;
   }
+  known = Object.fromEntries(models.map((m) => [m.id, m]));
   if (!models.length) {
-    status.textContent = "No model is loaded yet; trying again…";
+    status.textContent = "No model is served yet; trying again…";
     setTimeout(loadModels, 2000);
     return;
   }
@@ -81,14 +142,18 @@ async function loadModels() {
     tab(t.name).hidden = serving.length === 0;
     const choice = panel(t.name).querySelector("[data-model]");
     const previous = choice.value;
-    choice.replaceChildren(...serving.map((m) => new Option(m.id, m.id)));
+    choice.replaceChildren(...serving.map((m) => new Option(label(m), m.id)));
     if (serving.some((m) => m.id === previous)) choice.value = previous;
-    choice.onchange = () => recommend(panel(t.name), serving.find((m) => m.id === choice.value));
+    choice.onchange = () => {
+      recommend(panel(t.name), serving.find((m) => m.id === choice.value));
+      showState(panel(t.name));
+    };
     if (choice.value !== previous) choice.onchange();
+    showState(panel(t.name));
   }
   const shown = visibleTabs().map((b) => b.dataset.tab);
   const wanted = location.hash.slice(1);
-  status.textContent = shown.length ? "" : "None of the loaded models serves a task this page knows.";
+  status.textContent = shown.length ? "" : "None of the models serves a task this page knows.";
   if (shown.length) select(shown.includes(wanted) ? wanted : shown[0]);
 }
 

@@ -11,12 +11,13 @@ from service.engines.encoder import EncoderEngine
 from service.engines.waiting import unless_disconnected
 from service.http.dependencies import RegistryDep, SettingsDep
 from service.http.errors import ERROR_RESPONSES
+from service.routes.compat.hf_task_doors import HFTaskDoorRoute
 from service.routes.inputs import input_ids
 from service.routes.streaming import client_gone, mark
 from service.schemas.common import FillMaskRequest, FillMaskResponse, Usage
 from service.schemas.openai import EmbeddingItem, EmbeddingRequest, EmbeddingResponse
 
-router = APIRouter(tags=["encoder"])
+router = APIRouter(tags=["encoder"], route_class=HFTaskDoorRoute)  # also HF's {"inputs", "parameters"}
 
 
 @router.post("/v1/fill-mask", response_model=FillMaskResponse, responses=ERROR_RESPONSES,

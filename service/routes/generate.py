@@ -11,11 +11,12 @@ from service.engines.generative import EngineEvent, GenerativeEngine, RequestStr
 from service.engines.waiting import collect
 from service.http.dependencies import RegistryDep, SettingsDep
 from service.http.errors import ERROR_RESPONSES
+from service.routes.compat.hf_task_doors import HFTaskDoorRoute
 from service.routes.inputs import input_ids
 from service.routes.streaming import check_event, client_gone, mark, sse_response
 from service.schemas.common import GenerateRequest, GenerateResponse, TokenLogprob, TopLogprob, Usage
 
-router = APIRouter(tags=["generation"])
+router = APIRouter(tags=["generation"], route_class=HFTaskDoorRoute)  # also HF's {"inputs", "parameters"}
 
 
 def token_logprobs(engine: GenerativeEngine, events: list[EngineEvent]) -> list[TokenLogprob]:

@@ -13,12 +13,13 @@ from service.engines.errors import InvalidRequestError
 from service.engines.generative import GenerativeEngine, RequestStream, SamplingParams
 from service.http.dependencies import RegistryDep, SettingsDep
 from service.http.errors import ERROR_RESPONSES
+from service.routes.compat.hf_task_doors import HFTaskDoorRoute
 from service.routes.inputs import text_list
 from service.routes.streaming import check_event, client_gone, mark, sse_response
 from service.schemas.common import TranslateRequest, TranslateResponse, Translation, Usage
 from service.translation import translate as translation
 
-router = APIRouter(tags=["translation"])
+router = APIRouter(tags=["translation"], route_class=HFTaskDoorRoute)  # also HF's {"inputs", "parameters"}
 
 
 @router.post("/v1/translate", response_model=TranslateResponse, responses=ERROR_RESPONSES,

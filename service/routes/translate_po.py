@@ -70,7 +70,11 @@ async def translate_po(request: Request, registry: RegistryDep, settings: Settin
                        query: Annotated[TranslatePoOptions, Query()]):
     data, fields = await _upload(request)
     body = _options(query, fields)
+    if query.model is not None and query.model != body.model:  # overridden by the form: still a name to check
+        registry.check_named(query.model, "encoder-decoder", "/v1/translate/po")
     engine: GenerativeEngine = await registry.acquire(body.model, "encoder-decoder", "/v1/translate/po")
+    for options in (query, body):  # the query's values too, where the form's override them
+        _check_bounds(options, engine, settings)
     mark(request, engine.name)
     po = po_catalogue.parse(data, settings)
     texts = po_catalogue.plan(po, body.include_fuzzy, body.max_entries)
@@ -89,6 +93,17 @@ async def translate_po(request: Request, registry: RegistryDep, settings: Settin
     mark(request, usage=summary.usage)
     return Response(po_catalogue.render(po), media_type=f"{PO_MEDIA_TYPE}; charset=utf-8",
                     headers=summary.headers())
+
+
+def _check_bounds(options: TranslatePoOptions, engine: GenerativeEngine, settings) -> None:
+    """The bounds the schema states for the model (max_tokens within its context, beam_size within
+    TSERVE_MAX_BATCH), for options the engine will not see because the form overrode them."""
+    if "max_tokens" in options.model_fields_set and options.max_tokens > engine.max_len - 1:
+        raise InvalidRequestError(f"max_tokens: {options.max_tokens} is more than {engine.name}'s context allows "
+                                  f"({engine.max_len - 1})", "max_tokens")
+    if "beam_size" in options.model_fields_set and options.beam_size > settings.max_batch:
+        raise InvalidRequestError(f"beam_size: {options.beam_size} is more than TSERVE_MAX_BATCH "
+                                  f"({settings.max_batch})", "beam_size")
 
 
 async def _upload(request: Request) -> tuple[bytes, dict[str, str]]:
@@ -127,6 +142,9 @@ def _options(query: TranslatePoOptions, fields: dict[str, str]) -> TranslatePoOp
     given = {k: v for k, v in fields.items() if k in TranslatePoOptions.model_fields}
     if not given:
         return query
+    for name, value in given.items():  # a form's boolean as the schema states it (pydantic would read "0", "no")
+        if TranslatePoOptions.model_fields[name].annotation in (bool, "bool") and value not in ("true", "false"):
+            raise InvalidRequestError(f"{name}: {value!r} is not a boolean; send true or false", name)
     try:
         return TranslatePoOptions.model_validate({**query.model_dump(exclude_unset=True), **given})
     except ValidationError as exc:

@@ -102,7 +102,7 @@ class ChatCompletionRequest(StopStrings, GuidedFields, KeepAlive):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
     # refused: legacy functions, audio; logit_bias is not implemented
-    functions: list[Any] | None = None
+    functions: list[dict[str, Any]] | None = None  # OpenAI's legacy function definitions: objects
     function_call: Any = None
     logit_bias: dict[str, float] | None = None
     modalities: list[str] | None = None

@@ -120,10 +120,11 @@ class ModelMemory(BaseModel):
 
 
 class Quantization(BaseModel):
-    weights: str  # what prompts run in: float32, bfloat16, float16; int8 (an int8 encoder-decoder, sources too)
-    decode: str  # what decode steps multiply with: int8; q4+int8 (the file's 4-bit runs, int8 for the rest); dtype
+    # weights, decode, decode_q4: null until the model is loaded (a load decides them)
+    weights: str | None  # what prompts run in: float32, bfloat16, float16; int8 (an int8 encoder-decoder, sources too)
+    decode: str | None  # what decode steps multiply with: int8; q4+int8 (4-bit runs + int8); the dtype
     source: str | None = None  # the source file's quantization (a GGUF file type: Q4_1, Q4_K_M, ...)
-    decode_q4: int = 0  # projections whose decode steps read the file's Q4_0 / Q4_1 weights as stored
+    decode_q4: int | None = 0  # projections whose decode steps read the file's Q4_0 / Q4_1 weights as stored
 
 
 class SamplingDefaults(BaseModel):
@@ -138,8 +139,10 @@ class SamplingDefaults(BaseModel):
 
 
 class ModelCard(BaseModel):
-    """An OpenAI model object with this server's extra fields. The fields from ``family`` to
-    ``decode_step`` are known once the model has been loaded (null before its first load)."""
+    """An OpenAI model object with this server's extra fields. What a model is (family, task,
+    architecture, context length, parameters, chat, tools, language pair, source quantization and
+    size) is read from its files before it loads; the fields only a load can know are null while
+    it is not loaded and named in ``until_loaded`` (empty once loaded)."""
 
     id: str
     object: Literal["model"] = "model"
@@ -160,12 +163,17 @@ class ModelCard(BaseModel):
     chat: bool = False  # serves /v1/chat/completions (the model has a chat template)
     prefix_cache: dict[str, int] | None = None  # decoder models: block_tokens, blocks_named (the prefix cache)
     kv_cache: dict[str, int] | None = None  # generative models: block_tokens, blocks, bytes, capacity_tokens
+    speculative: dict[str, Any] | None = None  # decoder models: prompt-lookup drafting's settings and counts
     structured_outputs: bool = False  # follows response_format / structured_outputs / guided_* (decoder models)
     tools: bool = False  # takes tools on /v1/chat/completions
     tool_prompt: Literal["template", "generic"] | None = None  # who shows the model its tools
     sampling_defaults: SamplingDefaults | None = None  # decoder models
     tool_format: Literal["hermes", "llama3", "mistral", "generic"] | None = None  # how it writes a call
     metrics: dict[str, Any] = Field(default_factory=dict)
+    language_pair: list[str] | None = None  # translation models: [source, target] language codes
+    source_bytes: int | None = None  # the size of its weight files on disk
+    until_loaded: list[str] = Field(default_factory=list)  # fields null because only a load can know them
+    card_error: str | None = None  # why its files could not be read before a load (the other fields then null)
 
 
 class ModelAction(RequestModel):

@@ -11,15 +11,37 @@ import threading
 from collections.abc import Iterable
 
 _lock = threading.Lock()
+_model: list[tuple] = []  # langid's decoded model, once per process
 _identifiers: dict[frozenset[str], object] = {}
 
 
-def _identifier(among: frozenset[str]):
-    from langid import langid  # imported on first use: loading its model takes about a second
+def _decoded() -> tuple:
+    """langid's model, decoded from the string it ships (base64 + bz2 + a pickle): 2-3 s of one
+    core when the host is quiet, 14 s measured on a loaded 2-core host; ``warm`` does it off the
+    request path at start-up."""
+    from langid import langid
 
     with _lock:
-        if among not in _identifiers:
-            ident = langid.LanguageIdentifier.from_modelstring(langid.model, norm_probs=True)
+        if not _model:
+            ident = langid.LanguageIdentifier.from_modelstring(langid.model)
+            _model.append((ident.nb_ptc, ident.nb_pc, ident.nb_numfeats, ident.nb_classes, ident.tk_nextmove,
+                           ident.tk_output))
+        return _model[0]
+
+
+def warm() -> None:
+    """Decode the model now (the server calls it in a thread at start-up when it serves a
+    translation model), so a first /detect or ``source: auto`` does not wait for it."""
+    _identifier(frozenset())
+
+
+def _identifier(among: frozenset[str]):
+    from langid import langid
+
+    model = _decoded()
+    with _lock:
+        if among not in _identifiers:  # a new identifier over the decoded arrays: no second decode
+            ident = langid.LanguageIdentifier(*model, norm_probs=True)
             known = [code for code in among if code in ident.nb_classes]
             if len(known) >= 2:
                 ident.set_languages(known)

@@ -30,6 +30,7 @@ from model.text.translate import Attempt, Decoded, Source, choose, restored, tra
 from model.text.translate import sources as placeholder_sources
 from service.engines.generative import BaseEngine, EngineEvent, GenerativeEngine, SamplingParams, TokenUsage
 from service.engines.waiting import ClientGone, collect
+from service.models import facts
 
 if TYPE_CHECKING:
     from service.models.registry import EngineRegistry
@@ -49,21 +50,12 @@ class Translated:
 # --- which engine translates a language pair ------------------------------------------------
 
 Pair = tuple[str, str]
-_NAMED_PAIR = re.compile(r"(?:^|[-_])([a-z]{2,3})[-_]([a-z]{2,3})$")
 
 
 def language_pair(engine: BaseEngine) -> Pair | None:
-    """(source, target) language codes of a translation model: its checkpoint's
-    ``source_language``/``target_language`` (config.json). Fallback, for a checkpoint without
-    them: a guess from the model's name (``*-en-de``, ``opus-mt-en-de``); None if it has none."""
-    if engine.family != "encoder-decoder":
-        return None
-    cfg = engine.cfg
-    source, target = getattr(cfg, "source_language", None), getattr(cfg, "target_language", None)
-    if source and target:
-        return source, target
-    match = _NAMED_PAIR.search(engine.name.lower())
-    return (match.group(1), match.group(2)) if match else None
+    """(source, target) language codes of a translation model (``service.models.facts``: its
+    config's, else a guess from its name); None if it has none."""
+    return facts.language_pair(engine.family, engine.cfg, engine.name)
 
 
 def engine_for(registry: EngineRegistry, source: str | None = None,
@@ -83,13 +75,18 @@ def engine_for(registry: EngineRegistry, source: str | None = None,
     return None
 
 
-async def reload_unloaded(registry: EngineRegistry, families: tuple[str, ...] = ("encoder-decoder",)) -> None:
+async def reload_unloaded(registry: EngineRegistry, families: tuple[str, ...] = ("encoder-decoder",),
+                          defaults: bool = True) -> None:
     """Load again the translation models (or those of ``families``) unloaded since they last
-    served (keep_alive, POST /models/unload). The routes that pick a model by its language pair
-    or its task (LibreTranslate, DeepL, the HF Inference API) read them from the loaded models,
-    and the OpenAPI schema promises what the loaded models served."""
+    served (keep_alive, POST /models/unload), and, with ``defaults``, the default model of each
+    family none of whose models is loaded (``EngineRegistry.default_to_load``: never loaded yet,
+    TSERVE_PRELOAD=none). The routes that pick a model by its language pair or its task
+    (LibreTranslate, DeepL, the HF Inference API) read them from the loaded models, and the
+    OpenAPI schema promises what the loaded models served."""
     names = [e.name for e in registry.entries.values()
              if e.engine is None and e.state == "available" and (e.card or {}).get("family") in families]
+    if defaults and not names:
+        names += [n for n in map(registry.default_to_load, families) if n is not None and n not in names]
     for name in names:
         await registry.load(name)
 

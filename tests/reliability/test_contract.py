@@ -42,7 +42,8 @@ NOT_IN_SCHEMA = re.compile(r"tokens|mask token|best_of must equal n|echo togethe
                            r"non-empty list|must not be empty|needs a 'json_schema' object|detected|"
                            # the doors: blocks in the other role's message, a tool_result answering no call
                            r"belong in|input: must hold")
-OPERATIONS = 34  # the doors' five, POST /models/load, /models/unload and GET / (the playground) included
+# the doors' five, POST /models/load, /models/unload, GET / (the playground), the four GET /v1/<task>/info
+OPERATIONS = 38
 
 
 @pytest.fixture(scope="module")

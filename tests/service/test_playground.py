@@ -322,6 +322,38 @@ def test_translate_a_sentence(server, driver):
 
 
 @pytest.mark.slow
+def test_an_unloaded_model_is_driven_from_its_tab(browser_weights, driver, monkeypatch):
+    """TSERVE_PRELOAD=none: the tabs come from the models' cards (nothing loaded), the panel says
+    its model loads on first use, and a request shows the load as it happens, then its answer."""
+    from selenium.webdriver.common.by import By
+
+    import service.models.loading as loading
+
+    real_load = loading.load_model
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: (time.sleep(3), real_load(*a, **k))[1])  # watchable
+    settings = settings_for(browser_weights, max_seq_len=1024, max_batch=4, preload="none", fill_mask_rescore=False)
+    with ServerThread(settings) as s:
+        assert {m["state"] for m in httpx.get(s.url + "/v1/models").json()["data"]} == {"available"}
+        panel = _open(driver, s.url, "translate")
+        shown = [t.get_attribute("data-tab") for t in driver.find_elements(By.CSS_SELECTOR, "[role=tab]")
+                 if t.is_displayed()]
+        assert shown == ["chat", "generate", "translate", "fill-mask", "embeddings"]
+        note = panel.find_element(By.CSS_SELECTOR, "[data-model-state]")
+        choice = panel.find_element(By.CSS_SELECTOR, "select[name=model] option:checked")
+        assert "loads on its first request" in note.text and choice.text == "translate-en-de (not loaded)"
+        _screenshot(driver, "playground-not-loaded")
+        _fill(panel, "text", "Open the file")
+        panel.find_element(By.CSS_SELECTOR, "[data-send]").click()
+        _wait(lambda: "Loading the model" in note.text, what="the load shown as it happens")
+        assert _finished(panel, timeout=120) == "done", _error(panel)
+        assert panel.find_element(By.CSS_SELECTOR, "[data-output] .target").text
+        _wait(lambda: not note.is_displayed(), what="the note gone once loaded")
+        assert panel.find_element(By.CSS_SELECTOR, "select[name=model] option:checked").text == "translate-en-de"
+        states = {m["id"]: m["state"] for m in httpx.get(s.url + "/v1/models").json()["data"]}
+        assert states.pop("translate-en-de") == "loaded" and set(states.values()) == {"available"}
+
+
+@pytest.mark.slow
 def test_fill_mask_bars_and_the_servers_error_message(server, driver):
     from selenium.webdriver.common.by import By
 

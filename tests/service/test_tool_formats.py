@@ -18,11 +18,15 @@ import openai
 import pytest
 
 from model import ModelConfig, build_model, save
+from model.engine.grammar import GrammarCompiler, GrammarSpec
 from model.engine.requests import EngineEvent
 from model.tokenization.tokenizer import train_bpe
 from model.tokenization.tool_format import GENERIC, HERMES, LLAMA3, MISTRAL, ToolFormatError, detect
+from service.chat import tool_calls
 from service.chat.call_parser import CallStream, parse
 from service.chat.turn import RepeatGuard
+from service.schemas.structured import Tool
+from service.settings import Settings
 from tests.service.conftest import CORPUS, settings_for
 from tests.service.server_thread import ServerThread
 
@@ -63,7 +67,7 @@ def test_the_format_comes_from_the_template_and_the_vocabulary():
 def test_calls_are_read_tagged_bare_or_fenced_and_only_for_listed_tools():
     call = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
     for text in (f"<tool_call>\n{call}\n</tool_call>", call, f"```json\n{call}\n```", f"```\n{call}\n```",
-                 f"[{call}]", f"  {call}\n"):
+                 f"[{call}]", f"  {call}\n", f"{{{call}}}", f"<tool_call>\n{{{call}}}\n</tool_call>"):
         content, calls = parse(text, HERMES, NAMES)
         assert content is None and [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
             ("get_weather", {"city": "Paris"})], text
@@ -147,6 +151,28 @@ def test_a_repeated_call_ends_the_turn():
     fake = FakeStream([distinct])
     events = asyncio.run(drain(RepeatGuard(fake, HERMES, frozenset(NAMES))))
     assert not fake.aborted and "".join(e.text for e in events) == distinct and events[-1].finish_reason == "length"
+
+
+def test_a_call_list_may_end_after_the_separator_its_model_writes():
+    """Qwen2.5-Coder writes "\\n" after its closing token and then wants to stop: with parallel
+    calls the grammar held it to another block after that newline, so `required` wrote call after
+    call until max_tokens (7 calls, 256 tokens, the first one right; issue 42's tool-use study)."""
+    tok = train_bpe(CORPUS, vocab_size=320)
+    tok.tk.add_special_tokens(["<|im_end|>", "<tool_call>", "</tool_call>"])
+    ids = {t: tok.token_to_id(t) for t in ("<|im_end|>", "<tool_call>", "</tool_call>")}
+    fmt = detect(QWEN_LIKE, tok.token_to_id)
+    tools = [Tool.model_validate(t) for t in (WEATHER, TIME)]
+    schemas = [tool_calls._call_schema(t, i, fmt, Settings()) for i, t in enumerate(tools)]
+    compiler = GrammarCompiler(tok, tok.vocab_size, ids["<|im_end|>"])
+    block = [ids["<tool_call>"], *tok.encode('\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n'),
+             ids["</tool_call>"]]
+    for one in (False, True):
+        for free_text in (False, True):
+            matcher = compiler.compile(GrammarSpec("lark", tool_calls.grammar(fmt, schemas, one, free_text))).matcher()
+            for t in [*block, *tok.encode("\n")]:
+                assert matcher.accept(t), (one, free_text, t)
+            assert matcher.accepting, (one, free_text)  # the end may follow: it was another block or nothing
+            assert matcher.accept(ids["<|im_end|>"]) and matcher.done
 
 
 def make_weights(root: Path) -> Path:
@@ -239,7 +265,8 @@ def qwen_source() -> str | None:
 @pytest.mark.slow
 @pytest.mark.skipif(qwen_source() is None, reason=f"{QWEN_NAME}'s packages are not installed "
                     "(requirements-models-run.txt, `make run`)")
-def test_qwen_coder_calls_its_tools_under_required_named_and_auto():
+def test_qwen_coder_calls_its_tools_under_required_named_and_auto(monkeypatch):
+    monkeypatch.setenv("TSERVE_GGUF_WEIGHTS", "stored")  # no float copy, no int8 calibration at start
     source = qwen_source()
     settings = settings_for(Path("weights"), models=source, max_batch=2, max_seq_len=2048, warmup=False,
                             grammar_timeout_s=60)

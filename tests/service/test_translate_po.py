@@ -207,5 +207,30 @@ async def test_the_schema_bounds_the_options_as_form_fields_as_it_does_as_query_
     form = op["requestBody"]["content"]["multipart/form-data"]["schema"]["properties"]
     assert query["max_tokens"]["maximum"] == form["max_tokens"]["maximum"] == 255  # max_seq_len 256, less one
     assert query["beam_size"]["maximum"] == form["beam_size"]["maximum"] == 8
+    # the model: a translation model, as a query parameter or a form field (a form's fill-mask model once
+    # passed the schema and got a 400)
+    served = {m["id"] for m in (await client.get("/v1/models")).json()["data"] if m.get("task") == "translation"}
+    for model in (query["model"], form["model"]):
+        assert {v for b in model.get("anyOf", [model]) for v in b.get("enum", []) if v} == served != set()
     over = await post_multipart(client, max_tokens="256")
     assert over.status_code == 400 and over.json()["error"]["param"] == "max_tokens"
+
+
+async def test_a_query_option_the_form_overrides_is_still_checked(client):
+    """The form's fields override the query's options, but a query naming no served model is
+    refused as it would be alone (a query model of 'AAA' beside a served form model once answered
+    200)."""
+    files = {"file": ("de.po", SOURCE, "text/x-po")}
+    unknown = await client.post("/v1/translate/po", params={"model": "AAA"}, files=files, data=OPTIONS)
+    assert unknown.status_code == 404 and unknown.json()["error"]["param"] == "model", unknown.text
+    for name, value in (("max_tokens", "256"), ("beam_size", "9")):  # over the model's context, TSERVE_MAX_BATCH
+        over = await client.post("/v1/translate/po", params={name: value}, files=files, data=OPTIONS)
+        assert over.status_code == 400 and over.json()["error"]["param"] == name, over.text
+        over = await client.post("/v1/translate/po", files=files, data=OPTIONS | {name: value})  # as a form field
+        assert over.status_code == 400 and over.json()["error"]["param"] == name, over.text
+    for value in ("0", "no", "True"):  # a form field's boolean is true or false, as the schema says
+        odd = await client.post("/v1/translate/po", files=files, data=OPTIONS | {"include_fuzzy": value})
+        assert odd.status_code == 400 and odd.json()["error"]["param"] == "include_fuzzy", odd.text
+    overridden = await client.post("/v1/translate/po", params={"include_fuzzy": "true", "beam_size": "1"},
+                                   files=files, data=OPTIONS)
+    assert overridden.status_code == 200, overridden.text  # valid query options the form overrides

@@ -455,6 +455,96 @@ void check_part(const Tensor& raw, int64_t qtype, int64_t n, int64_t k) {
 
 }  // namespace
 
+void kquant_dequantize_row(int64_t qtype, const uint8_t* row, int64_t k, float* out) {
+  // the same float operations, in the same order, as kquant.py's _dequantize_blocks (built with
+  // -ffp-contract=off: no product is fused into the sum that follows it)
+  const KqFormat f = kq_format(qtype);
+  TORCH_CHECK(f.values > 0 && k % f.values == 0, "GGUF type ", qtype, " rows of ", k, " are not read");
+  for (int64_t b = 0; b < k / f.values; ++b, row += f.bytes, out += f.values) {
+    const uint8_t* w = row;
+    switch (qtype) {
+      case KQ8_0: {
+        const float d = kq_half(w);
+        for (int l = 0; l < 32; ++l) out[l] = static_cast<float>(static_cast<int8_t>(w[2 + l])) * d;
+        break;
+      }
+      case KQ4_0: case KQ4_1: {
+        const float d = kq_half(w);
+        const uint8_t* qs = w + (qtype == KQ4_0 ? 2 : 4);
+        for (int l = 0; l < 32; ++l) {
+          const int32_t q = nib32(qs, l);
+          out[l] = qtype == KQ4_0 ? d * static_cast<float>(q - 8) : d * static_cast<float>(q) + kq_half(w + 2);
+        }
+        break;
+      }
+      case KQ5_0: case KQ5_1: {
+        const float d = kq_half(w);
+        const int at = qtype == KQ5_0 ? 2 : 4;
+        uint32_t qh;
+        std::memcpy(&qh, w + at, 4);
+        for (int l = 0; l < 32; ++l) {
+          const int32_t q = nib32(w + at + 4, l) | static_cast<int32_t>(((qh >> l) & 1u) << 4);
+          out[l] = qtype == KQ5_0 ? d * static_cast<float>(q - 16) : d * static_cast<float>(q) + kq_half(w + 2);
+        }
+        break;
+      }
+      case KQ4_K: case KQ5_K: {
+        int32_t sc[8], mn[8];
+        scale_min_k4(w + 4, sc, mn);
+        const float d = kq_half(w), dmin = kq_half(w + 2);
+        const uint8_t* qs = w + (qtype == KQ4_K ? 16 : 48);
+        for (int s = 0; s < 8; ++s) {
+          const float ds = d * static_cast<float>(sc[s]), ms = dmin * static_cast<float>(mn[s]);
+          for (int l = 0; l < 32; ++l) {  // sub-block s: nibbles (low for even s) of bytes 32 (s / 2) + l
+            int32_t q = (s % 2 ? qs[32 * (s / 2) + l] >> 4 : qs[32 * (s / 2) + l] & 15);
+            if (qtype == KQ5_K) q |= ((w[16 + l] >> s) & 1) << 4;
+            out[32 * s + l] = ds * static_cast<float>(q) - ms;
+          }
+        }
+        break;
+      }
+      case KQ6_K: {
+        const float d = kq_half(w + 208);
+        for (int h = 0; h < 2; ++h) {
+          const uint8_t* ql = w + 64 * h;
+          const uint8_t* qh = w + 128 + 32 * h;
+          for (int c = 0; c < 4; ++c)
+            for (int l = 0; l < 32; ++l) {
+              const int32_t low = c < 2 ? ql[32 * c + l] & 15 : ql[32 * (c - 2) + l] >> 4;
+              const int32_t q = (low | (((qh[l] >> (2 * c)) & 3) << 4)) - 32;
+              const int64_t v = 128 * h + 32 * c + l;
+              const float s = d * static_cast<float>(static_cast<int8_t>(w[192 + v / 16]));
+              out[v] = s * static_cast<float>(q);
+            }
+        }
+        break;
+      }
+      default: TORCH_CHECK(false, "GGUF type ", qtype, " is not one the block kernels read");
+    }
+  }
+}
+
+int64_t kquant_row_bytes(int64_t qtype, int64_t k) {
+  const KqFormat f = kq_format(qtype);
+  return f.values > 0 && k > 0 && k % f.values == 0 ? k / f.values * f.bytes : 0;
+}
+
+Tensor kquant_rows(Tensor raw, int64_t qtype, int64_t k, Tensor ids) {
+  const int64_t row = kquant_row_bytes(qtype, k);
+  TORCH_CHECK(row > 0, "GGUF type ", qtype, " rows of ", k, " are not read");
+  TORCH_CHECK(raw.device().is_cpu() && raw.scalar_type() == at::kByte && raw.is_contiguous() && raw.numel() % row == 0,
+              "raw must be a contiguous uint8 CPU tensor of rows of ", row, " bytes");
+  const int64_t n = raw.numel() / row;
+  const Tensor idc = ids.to(at::kLong).contiguous().view({-1});
+  Tensor out = at::empty({idc.numel(), k}, at::TensorOptions().dtype(at::kFloat));
+  const int64_t* id = idc.data_ptr<int64_t>();
+  for (int64_t i = 0; i < idc.numel(); ++i) {
+    TORCH_CHECK(id[i] >= 0 && id[i] < n, "row ", id[i], " out of range [0, ", n, ")");
+    kquant_dequantize_row(qtype, raw.data_ptr<uint8_t>() + id[i] * row, k, out.data_ptr<float>() + i * k);
+  }
+  return out;
+}
+
 int64_t kquant_isa(int64_t isa) {
   if (isa == KQ_AUTO) return default_isa();
   return isa_runs(isa) ? isa : -1;

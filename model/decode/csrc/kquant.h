@@ -35,6 +35,17 @@ Tensor kquant_linear(Tensor x, Tensor raw, int64_t qtype, int64_t n, int64_t k, 
 Projection kquant_projection(const std::vector<Tensor>& raw, const std::vector<int64_t>& qtype,
                              const std::vector<int64_t>& n, int64_t k, const c10::optional<Tensor>& bias);
 
+// One row of k values of ggml type `qtype` (its k / values blocks at `row`) -> out[0, k) float32,
+// bit for bit model/quant/kquant.py's dequantize (the step's token embeddings read as stored).
+void kquant_dequantize_row(int64_t qtype, const uint8_t* row, int64_t k, float* out);
+
+// Bytes of one row of k values of `qtype`; 0 where the type is not one the kernels read or k is
+// not a multiple of its block.
+int64_t kquant_row_bytes(int64_t qtype, int64_t k);
+
+// The rows `ids` of an (n, k) tensor's blocks (raw: n rows of kquant_row_bytes) as float32 (len, k).
+Tensor kquant_rows(Tensor raw, int64_t qtype, int64_t k, Tensor ids);
+
 // Whether `isa` can run here (KQ_AUTO: the one the default picks).
 int64_t kquant_isa(int64_t isa);
 

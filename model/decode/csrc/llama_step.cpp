@@ -72,10 +72,21 @@ void LlamaDecoder::set_model(Tensor embed, Tensor final_norm, Tensor rope) {
   TORCH_CHECK(embed.device().is_cpu() && (embed.scalar_type() == at::kFloat || embed.scalar_type() == at::kBFloat16),
               "embed must be a float32 or bfloat16 CPU tensor");
   embed_ = embed.detach().contiguous();
+  embed_qtype_ = -1;
   d_ = embed_.size(1);
   final_norm_ = to_vector(final_norm, d_, "final_norm");
   rope_ = float_contiguous(rope, "rope");
   TORCH_CHECK(rope_.dim() == 3 && rope_.size(0) == 2 && rope_.size(2) == hs_, "rope must be (2, P, head_dim)");
+}
+
+void LlamaDecoder::set_embedding_blocks(Tensor raw, int64_t qtype) {
+  TORCH_CHECK(d_ > 0, "set_model first");
+  const int64_t row = kquant_row_bytes(qtype, d_);
+  TORCH_CHECK(row > 0, "GGUF type ", qtype, " rows of ", d_, " are not read");
+  TORCH_CHECK(raw.device().is_cpu() && raw.scalar_type() == at::kByte && raw.dim() == 2 && raw.size(1) == row,
+              "embedding blocks must be (V, ", row, ") uint8");
+  embed_ = raw.contiguous();
+  embed_qtype_ = qtype;
 }
 
 void LlamaDecoder::set_features(double embed_scale, int64_t activation, c10::optional<Tensor> rope_local) {
@@ -234,6 +245,12 @@ Tensor LlamaDecoder::run(const Tensor& tokens, const Tensor& k_cache, const Tens
   for (int64_t b = 0; b < B; ++b) {
     TORCH_CHECK(id[b] >= 0 && id[b] < V, "token id ", id[b], " out of range [0, ", V, ")");
     float* xb = x.data_ptr<float>() + b * d_;
+    if (embed_qtype_ >= 0) {  // the row's blocks, dequantized, then scaled as the float rows are
+      kquant_dequantize_row(embed_qtype_, embed_.data_ptr<uint8_t>() + id[b] * embed_.size(1), d_, xb);
+      if (embed_scale_ != 1.0f)
+        for (int64_t j = 0; j < d_; ++j) xb[j] *= embed_scale_;
+      continue;
+    }
     if (bf16) {  // exact in float32, then scaled as the float rows are (x * 1.0f is x)
       const uint16_t* e = reinterpret_cast<const uint16_t*>(embed_.data_ptr<at::BFloat16>()) + id[b] * d_;
       for (int64_t j = 0; j < d_; ++j) xb[j] = to_float(e[j]) * embed_scale_;

@@ -42,6 +42,10 @@ class LlamaDecoder : public torch::CustomClassHolder {
   // Model-level tensors: token embeddings (V, d), the final norm (d,), the rotary table (2, P, hs).
   // The embeddings may be bfloat16 (a served model's, halved: only a row per token is read).
   void set_model(Tensor embed, Tensor final_norm, Tensor rope);
+  // After set_model: the token embeddings as a GGUF tensor's blocks (kquant.h; V rows of d values
+  // of ggml type `qtype`, uint8, e.g. a view of the mapped file), each token's row dequantized as
+  // it is read; replaces set_model's table.
+  void set_embedding_blocks(Tensor raw, int64_t qtype);
 
   // What the whole model does beyond a Llama: token embeddings times `embed_scale`, the gate's
   // activation (Activation), and a second rotary table (2, P, hs) for layers that ask for it.
@@ -121,6 +125,7 @@ class LlamaDecoder : public torch::CustomClassHolder {
   int64_t nh_, nkv_, hs_, d_ = 0;
   float eps_, scale_;
   float embed_scale_ = 1.0f;
+  int64_t embed_qtype_ = -1;  // >= 0: embed_ holds GGUF blocks of this type (set_embedding_blocks)
   int64_t activation_ = kSilu;
   Tensor embed_, rope_, rope_local_;
   std::vector<float> final_norm_;

@@ -16,6 +16,7 @@ TORCH_LIBRARY(tserve_native, m) {
   m.def("int8_block_linear", &int8_block_linear);
   m.def("kquant_linear", &kquant_linear);
   m.def("kquant_isa", &kquant_isa);
+  m.def("kquant_rows", &kquant_rows);
   m.def("paged_decode_attention", &paged_decode_attention);
   m.class_<Int8Linear>("Int8Linear")
       .def(torch::init<c10::IValue, c10::optional<Tensor>, bool>())
@@ -33,6 +34,7 @@ TORCH_LIBRARY(tserve_native, m) {
   m.class_<LlamaDecoder>("LlamaDecoder")
       .def(torch::init<int64_t, int64_t, int64_t, double, double>())
       .def("set_model", &LlamaDecoder::set_model)
+      .def("set_embedding_blocks", &LlamaDecoder::set_embedding_blocks)
       .def("set_features", &LlamaDecoder::set_features)
       .def("set_layer_features", &LlamaDecoder::set_layer_features)
       .def("add_layer", &LlamaDecoder::add_layer)

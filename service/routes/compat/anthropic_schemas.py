@@ -20,7 +20,9 @@ class TextBlock(RequestModel):
     type: Literal["text"]
     text: str
     cache_control: dict[str, Any] | None = None  # accepted; there is no prompt caching to steer
-    citations: list[Any] | None = None
+    # Anthropic's citations are objects (a cited range of a document); typed so, not `Any`, so a
+    # fuzzer can also write a wrong one (schemathesis cannot negate an array of anything)
+    citations: list[dict[str, Any]] | None = None
 
 
 class ToolUseBlock(RequestModel):

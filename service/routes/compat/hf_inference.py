@@ -44,8 +44,14 @@ GENERATION_KEYS = {"max_new_tokens", "do_sample", "temperature", "top_p", "repet
 EMBED_KEYS = {"normalize", "truncate", "truncation_direction", "prompt_name", "dimensions"}
 
 
+def _served_tasks(registry: EngineRegistry) -> set[str]:
+    """The tasks of every model served, loaded or not (from its card until it loads)."""
+    return {e.task for e in registry.engines.values()} | {
+        e.described["task"] for e in registry.entries.values() if e.described and e.described.get("task")}
+
+
 def _loaded_task(registry: EngineRegistry) -> str:
-    tasks = {e.task for e in registry.engines.values()}
+    tasks = _served_tasks(registry)
     for task in ("text-generation", "feature-extraction", "translation", "fill-mask"):
         if task in tasks:
             return task
@@ -56,8 +62,8 @@ def pick_task(body: dict[str, Any], registry: EngineRegistry) -> str:
     params = body.get("parameters") if isinstance(body.get("parameters"), dict) else {}
     if "src_lang" in params or "tgt_lang" in params:
         return "translation"
-    if EMBED_KEYS & set(body) or ("parameters" not in body and not body.get("stream") and any(
-            e.task == "feature-extraction" for e in registry.engines.values())):
+    if EMBED_KEYS & set(body) or ("parameters" not in body and not body.get("stream") and
+                                  "feature-extraction" in _served_tasks(registry)):
         return "feature-extraction"  # TEI's fields, or no "parameters" at all (the client's feature_extraction)
     if body.get("stream") or GENERATION_KEYS & set(params):
         return "text-generation"
@@ -71,11 +77,16 @@ def pick_task(body: dict[str, Any], registry: EngineRegistry) -> str:
 
 @router.post("/", summary="TGI/TEI/HF Inference: the task is read from the payload (see the module docs)")
 async def root(request: Request, registry: RegistryDep, settings: SettingsDep):
-    await reload_unloaded(registry, ("encoder-decoder", "encoder", "decoder"))  # the tasks the schema lists
+    # the tasks the schema lists; a task's default loads once the payload says which task it is
+    await reload_unloaded(registry, ("encoder-decoder", "encoder", "decoder"), defaults=False)
     body = await read_params(request)
     if not isinstance(body.get("parameters", {}), dict | None):
         raise InvalidRequestError("parameters: must be an object", "parameters")
-    task = pick_task(body, registry)
+    return await answer(pick_task(body, registry), body, request, registry, settings)
+
+
+async def answer(task: str, body: dict[str, Any], request: Request, registry: EngineRegistry, settings) -> Any:
+    """One HF task's answer, in the shape InferenceClient reads for that task."""
     if task == "text-generation":
         req = tgi.TGIRequest.model_validate(body)
         if req.stream:
@@ -96,6 +107,7 @@ async def _translation(body: dict, request: Request, registry: EngineRegistry, s
             raise InvalidRequestError(f"parameters.{name} must be a language code (a translation takes src_lang and "
                                       f"tgt_lang together); got {value!r}", f"parameters.{name}")
     if src or tgt:
+        await reload_unloaded(registry)  # the default translation model, where none is loaded
         found = engine_for(registry, src or None, tgt or None)
         if found is None:
             raise InvalidRequestError(f"no translation model for {src or '?'} -> {tgt or '?'}; loaded pairs: "
@@ -103,7 +115,7 @@ async def _translation(body: dict, request: Request, registry: EngineRegistry, s
                                       "parameters.tgt_lang")
         engine = found[1]
     else:
-        engine = registry.get(None, "encoder-decoder", "/", only_one=True)
+        engine = await registry.acquire(None, "encoder-decoder", "/", only_one=True)
     texts = text_list(body.get("inputs") or "", "inputs", settings)
     translated, _ = await translate_texts(request, engine, texts, "inputs", settings)
     return [{"translation_text": t} for t in translated]
@@ -118,7 +130,7 @@ async def _fill_mask(body: dict, request: Request, registry: EngineRegistry, set
     top_k = params.get("top_k", 5)
     if not isinstance(top_k, int) or not 1 <= top_k <= 100:
         raise InvalidRequestError("parameters.top_k must be an integer in [1, 100]", "parameters.top_k")
-    engine: EncoderEngine = registry.get(None, "encoder", "/", "fill-mask", only_one=True)
+    engine: EncoderEngine = await registry.acquire(None, "encoder", "/", "fill-mask", only_one=True)
     mark(request, engine.name)
     inputs = body.get("inputs")
     if not isinstance(inputs, (str, list)):
@@ -136,18 +148,31 @@ async def info(registry: RegistryDep, settings: SettingsDep):
     engines = list(registry.engines.values())
     decoder = registry.default("text-generation")  # the model a request without `model` goes to
     embedder = registry.default("feature-extraction")
-    common = {"max_concurrent_requests": settings.max_queue + settings.max_batch, "max_client_batch_size":
-              settings.max_texts, "version": VERSION, "sha": None, "docker_label": None}
     if decoder is None and embedder is not None:
-        return {"model_id": embedder.name, "model_sha": None, "model_dtype": settings.dtype,
-                "model_type": {"embedding": {"pooling": embedder.pooling}},
-                "max_input_length": embedder.max_len, "max_batch_tokens": settings.max_encoder_batch * embedder.max_len,
-                "max_batch_requests": settings.max_encoder_batch, "tokenization_workers": 1, **common}
+        return tei_info(embedder, settings)
     model = decoder or (engines[0] if engines else None)
     if model is None:
         raise InvalidRequestError("no model is loaded")
+    return tgi_info(model, settings)
+
+
+def _common(settings) -> dict[str, Any]:
+    return {"max_concurrent_requests": settings.max_queue + settings.max_batch, "max_client_batch_size":
+            settings.max_texts, "version": VERSION, "sha": None, "docker_label": None}
+
+
+def tei_info(embedder, settings) -> dict[str, Any]:
+    """TEI's /info for an embedding model."""
+    return {"model_id": embedder.name, "model_sha": None, "model_dtype": settings.dtype,
+            "model_type": {"embedding": {"pooling": embedder.pooling}},
+            "max_input_length": embedder.max_len, "max_batch_tokens": settings.max_encoder_batch * embedder.max_len,
+            "max_batch_requests": settings.max_encoder_batch, "tokenization_workers": 1, **_common(settings)}
+
+
+def tgi_info(model, settings) -> dict[str, Any]:
+    """TGI's /info for a model of any task (``model_pipeline_tag`` names it)."""
     return {"model_id": model.name, "model_sha": None, "model_dtype": settings.dtype,
             "model_device_type": settings.device, "model_pipeline_tag": model.task, "max_best_of": 1,
             "max_stop_sequences": MAX_STOP_STRINGS, "max_input_tokens": model.max_len - 1,
             "max_total_tokens": model.max_len, "validation_workers": 1, "router": "text-generation-router",
-            **common}
+            **_common(settings)}

@@ -17,6 +17,7 @@ import re
 from typing import Any
 
 from service.engines.generative import MAX_STOP_STRINGS
+from service.models.lookup import placeholder_schema
 from service.routes.compat.common import SSE_EVENT
 from service.routes.compat.deepl import FLAG_TEXTS, FORMALITY, TARGET_VARIANTS
 from service.routes.compat.hf_inference import EMBED_KEYS
@@ -59,6 +60,8 @@ ROUTES = {
     ("post", "/generate"): ("HFError", TGI, False), ("post", "/generate_stream"): ("HFError", TGI, True),
     ("post", "/"): ("HFError", TGI, None),
     ("get", "/info"): ("HFError", {401: TGI[401], 422: "no model loaded"}, False),
+    **{("get", f"/v1/{task}/info"): ("HFError", {401: TGI[401], 404: "no model of this task loaded"}, False)
+       for task in ("embeddings", "generate", "fill-mask", "translate")},
     ("post", "/embed"): ("HFError", TEI, False),
     ("post", "/translate"): ("LibreTranslateError", LT, False), ("post", "/detect"): ("LibreTranslateError", LT, False),
     ("get", "/languages"): ("LibreTranslateError", {}, False),
@@ -156,8 +159,9 @@ def _tgi(components: dict, text: dict, decoders: list, max_stop: int) -> None:
     request["inputs"] = {**text, "description": "the prompt; its tokens must leave room for one new token "
                          "(GET /info: max_total_tokens), else 422; the output ends where the context does"}
     if decoders:
-        request["model"] = {"enum": [None, *(e.name for e in decoders)], "description": "extension: a loaded "
-                            "text-generation model (TGI serves one); another is a 422"}
+        request["model"] = {"anyOf": [{"enum": [None, *(e.name for e in decoders)]}, placeholder_schema()],
+                            "description": "extension: a loaded text-generation model (TGI serves one), or a "
+                            "placeholder for the default; another is a 422"}
         params["max_new_tokens"] = {"anyOf": [{"type": "integer", "minimum": 1,
                                                "maximum": min(e.max_len for e in decoders) - 1}, {"type": "null"}]}
     params["stop"] = {"type": "array", "maxItems": max_stop, "items": {"type": "string", "minLength": 1}}
@@ -176,7 +180,7 @@ def _tei(components: dict, texts: dict, encoders: list) -> None:
     props["truncation_direction"] = {"enum": ["Right", "right"], "description": "Left: not supported (400)"}
     _neutral(props["prompt_name"])
     if encoders:
-        props["model"] = {"enum": [None, *(e.name for e in encoders)]}
+        props["model"] = {"anyOf": [{"enum": [None, *(e.name for e in encoders)]}, placeholder_schema()]}
         props["dimensions"] = {"anyOf": [{"enum": sorted({e.dimensions for e in encoders})}, {"type": "null"}],
                                "description": "only the model's own width (no truncation)"}
 

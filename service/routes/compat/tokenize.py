@@ -58,7 +58,7 @@ async def _engine(registry: EngineRegistry, name: str | None, endpoint: str) -> 
             return registry.get(None, "decoder", endpoint)  # raises: loading, or nothing loaded
         name = found.name
     known, entry = registry.engines.get(name), registry.entries.get(name)
-    card = entry.card if entry is not None else None
+    card = entry.described if entry is not None else None  # its files' card, before any load
     family = known.family if known else card["family"] if card else "decoder"
     return await registry.acquire(name, family, endpoint)
 

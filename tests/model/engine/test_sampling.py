@@ -43,6 +43,18 @@ def test_top_k_and_top_p_per_row_in_one_batch():
     assert out[0].argmax() == logits[0].argmax()
 
 
+def test_a_top_k_past_the_vocabulary_keeps_every_token_and_draws_as_none():
+    """Any size a client writes (7e34 once overflowed int64 and failed the engine's whole step):
+    past the vocabulary it is the same as no top-k, draw for draw."""
+    logits = torch.randn(2, VOCAB, generator=torch.Generator().manual_seed(3))
+    for k in (VOCAB + 1, 2**63, 7 * 10**34):
+        params = [SamplingParams(temperature=1.0, top_k=k, seed=5), SamplingParams(temperature=1.0, top_k=2, seed=6)]
+        got = Sampler()(logits, params, [make_generator(5, "cpu"), make_generator(6, "cpu")]).tokens
+        plain = [SamplingParams(temperature=1.0, seed=5), SamplingParams(temperature=1.0, top_k=2, seed=6)]
+        want = Sampler()(logits, plain, [make_generator(5, "cpu"), make_generator(6, "cpu")]).tokens
+        assert torch.equal(got, want), k
+
+
 def test_sampling_frequencies_follow_the_distribution():
     probs = torch.tensor([[0.5, 0.3, 0.2]])
     tokens = draws(probs.log(), SamplingParams(), 6000, seed=7)

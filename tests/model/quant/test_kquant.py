@@ -212,3 +212,19 @@ def test_the_scalar_switch_is_read_from_the_environment():
     env = {**os.environ, "TSERVE_NATIVE_ISA": "scalar"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split()[-1] == str(kquant.SCALAR)
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_native_rows_are_the_reference_dequantization_bit_for_bit(tiny_gguf, name):
+    """``kquant_rows`` (the step's embedding lookup, csrc kquant_dequantize_row) gives exactly the
+    reference's floats, for rows picked in any order and repeated; StoredEmbedding agrees either way."""
+    native.build()
+    raw, n, k = _stored(tiny_gguf, name)
+    code = kquant.BY_NAME[name].code
+    want = kquant.dequantize(raw, code, (n, k))
+    ids = torch.tensor([4, 0, 2, 2, 1, 3])
+    assert torch.equal(torch.ops.tserve_native.kquant_rows(raw, code, k, ids), want[ids])
+    table = kquant.StoredEmbedding(raw, name, k)
+    assert torch.equal(table(ids.view(2, 3)), want[ids].view(2, 3, k))
+    with pytest.raises(RuntimeError, match="out of range"):
+        torch.ops.tserve_native.kquant_rows(raw, code, k, torch.tensor([5]))
