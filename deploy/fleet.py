@@ -60,20 +60,36 @@ def native_library(python: str = sys.executable, timeout_s: float = 900) -> str 
     return path if path and Path(path).is_file() else None
 
 
+# Cache-aware routing for a few long shared prefixes (docs/deployment.md, "Why these flags"):
+# a replica holding a tenant's prompt keeps it unless it carries over 3x the fleet's mean of
+# requests in flight (SMG's default 1.5x, with its margin capped at a few requests, moved
+# ~1 request in 50 to a replica that then recomputed the whole 1,000+-token prompt whenever
+# queues swung), and no cache hit is diverted to a replica whose tree is thin. Overload is
+# still handled by SMG's worker overload protection (8 waiting requests or 80% KV in use).
+CACHE_AWARE_ARGS = ("--cache-threshold", "0.3", "--balance-abs-threshold", "8", "--balance-rel-threshold", "3",
+                    "--worker-warmup-divert-every", "0")
+
+
 def gateway_command(smg: str, port: int, metrics_port: int, workers: Sequence[str], policy: str,
                     extra: Sequence[str] = ()) -> list[str]:
     """``smg launch`` over static HTTP workers, with the probes and retries a fleet of ours wants:
     /ready as the health check every 2 s (a replica loading or draining is out within ~4 s, back
-    after one good probe), a request retried on another replica up to 3 times when its replica
-    fails before answering, a circuit that re-tries a failed replica after 5 s (not 60)."""
+    after one good probe); a request its replica failed before answering retried up to 5 times
+    over ~5 s (200 ms doubling to 2 s: longer than the ~4 s a dead replica takes to fail its
+    probes); a replica's circuit opened after 3 failures in a row (a killed replica fails every
+    request it held at once, so it leaves routing before a retry can pick it again) and tried
+    again after 5 s; worker detection checked every second for up to 10 minutes (a busy host's
+    replicas may answer slowly). The cache-aware flags are CACHE_AWARE_ARGS."""
     return [smg, "launch", "--host", "127.0.0.1", "--port", str(port),
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
-            "--worker-urls", *workers, "--policy", policy,
+            "--worker-urls", *workers, "--policy", policy, *CACHE_AWARE_ARGS,
             "--health-check-endpoint", "/ready", "--health-check-interval-secs", "2",
-            "--health-check-timeout-secs", "2", "--health-failure-threshold", "2", "--health-success-threshold", "1",
-            "--retry-max-retries", "3", "--retry-initial-backoff-ms", "100", "--retry-max-backoff-ms", "1000",
-            "--cb-timeout-duration-secs", "5", "--load-monitor-interval", "2",
-            "--disable-tokenizer-autoload", "--shutdown-grace-period-secs", "5", "--log-level", "warn", *extra]
+            "--health-check-timeout-secs", "5", "--health-failure-threshold", "2", "--health-success-threshold", "1",
+            "--retry-max-retries", "5", "--retry-initial-backoff-ms", "200", "--retry-max-backoff-ms", "2000",
+            "--retry-backoff-multiplier", "2", "--cb-failure-threshold", "3", "--cb-timeout-duration-secs", "5",
+            "--worker-startup-timeout-secs", "600", "--worker-startup-check-interval", "1",
+            "--load-monitor-interval", "2", "--disable-tokenizer-autoload", "--shutdown-grace-period-secs", "5",
+            "--log-level", "warn", *extra]
 
 
 class Replica(ServerProcess):
@@ -84,6 +100,9 @@ class Replica(ServerProcess):
         self.name = name
         argv, full = service_command(port=port, env=env, cwd=ROOT, python=(python,))
         super().__init__(argv, log_dir / f"{name}.log", port=port, env=full, cwd=ROOT, stop_grace_s=20)
+
+    def _name(self) -> str:
+        return f"{self.name} ({self.url})"
 
     def ready(self) -> bool:
         """One /ready probe; raises (quoting the log) once loading failed: no point waiting."""
@@ -101,13 +120,24 @@ class Replica(ServerProcess):
     def metrics_text(self) -> str:
         return httpx.get(self.url + "/metrics", timeout=5).text
 
+    def serves(self, model: str) -> bool:
+        """Whether GET /v1/models lists ``model``: what SMG's worker detection reads first."""
+        try:
+            return model in {m["id"] for m in httpx.get(self.url + "/v1/models", timeout=10).json()["data"]}
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return False
+
+    def running(self) -> int:
+        """Requests holding a row now (GET /v1/loads)."""
+        return int(httpx.get(self.url + "/v1/loads", timeout=5).json()["loads"][0]["num_running_reqs"])
+
 
 class Gateway(ServerProcess):
     def __init__(self, smg: str, workers: Sequence[str], policy: str, log_dir: Path, port: int | None = None,
                  extra: Sequence[str] = ()):
         self.policy, self.workers = policy, list(workers)
-        port = port or free_port()
-        argv = gateway_command(smg, port, free_port(), workers, policy, extra)
+        port, self.metrics_port = port or free_port(), free_port()
+        argv = gateway_command(smg, port, self.metrics_port, workers, policy, extra)
         super().__init__(argv, log_dir / f"gateway-{policy}.log", port=port, ready_path="/liveness",
                          stop_grace_s=10)
 
@@ -119,13 +149,21 @@ class Gateway(ServerProcess):
             return set()
         return {w["url"] for w in listed if w.get("is_healthy")}
 
-    def wait_healthy(self, urls: Sequence[str] | set[str], timeout_s: float = 60) -> None:
+    def wait_healthy(self, urls: Sequence[str] | set[str], timeout_s: float = 180) -> None:
+        """Until SMG lists every one of ``urls`` as healthy; else raises, naming those it does not."""
         deadline = time.monotonic() + timeout_s
-        while not set(urls) <= self.healthy_workers():
+        while not set(urls) <= (healthy := self.healthy_workers()):
             if not self.alive() or time.monotonic() > deadline:
-                raise TimeoutError(f"the gateway does not route to {sorted(set(urls) - self.healthy_workers())} "
-                                   f"within {timeout_s:g} s; its log ({self.log_path}) ends:\n{self.log_tail()}")
-            time.sleep(0.2)
+                state = "exited" if not self.alive() else f"did not list them as healthy within {timeout_s:g} s"
+                raise TimeoutError(f"the gateway ({self.url}) cannot reach {sorted(set(urls) - healthy)}: it {state}; "
+                                   f"its log ({self.log_path}) ends:\n{self.log_tail()}")
+            time.sleep(0.5)
+
+    def policy_branches(self) -> dict[str, float]:
+        """SMG's count of each cache-aware decision (tree_match, spill, expected_wait_fallback, ...)."""
+        text = httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
+        return {line.split('branch="', 1)[1].split('"', 1)[0]: float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines() if line.startswith("smg_cache_aware_policy_branch_total{")}
 
 
 class Fleet:
@@ -139,7 +177,7 @@ class Fleet:
         if self.smg is None:
             raise FileNotFoundError(f"no smg executable: `make gateway` (pip install smg=={SMG_VERSION} into "
                                     f".venv-gateway/), or SMG_BINARY=/path/to/smg")
-        self.log_dir, self.policy, self.python = Path(log_dir), policy, python
+        self.log_dir, self.policy, self.python, self.model = Path(log_dir), policy, python, model
         self.gateway_port, self.gateway_args = gateway_port, list(gateway_args)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.env = {"TSERVE_MODELS": model, "TSERVE_WEIGHTS_DIR": str(ROOT / "weights"),
@@ -166,8 +204,15 @@ class Fleet:
                     r.env["TSERVE_NATIVE_LIBRARY"] = self.native
         for r in self.replicas:
             r.start()
-        for r in self.replicas:
+        for r in self.replicas:  # raises naming the replica (and quoting its log) that is not ready
             r.wait_ready(ready_timeout_s)
+        # SMG's detection starts with GET /v1/models: the gateway starts once every replica answers it.
+        deadline = time.monotonic() + 120
+        while missing := [r for r in self.replicas if not r.serves(self.model)]:
+            if time.monotonic() > deadline:
+                raise TimeoutError("ready, but GET /v1/models does not list the model within 120 s: "
+                                   + ", ".join(f"{r.name} ({r.url}, log {r.log_path})" for r in missing))
+            time.sleep(0.5)
         self.use_policy(self.policy)
         return self
 
@@ -179,8 +224,8 @@ class Fleet:
         self.gateway = Gateway(self.smg, self.worker_urls, policy, self.log_dir, self.gateway_port,
                                self.gateway_args)
         self.gateway.start()
-        self.gateway.wait_ready(60)
-        self.gateway.wait_healthy([r.url for r in self.replicas if r.alive()])
+        self.gateway.wait_ready(120)
+        self.gateway.wait_healthy([r.url for r in self.replicas if r.alive()], timeout_s=180)
         return self.gateway
 
     def restart(self, index: int, ready_timeout_s: float = 300) -> Replica:

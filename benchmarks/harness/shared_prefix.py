@@ -33,11 +33,15 @@ CHAT = "/v1/chat/completions"
 @dataclass(frozen=True)
 class Workload:
     tenants: int = 8
-    system_chars: int = 3200  # ~1,100 SmolLM2 tokens of this text; count_tokens checks the floor
-    turns: int = 6  # user turns per tenant
-    max_tokens: int = 8
+    system_chars: int = 2700  # ~1,080 SmolLM2 tokens of this text (over 1,000: count_tokens checks)
+    turns: int = 3  # user turns per tenant: round robin then sends each tenant to all 3 replicas
+    max_tokens: int = 4
     concurrency: int = 12  # requests in flight at once (all are queued at the start)
     seed: int = 0
+    # Sends start this far apart (the first 12 within 0.6 s), so the gateway sees them in the
+    # order sent, not in the order connections happen to open: round robin then puts a
+    # tenant's turns on different replicas, as it does over any long run.
+    arrival_gap_s: float = 0.05
 
     def system_prompts(self) -> list[str]:
         prompts = []
@@ -152,11 +156,12 @@ async def _send(url: str, model: str, workload: Workload) -> list[Record]:
     gate = asyncio.Semaphore(workload.concurrency)
     limits = httpx.Limits(max_connections=workload.concurrency, max_keepalive_connections=workload.concurrency)
     async with httpx.AsyncClient(timeout=httpx.Timeout(300.0), limits=limits) as client:
-        async def bounded(tenant: int, messages: list[dict]) -> Record:
+        async def bounded(i: int, tenant: int, messages: list[dict]) -> Record:
+            await asyncio.sleep(i * workload.arrival_gap_s)
             async with gate:
                 return await _one(client, url, model, tenant, messages, workload.max_tokens)
 
-        return list(await asyncio.gather(*(bounded(t, m) for t, m in workload.requests())))
+        return list(await asyncio.gather(*(bounded(i, t, m) for i, (t, m) in enumerate(workload.requests()))))
 
 
 def run_workload(url: str, replica_urls: Sequence[str], model: str, workload: Workload, policy: str) -> RunResult:

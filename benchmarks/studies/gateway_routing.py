@@ -3,7 +3,7 @@
 ``python -m benchmarks.studies.gateway_routing`` starts ``python -m deploy.fleet``'s fleet (3
 replicas of SmolLM2-135M on 127.0.0.1, one native build, the SMG gateway in front) and sends
 the multi-tenant workload of ``benchmarks.harness.shared_prefix`` (8 system prompts of over
-1,000 tokens, each shared by short user turns, all queued at once) through the gateway once per
+1,000 tokens, each shared by 3 short user turns, all queued at once, sent 50 ms apart) through the gateway once per
 policy, each policy with a fresh gateway and a new seed (so no prompt is cached from the run
 before). It prints one row per run and each policy's ratios to round robin measured in the
 same invocation: prompt tokens computed across the replicas, TTFT p50 and p99.
@@ -41,17 +41,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--replicas", type=int, default=3)
     parser.add_argument("--policies", nargs="+", default=["round_robin", "cache_aware"])
     parser.add_argument("--repeats", type=int, default=1, help="runs per policy, alternating policies")
-    parser.add_argument("--tenants", type=int, default=8)
-    parser.add_argument("--turns", type=int, default=6, help="user turns per tenant")
-    parser.add_argument("--concurrency", type=int, default=12)
-    parser.add_argument("--max-tokens", type=int, default=8)
+    default = Workload()
+    parser.add_argument("--tenants", type=int, default=default.tenants)
+    parser.add_argument("--turns", type=int, default=default.turns, help="user turns per tenant")
+    parser.add_argument("--concurrency", type=int, default=default.concurrency)
+    parser.add_argument("--max-tokens", type=int, default=default.max_tokens)
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
 
     results: list[RunResult] = []
     with tempfile.TemporaryDirectory(prefix="gateway-routing-") as logs, \
-            Fleet(Path(logs), args.replicas, args.policies[0], args.model, kv_cache_bytes=str(768 * 2**20)) as fleet:
+            Fleet(Path(logs), args.replicas, args.policies[0], args.model, kv_cache_bytes=str(768 * 2**20),
+                  max_batch="8") as fleet:
         seed = 0
         for _ in range(args.repeats):
             for policy in args.policies:
@@ -64,7 +66,8 @@ def main(argv: list[str] | None = None) -> None:
                           f"{args.turns} turns each; {args.replicas} replicas; gateway: SMG {fleet.smg}")
                 fleet.use_policy(policy)
                 results.append(run_workload(fleet.url, fleet.worker_urls, args.model, work, policy))
-                print(json.dumps(results[-1].row()), flush=True)
+                results[-1].extra["smg_branches"] = fleet.gateway.policy_branches()
+                print(json.dumps(results[-1].row()), results[-1].extra, flush=True)
     print()
     print(table(results))
     peers = [r for r in results if r.policy == "round_robin"]

@@ -2,9 +2,10 @@
 
 Shows what docs/deployment.md "Several replicas behind a cache-aware gateway" promises:
 - cache-aware routing computes at most half the prompt tokens round robin does on the
-  multi-tenant workload (8 system prompts of over 1,000 tokens, short turns, all at once),
-  both through the same gateway over the same replicas; the TTFT ratios are printed, not
-  asserted (timing is the study's, benchmarks/studies/gateway_routing.py);
+  multi-tenant workload (8 system prompts of over 1,000 tokens, 3 short turns each, all
+  queued at once), both through the same gateway over the same replicas; the TTFT ratios and
+  SMG's routing decisions are printed, not asserted (timing is the study's,
+  benchmarks/studies/gateway_routing.py);
 - a replica killed mid-load (SIGKILL: no drain) loses no request the gateway could retry: every
   non-streamed request answers 200; a stream it had started ends in an error, never as if it
   were complete; the replica restarted on its port is routed to again.
@@ -50,12 +51,15 @@ def test_cache_aware_routing_computes_at_most_half_the_prompt_tokens_of_round_ro
         print(json.dumps(result.row()))
         assert result.failed == [], [(r.status, r.error) for r in result.failed]
         assert len(result.records) == work.tenants * work.turns
+        print(f"{policy}: SMG's cache-aware decisions {fleet.gateway.policy_branches()}")
     rr, ca = runs["round_robin"], runs["cache_aware"]
     print(f"cache_aware / round_robin: prompt tokens computed {ca.computed_tokens / rr.computed_tokens:.2f}x, "
           f"TTFT p50 {ca.ttft(50) / rr.ttft(50):.2f}x, p99 {ca.ttft(99) / rr.ttft(99):.2f}x; "
           f"hit rate {ca.hit_rate:.2f} against {rr.hit_rate:.2f}")
-    # Round robin spreads every tenant's turns over all three replicas, so each computes every
-    # system prompt; cache-aware keeps a tenant on one replica, which computes it once.
+    # Round robin sends a tenant's 3 turns to 3 replicas, each computing its system prompt
+    # (24 prompts); cache-aware keeps a tenant on one replica, which computes it once (8): about
+    # 1/3 plus the turns' own tokens (~50 a request on both sides). 0.5 is the goal, and it
+    # leaves room for 4 prompts computed twice (a spill, or two turns in one round robin cycle).
     assert all(r["requests"] > 0 for r in rr.replicas) and all(r["requests"] > 0 for r in ca.replicas)
     assert ca.computed_tokens <= 0.5 * rr.computed_tokens
     assert ca.hit_rate > rr.hit_rate
@@ -67,10 +71,11 @@ def _chat(text: str, max_tokens: int) -> dict:
 
 
 def _stream(url: str, prompt: str, started: threading.Event, out: dict) -> None:
-    """One streamed completion of 300 tokens (no early end of sequence): out gets its status,
-    chunks seen, whether it ended with [DONE], an error event, or the transport error that cut it."""
-    out.update(status=None, chunks=0, done=False, error=None)
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": 300, "ignore_eos": True, "temperature": 0,
+    """One streamed completion of 200 tokens (no early end of sequence): out gets its status,
+    chunks seen, its finish reason (a whole stream ends with "length"), whether [DONE] came, an
+    error event, or the transport error that cut it."""
+    out.update(status=None, chunks=0, finish=None, done=False, error=None)
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 200, "ignore_eos": True, "temperature": 0,
             "stream": True}
     try:
         with httpx.stream("POST", url + "/v1/completions", json=body, timeout=300) as resp:
@@ -84,6 +89,7 @@ def _stream(url: str, prompt: str, started: threading.Event, out: dict) -> None:
                         out["error"] = f"error event: {event['error']}"
                     elif event.get("choices"):
                         out["chunks"] += 1
+                        out["finish"] = event["choices"][0].get("finish_reason") or out["finish"]
                         started.set()
     except httpx.HTTPError as exc:
         out["error"] = f"{type(exc).__name__}: {exc}"
@@ -93,8 +99,6 @@ def _stream(url: str, prompt: str, started: threading.Event, out: dict) -> None:
 
 def test_a_replica_killed_mid_load_loses_no_request_the_gateway_could_retry(fleet):
     gateway = fleet.use_policy("cache_aware")
-    victim_index = 1
-    victim = fleet.replicas[victim_index]
     # Streams on every replica (distinct prompts: the least-loaded replica takes each), long
     # enough to be mid-way when the victim dies.
     streams = [({}, threading.Event()) for _ in range(6)]
@@ -104,32 +108,39 @@ def test_a_replica_killed_mid_load_loses_no_request_the_gateway_could_retry(flee
         t.start()
     for _, started in streams:
         assert started.wait(120)
+    # The victim: a replica running a stream now (the one running most).
+    victim_index = max(range(len(fleet.replicas)), key=lambda i: fleet.replicas[i].running())
+    victim = fleet.replicas[victim_index]
+    assert victim.running() > 0
 
     def post(i: int) -> int:
-        return httpx.post(gateway.url + "/v1/chat/completions", json=_chat(f"Question {i}?", 24),
-                          timeout=120).status_code
+        return httpx.post(gateway.url + "/v1/chat/completions", json=_chat(f"Question {i}?", 16),
+                          timeout=300).status_code
 
     with ThreadPoolExecutor(8) as pool:
-        futures = [pool.submit(post, i) for i in range(24)]
-        time.sleep(1.0)  # requests are in flight on every replica
+        futures = [pool.submit(post, i) for i in range(16)]
+        time.sleep(0.5)  # requests are in flight on every replica, the streams mid-way
         victim.signal(signal.SIGKILL)
         statuses = [f.result() for f in futures]
     for t in threads:
         t.join(120)
     assert statuses == [200] * len(statuses)  # retried on the others: none lost
-    cut = [out for out, _ in streams if not out["done"]]
-    finished = [out for out, _ in streams if out["done"]]
+    # A stream on the killed replica cannot be replayed: it ends early and says so (SMG sends an
+    # error event; a cut connection would do too), never as a whole stream; the others end whole.
     assert all(out["status"] == 200 for out, _ in streams)
-    assert cut, "no stream was on the killed replica"  # the least-loaded choice spreads six streams
-    for out in cut:  # ended, visibly: an error event or a cut connection, never a clean [DONE]
+    cut = [out for out, _ in streams if out["finish"] != "length"]
+    finished = [out for out, _ in streams if out["finish"] == "length"]
+    assert cut, [out for out, _ in streams]  # the victim was running one
+    for out in cut:
         assert out["error"] is not None, out
-    assert all(out["error"] is None for out in finished)
+    for out in finished:
+        assert out["error"] is None and out["done"], out
 
     # Back on its port: the gateway's probe finds it and routes to it again.
     revived = fleet.restart(victim_index)
-    gateway.wait_healthy([revived.url], timeout_s=60)
+    gateway.wait_healthy([revived.url], timeout_s=120)
     before = replica_counters(revived.metrics_text())["requests"]
     with ThreadPoolExecutor(6) as pool:
-        statuses = list(pool.map(post, range(100, 118)))
+        statuses = list(pool.map(post, range(100, 112)))
     assert statuses == [200] * len(statuses)
     assert replica_counters(revived.metrics_text())["requests"] - before > 0

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from deploy.fleet import CACHE_AWARE_ARGS
 from service.metrics import Metrics
 from service.settings import Settings
 
@@ -247,6 +248,11 @@ def test_the_gateway_finds_and_reaches_the_replicas():
     assert matches(dict(kv.split("=", 1) for kv in [arg("--selector")]), pod_labels)
     assert int(arg("--service-discovery-port")) == replica_port
     assert arg("--health-check-endpoint") == "/ready" and arg("--policy") == "cache_aware"
+    # The cache-aware flags the routing test measured (deploy/fleet.py), here as in the compose file.
+    compose = (ROOT / "docker-compose.yml").read_text()
+    for flag, value in zip(CACHE_AWARE_ARGS[::2], CACHE_AWARE_ARGS[1::2], strict=True):
+        assert arg(flag) == value, flag
+        assert f"{flag} {value} " in compose.replace("\n", " "), flag
     assert c["readinessProbe"]["httpGet"]["path"] == "/readiness"
     assert c["livenessProbe"]["httpGet"]["path"] == "/liveness"
     (role,) = [d for d in docs if d["kind"] == "Role"]
