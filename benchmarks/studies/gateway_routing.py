@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     results: list[RunResult] = []
     with tempfile.TemporaryDirectory(prefix="gateway-routing-") as logs, \
             Fleet(Path(logs), args.replicas, args.policies[0], args.model, kv_cache_bytes=str(768 * 2**20),
-                  max_batch="8") as fleet:
+                  max_batch="8", request_timeout_s="1800") as fleet:
         seed = 0
         for _ in range(args.repeats):
             for policy in args.policies:

@@ -36,9 +36,11 @@ def fleet(tmp_path_factory):
     if find_smg() is None:
         pytest.skip("smg is not installed (`make gateway` installs it into .venv-gateway/; .ci/run does)")
     # A pool that holds all 8 system prompts on every replica: round robin loses nothing to
-    # eviction, so the comparison is routing alone.
+    # eviction, so the comparison is routing alone. A request may queue for minutes on a busy
+    # 2-core host (round robin's p99 TTFT reached 240 s at load 9): the replicas' 300 s request
+    # limit would fail it, which measures the host, not the routing.
     with Fleet(tmp_path_factory.mktemp("fleet"), 3, "round_robin", kv_cache_bytes=str(768 * 2**20), max_batch="8",
-               shutdown_grace_s="2") as f:
+               shutdown_grace_s="2", request_timeout_s="1800") as f:
         yield f
 
 
