@@ -16,7 +16,7 @@ INSTALL_INPUTS := pyproject.toml $(CONSTRAINTS) requirements-models.txt
 # Extra arguments for the benchmark, e.g. make bench BENCH_ARGS="--quick" or "--threads 1 --only decode"
 BENCH_ARGS ?=
 
-.PHONY: setup run test test-scalar bench gpu-check lint clean reliability soak contract
+.PHONY: setup run test test-scalar bench gpu-check lint clean reliability soak contract gateway
 
 setup: $(VENV)/.installed-$(EXTRAS)
 
@@ -70,7 +70,20 @@ $(VENV)/.installed-run-models: requirements-models-run.txt | $(VENV)/.installed-
 run: $(VENV)/.installed-$(SERVE_EXTRAS) $(VENV)/.installed-run-models
 	$(BIN)/python -m service
 
-test: setup $(VENV)/.installed-run-models
+# The SMG gateway (a Rust binary on PyPI) for `python -m deploy.fleet` and tests/deploy/test_gateway.py,
+# in a venv of its own: its dependencies (grpcio, protobuf) stay out of the project's. The
+# version is the one deploy/fleet.py's flags are written for.
+GATEWAY_VENV ?= .venv-gateway
+SMG_VERSION := $(shell sed -n 's/^SMG_VERSION = "\([^"]*\)".*/\1/p' deploy/fleet.py)
+
+gateway: $(GATEWAY_VENV)/.installed-smg-$(SMG_VERSION)
+
+$(GATEWAY_VENV)/.installed-smg-%: deploy/fleet.py
+	test -x $(GATEWAY_VENV)/bin/python || $(PYTHON) -m venv $(GATEWAY_VENV)
+	$(GATEWAY_VENV)/bin/python -m pip install -q --disable-pip-version-check "smg==$*"
+	touch $@
+
+test: setup gateway $(VENV)/.installed-run-models
 	$(BIN)/ruff check model service tests benchmarks deploy
 	$(BIN)/python -m pytest -q
 

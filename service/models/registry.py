@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from model import CheckpointError
-from service.engines.base import TASKS
+from service.engines.base import TASKS, EngineLoad
 from service.engines.errors import EngineStoppedError, InvalidRequestError, ModelNotFoundError
-from service.engines.generative import BaseEngine
+from service.engines.generative import BaseEngine, GenerativeEngine
 from service.metrics import Metrics
 from service.models import catalogue, leases
 from service.models.catalogue import ModelEntry
@@ -256,6 +256,10 @@ class EngineRegistry:
         return engine
 
     # --- what /v1/models shows (``catalogue.card``) ---------------------------------------------
+    def loads(self) -> list[EngineLoad]:
+        """The latest load of each loaded generative model (what GET /v1/loads sums)."""
+        return [e.last_load for e in list(self.engines.values()) if isinstance(e, GenerativeEngine)]
+
     def cards(self) -> list[dict[str, Any]]:
         return [self.card(name) for name in self.entries]
 

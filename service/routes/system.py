@@ -1,4 +1,4 @@
-"""GET /health, /ready, /metrics, /v1/models; POST /models/load, /models/unload."""
+"""GET /health, /ready, /metrics, /v1/loads, /v1/models; POST /models/load, /models/unload."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from service.http.dependencies import RegistryDep
 from service.http.errors import ERROR_RESPONSES
 from service.schemas.common import ErrorResponse
+from service.schemas.gateway import WorkerLoads, worker_loads
 from service.schemas.openai import ModelAction, ModelActionResult, ModelCard, ModelList
 
 probes = APIRouter(tags=["operations"])
@@ -31,6 +32,13 @@ async def ready(registry: RegistryDep):
 @probes.get("/metrics", summary="Prometheus metrics", response_class=Response)
 async def metrics(request: Request):
     return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+@probes.get("/v1/loads", response_model=WorkerLoads,
+            summary="Load for a routing gateway (SMG's shape): requests running and waiting, KV-cache use, "
+                    "prefix-cache hit rate, over the loaded generative models")
+async def loads(registry: RegistryDep):
+    return worker_loads(registry.loads())
 
 
 @models.get("/v1/models", response_model=ModelList,

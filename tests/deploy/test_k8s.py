@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from deploy.fleet import CACHE_AWARE_ARGS
 from service.metrics import Metrics
 from service.settings import Settings
 
@@ -219,3 +220,46 @@ def test_haproxy_waits_longer_than_the_service_times_out():
     for side in ("client", "server"):
         seconds = int(re.search(rf"^\s*timeout {side} (\d+)s$", cfg, re.M).group(1))
         assert seconds > timeout, side
+
+
+def test_the_gateway_finds_and_reaches_the_replicas():
+    """deploy/k8s/gateway (applied beside an overlay): SMG's discovery selects the replicas' pods
+    on their HTTP port, in their namespace, with read-only access to pods; its probes and the
+    replicas' health check are the endpoints that exist."""
+    if KUBECTL is None:
+        pytest.skip("kubectl is not installed (deploy/k8s-checks.sh installs one)")
+    out = subprocess.run([KUBECTL, "kustomize", str(K8S / "gateway")], capture_output=True, text=True, timeout=60,
+                         check=True).stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    replicas = subprocess.run([KUBECTL, "kustomize", str(K8S / "overlays" / "cpu")], capture_output=True, text=True,
+                              timeout=60, check=True).stdout
+    replica = {d["kind"]: d for d in yaml.safe_load_all(replicas) if d}
+    pod_labels = replica["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    (replica_port,) = [p["containerPort"] for p in container(replica)["ports"] if p["name"] == "http"]
+    assert {d["metadata"]["namespace"] for d in docs} == {replica["Namespace"]["metadata"]["name"]}
+    (gateway,) = [d for d in docs if d["kind"] == "Deployment"]
+    (c,) = gateway["spec"]["template"]["spec"]["containers"]
+    args = c["args"]
+
+    def arg(flag: str) -> str:
+        return args[args.index(flag) + 1]
+
+    assert "--service-discovery" in args and arg("--service-discovery-namespace") == "$(POD_NAMESPACE)"
+    assert matches(dict(kv.split("=", 1) for kv in [arg("--selector")]), pod_labels)
+    assert int(arg("--service-discovery-port")) == replica_port
+    assert arg("--health-check-endpoint") == "/ready" and arg("--policy") == "cache_aware"
+    # The cache-aware flags the routing test measured (deploy/fleet.py), here as in the compose file.
+    compose = (ROOT / "docker-compose.yml").read_text()
+    for flag, value in zip(CACHE_AWARE_ARGS[::2], CACHE_AWARE_ARGS[1::2], strict=True):
+        assert arg(flag) == value, flag
+        assert f"{flag} {value} " in compose.replace("\n", " "), flag
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readiness"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/liveness"
+    (role,) = [d for d in docs if d["kind"] == "Role"]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    (headless,) = [d for d in docs if d["kind"] == "Service" and d["spec"].get("clusterIP") == "None"]
+    assert matches(headless["spec"]["selector"], pod_labels)
+    (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    (to_replicas,) = [e for e in policy["spec"]["egress"] if "to" in e]
+    assert matches(to_replicas["to"][0]["podSelector"]["matchLabels"], pod_labels)
+    assert to_replicas["ports"] == [{"port": replica_port, "protocol": "TCP"}]

@@ -301,6 +301,32 @@ async def test_prefix_cache_shown_and_counted(client):
     assert value(after, "tserve_prefix_cache_blocks_used") >= 4 and value(after, "tserve_kv_cache_blocks") > 0
 
 
+async def test_loads_for_a_gateway_report_what_the_metrics_count(client):
+    """GET /v1/loads, the shape SMG polls (it sends ?include=...): one rank, the generative
+    models' figures summed; the hit rate is the prefix-cache counters' ratio."""
+    def total(text: str, name: str) -> float:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+    ids = [(11 * i) % 300 + 10 for i in range(70)]
+    for _ in range(2):  # the second finds the first's four full blocks
+        r = await client.post("/v1/completions", json={"model": "generate-tiny", "prompt": [ids], "max_tokens": 2})
+        assert r.status_code == 200
+    r = await client.get("/v1/loads", params={"include": "core,disagg,queues,memory"})
+    assert r.status_code == 200
+    body, metrics = r.json(), (await client.get("/metrics")).text
+    assert body["dp_rank_count"] == 1 and len(body["loads"]) == 1 and body["timestamp"]
+    load = body["loads"][0]
+    hits = total(metrics, "tserve_prefix_cache_hit_tokens_total")
+    queries = total(metrics, "tserve_prefix_cache_query_tokens_total")
+    assert hits >= 64 and load["cache_hit_rate"] == pytest.approx(hits / queries)
+    cards = (await client.get("/v1/models")).json()["data"]
+    generative = [c for c in cards if c["kv_cache"] is not None]
+    assert {c["id"] for c in generative} == {"generate-tiny", "translate-tiny"}  # the encoder has no KV cache
+    assert load["max_total_num_tokens"] == sum(c["kv_cache"]["capacity_tokens"] for c in generative)
+    assert load["max_running_requests"] == 8 * len(generative)  # TSERVE_MAX_BATCH each
+    assert (load["num_running_reqs"], load["num_waiting_reqs"], load["num_used_tokens"]) == (0, 0, 0)
+
+
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (CI installs prometheus)")
 async def test_metrics_pass_promtool(client):
     await client.post("/v1/embeddings", json={"input": "warm"})

@@ -164,8 +164,13 @@ def test_dropped_stream_and_dropped_request_free_their_slots(slow_weights):
             while not next(lines).startswith("data: "):
                 pass
             assert s.metric("tserve_running_requests", model="generate-slow") == 1
+            # what a gateway polls (GET /v1/loads) says the same: one running, KV blocks held
+            [load] = httpx.get(s.url + "/v1/loads").json()["loads"]
+            assert (load["num_running_reqs"], load["num_waiting_reqs"]) == (1, 0) and load["num_used_tokens"] > 0
         _wait_for(lambda: s.metric("tserve_running_requests", model="generate-slow") == 0)
         assert s.metric("tserve_kv_cache_slots_used", model="generate-slow") == 0
+        [load] = httpx.get(s.url + "/v1/loads").json()["loads"]
+        assert (load["num_running_reqs"], load["num_used_tokens"], load["token_usage"]) == (0, 0, 0.0)
         assert s.metric("tserve_generated_tokens_total", model="generate-slow") - gen_before < 1000
 
         gen_before = s.metric("tserve_generated_tokens_total", model="generate-slow")
