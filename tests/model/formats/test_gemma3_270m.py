@@ -46,6 +46,16 @@ TEXTS = [
 PROMPTS = ["The capital of France is", "Once upon a time", "def add(a, b):\n"]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def float_import():
+    """This file checks the import (the float weights GGUF blocks decode to) against transformers
+    reading the same file; the default serves the blocks as stored (tests/model/formats/
+    test_gguf_stored.py, tests/model/engine/test_repeatable.py)."""
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("TSERVE_GGUF_WEIGHTS", "float")
+        yield
+
+
 @pytest.fixture(scope="module")
 def gguf_file() -> Path:
     return locate(read_manifest(MANIFEST_DIR))

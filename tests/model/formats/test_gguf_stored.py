@@ -32,15 +32,15 @@ def mixed_file(tmp_path_factory):
                             GGUFSpec(qtype=Q.Q8_0, qtypes=qtypes))
 
 
-def test_stored_projections_compute_the_default_imports_logits(mixed_file, monkeypatch):
-    plain = load_gguf(mixed_file).model.eval()
+def test_stored_projections_compute_the_float_imports_logits(mixed_file, monkeypatch):
+    plain = load_gguf_plain(mixed_file, monkeypatch)
     monkeypatch.setenv("TSERVE_GGUF_WEIGHTS", "stored")
     stored = load_gguf(mixed_file).model.eval()
     layers = {name: m for name, m in stored.named_modules() if isinstance(m, KQuantLinear)}
     assert len(layers) == 2 * 5  # every projection but blk.1's up (F16), and the head
     assert "decoder_layers.1.ffn.up" not in layers and "lm_head.proj" in layers
     assert [p.qtype.name for p in layers["decoder_layers.0.self_attn.qkv_proj"].parts] == ["Q5_0", "Q5_0", "Q4_1"]
-    for name, layer in layers.items():  # the file's blocks, dequantized, are the default import's weights
+    for name, layer in layers.items():  # the file's blocks, dequantized, are the float import's weights
         assert torch.equal(layer.dequantized(), plain.get_submodule(name).weight), name
     ids = torch.randint(0, plain.cfg.vocab_size, (2, 9), generator=torch.Generator().manual_seed(3))
     monkeypatch.setattr(kquant, "_NATIVE", [False])  # the reference path: float products
@@ -114,8 +114,9 @@ def test_a_stored_load_makes_no_float_weights(tied_file, monkeypatch):
 
 
 def load_gguf_plain(path, monkeypatch):
+    """The float import (``TSERVE_GGUF_WEIGHTS=float``), which the stored blocks must compute."""
     with monkeypatch.context() as m:
-        m.delenv("TSERVE_GGUF_WEIGHTS", raising=False)
+        m.setenv("TSERVE_GGUF_WEIGHTS", "float")
         return load_gguf(path).model.eval()
 
 

@@ -37,6 +37,7 @@ def manifest(tmp_path) -> Manifest:
 def cache(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("TSERVE_WEIGHTS_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv(import_cache.SWITCH_ENV, raising=False)
+    monkeypatch.setenv("TSERVE_GGUF_WEIGHTS", "float")  # the import the cache keeps (stored blocks need none)
     return tmp_path / "cache" / import_cache.SUBDIR
 
 
