@@ -61,11 +61,12 @@ def native_library(python: str = sys.executable, timeout_s: float = 900) -> str 
 
 
 # Cache-aware routing for a few long shared prefixes (docs/deployment.md, "Why these flags"):
-# a replica holding a tenant's prompt keeps it unless the replicas' requests in flight differ by
-# over 16 (two full batches of --max-batch 8) and the busiest holds over 3x the idlest's: a spill
-# makes another replica compute the whole 1,000+-token prompt again. Overload is still handled
-# by SMG's worker overload protection (8 waiting requests or 80% KV in use).
-CACHE_AWARE_ARGS = ("--cache-threshold", "0.3", "--balance-abs-threshold", "16", "--balance-rel-threshold", "3")
+# a replica holding a tenant's prompt keeps it unless it carries over 3x the fleet's mean of
+# requests in flight (SMG's default 1.5x, with its margin capped at a few requests, moved
+# ~1 request in 50 to a replica that then recomputed the whole 1,000+-token prompt whenever
+# queues swung). Overload is still handled by SMG's worker overload protection (8 waiting
+# requests or 80% KV in use).
+CACHE_AWARE_ARGS = ("--cache-threshold", "0.3", "--balance-abs-threshold", "8", "--balance-rel-threshold", "3")
 
 
 def gateway_command(smg: str, port: int, metrics_port: int, workers: Sequence[str], policy: str,
