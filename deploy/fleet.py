@@ -66,7 +66,8 @@ def native_library(python: str = sys.executable, timeout_s: float = 900) -> str 
 # ~1 request in 50 to a replica that then recomputed the whole 1,000+-token prompt whenever
 # queues swung). Overload is still handled by SMG's worker overload protection (8 waiting
 # requests or 80% KV in use).
-CACHE_AWARE_ARGS = ("--cache-threshold", "0.3", "--balance-abs-threshold", "8", "--balance-rel-threshold", "3")
+CACHE_AWARE_ARGS = ("--cache-threshold", "0.3", "--balance-abs-threshold", "8", "--balance-rel-threshold", "3",
+                    "--worker-warmup-divert-every", "32")
 
 
 def gateway_command(smg: str, port: int, metrics_port: int, workers: Sequence[str], policy: str,
