@@ -42,8 +42,9 @@ NOT_IN_SCHEMA = re.compile(r"tokens|mask token|best_of must equal n|echo togethe
                            r"non-empty list|must not be empty|needs a 'json_schema' object|detected|"
                            # the doors: blocks in the other role's message, a tool_result answering no call
                            r"belong in|input: must hold")
-# the doors' five, POST /models/load, /models/unload, GET / (the playground), the four GET /v1/<task>/info
-OPERATIONS = 38
+# the doors' five, POST /models/load, /models/unload, GET / (the playground), the four GET /v1/<task>/info,
+# GET /v1/loads (the load signals a gateway reads)
+OPERATIONS = 39
 
 
 @pytest.fixture(scope="module")
