@@ -320,7 +320,8 @@ void kq_part(const KqActs& a, int64_t B, int64_t k, const uint8_t* w, int64_t qt
   const bool tiles = kq_tiled(qtype, B);
   kq_share(partner, n, KQ_CHUNK, [&](int64_t j0, int64_t j1) {
     if (tiles && kq_tiles(a, B, k, w, qtype, j0, j1, isa, bias, y, stride)) return;
-    std::vector<int32_t> buf(2 * blocks);
+    thread_local std::vector<int32_t> buf;  // per-block sums, reused: no allocation per chunk of outputs
+    buf.resize(2 * blocks);
     for (int64_t j = j0; j < j1; ++j)
       for (int64_t bi = 0; bi < B; ++bi) {
         ints(qtype, w + j * row, a.r.data() + bi * k, a.sum16.data() + bi * k / 16, blocks, buf.data());
