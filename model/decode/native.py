@@ -32,6 +32,7 @@ import argparse
 import hashlib
 import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -54,6 +55,24 @@ log = logging.getLogger(__name__)
 CSRC = Path(__file__).with_name("csrc")  # every .cpp here is compiled into the one library
 _BUILD_LOCK = threading.Lock()
 _BUILD: dict[str, object] = {}  # "seconds" it took, or "error": why, once tried in this process
+LIBRARY_ENV = "TSERVE_NATIVE_LIBRARY"  # a prebuilt library every caller of build() loads (the container's)
+_DEFAULT_LIBRARY: dict[str, str] = {}
+
+
+def use_library(library: str | Path | None) -> None:
+    """Make ``library`` (a prebuilt one) what ``build()`` loads when its caller names none (the
+    service's ``TSERVE_NATIVE_LIBRARY``, which may come from a .env file): the GGUF import asks
+    for the block kernels before any decode step is chosen, and the first call in a process decides."""
+    if library:
+        _DEFAULT_LIBRARY["path"] = str(library)
+    else:
+        _DEFAULT_LIBRARY.pop("path", None)
+
+
+def default_library() -> str:
+    """The prebuilt library ``build()`` loads when none is named: ``use_library``'s, else the
+    ``TSERVE_NATIVE_LIBRARY`` environment variable's, else none (compile on this machine)."""
+    return _DEFAULT_LIBRARY.get("path") or os.environ.get(LIBRARY_ENV, "")
 
 
 # -march=native: built for the vector units of the machine it runs on, as inductor's kernels
@@ -78,7 +97,7 @@ def build(library: str | Path | None = None) -> float:
             return float(_BUILD["seconds"])
         start = time.perf_counter()
         try:
-            prebuilt = str(library or "")
+            prebuilt = str(library or default_library())
             if prebuilt:
                 torch.ops.load_library(prebuilt)
             else:

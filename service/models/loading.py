@@ -23,7 +23,7 @@ from collections.abc import Callable, Collection, Mapping
 
 from model import load_model
 from model.config import DTYPES
-from model.decode import prepare, prepare_weights
+from model.decode import native, prepare, prepare_weights
 from service.engines.encoder import EncoderEngine
 from service.engines.errors import EngineError, EngineStoppedError, MemoryBudgetError, RequestFailedError
 from service.engines.generative import BaseEngine, GenerativeEngine
@@ -150,6 +150,7 @@ class ModelLoader:
     async def _build(self, entry: ModelEntry, source: ModelEntry | None = None) -> BaseEngine:
         """Load, prepare and warm up one model; the heavy parts run in worker threads."""
         name, settings = entry.name, self.settings
+        native.use_library(settings.native_library)  # the GGUF import's block kernels load it too
         ckpt = await asyncio.to_thread(load_model, entry.path, settings.device, DTYPES[settings.dtype])
         # counted before any int8 quantizing: afterwards each projection's bias is found by unpacking
         # its fbgemm weights (41-65 s for Qwen2.5-Coder 1.5B on a loaded host, on /v1/models' event loop)

@@ -5,6 +5,8 @@ through the engine core. Needs a C++ compiler and ninja, which `make setup` and 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -212,6 +214,18 @@ print("same logits")
     done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "same logits" in done.stdout, done.stderr[-2000:]
     assert not (tmp_path / "cache").exists()  # loaded, not rebuilt
+    # A caller that names no library (the GGUF import asks for the K-quant block kernels before any
+    # decode step exists, and the first call in a process decides) loads the one the environment
+    # names: the container's start-up compiled nothing, found no compiler, and fell back to Python.
+    unnamed = """
+from model.decode.native import build, default_library
+build()
+print("loaded", default_library())
+"""
+    env = {**os.environ, "TSERVE_NATIVE_LIBRARY": library, "TORCH_EXTENSIONS_DIR": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-c", unnamed], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0 and f"loaded {library}" in done.stdout, done.stderr[-2000:]
+    assert not (tmp_path / "cache").exists()
 
 
 def test_a_missing_prebuilt_library_is_named(monkeypatch):
