@@ -39,8 +39,9 @@ TYPES = {t.code: t for t in (
 )}
 BY_NAME = {t.name: t for t in TYPES.values()}
 
-# The native kernel's loops (csrc/kquant.h): the library's default, scalar, AVX2, AVX512-VNNI.
-AUTO, SCALAR, AVX2, VNNI = -1, 0, 1, 2
+# The native kernel's loops (csrc/kquant.h): the library's default, scalar, AVX2, AVX512-VNNI, and AVX2
+# over Q4_K repacked once (what the native step's projections take where AVX2 is the default).
+AUTO, SCALAR, AVX2, VNNI, PACKED = -1, 0, 1, 2, 3
 
 
 def block_type(qtype: int | str) -> BlockType:

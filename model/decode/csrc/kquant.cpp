@@ -155,6 +155,9 @@ TSERVE_KQ_AVX2 void ints_vector(int64_t qtype, const uint8_t* w, const int8_t* r
   const int64_t bytes = kq_format(qtype).bytes;
   const __m256i low = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1), three = _mm256_set1_epi8(3);
   for (int64_t i = 0; i < blocks; ++i, w += bytes) {
+    // a few blocks ahead (into the next row at a row's end: rows are contiguous); at one row the
+    // stream outruns the hardware prefetcher
+    for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(w + 4 * bytes + line), _MM_HINT_T0);
     int32_t i0 = 0, i1 = 0;
     if (qtype == KQ4_K || qtype == KQ5_K) {
       const int8_t* ri = r + 256 * i;
@@ -253,6 +256,7 @@ using IntsFn = void (*)(int64_t, const uint8_t*, const int8_t*, const int32_t*, 
 
 bool isa_runs(int64_t isa) {
   if (isa == KQ_SCALAR) return true;
+  if (isa == KQ_PACKED) return kq_packed_runs();
 #if defined(TSERVE_KQ_X86)
   if (isa == KQ_AVX2) return __builtin_cpu_supports("avx2");
 #if defined(TSERVE_KQ_VNNI)
@@ -313,11 +317,15 @@ bool kq_tiled(int64_t qtype, int64_t B) { return B >= 2 || kq_format(qtype).valu
 constexpr int64_t KQ_CHUNK = 16;
 
 void kq_part(const KqActs& a, int64_t B, int64_t k, const uint8_t* w, int64_t qtype, int64_t n, int64_t isa,
-             const float* bias, Partner* partner, float* y, int64_t stride) {
+             const float* bias, Partner* partner, float* y, int64_t stride, const uint8_t* packed = nullptr) {
   const KqFormat f = kq_format(qtype);
   const int64_t blocks = k / f.values, row = blocks * f.bytes;
   const IntsFn ints = ints_for(isa);
   const bool tiles = kq_tiled(qtype, B);
+  if (packed != nullptr) {  // chunks of 16 outputs are whole tiles of 8
+    kq_share(partner, n, KQ_CHUNK, [&](int64_t j0, int64_t j1) { kq_packed_rows(a, B, k, packed, j0, j1, bias, y, stride); });
+    return;
+  }
   kq_share(partner, n, KQ_CHUNK, [&](int64_t j0, int64_t j1) {
     if (tiles && kq_tiles(a, B, k, w, qtype, j0, j1, isa, bias, y, stride)) return;
     thread_local std::vector<int32_t> buf;  // per-block sums, reused: no allocation per chunk of outputs
@@ -448,10 +456,16 @@ Tensor kquant_linear(Tensor x, Tensor raw, int64_t qtype, int64_t n, int64_t k, 
   if (bias) b = to_vector(*bias, n, "bias");
   const Tensor xc = x.contiguous();
   Tensor y = at::empty({xc.size(0), n}, xc.options());
+  Tensor packed;
+  if (chosen == KQ_PACKED) {
+    TORCH_CHECK(kq_packed_type(qtype), "GGUF type ", qtype, " is not one the packed loops read");
+    packed = at::empty({kq_packed_bytes(qtype, n, k)}, raw.options());
+    kq_pack(raw.data_ptr<uint8_t>(), qtype, n, k, packed.data_ptr<uint8_t>());
+  }
   KqActs a;
   kq_quantize(a, xc.data_ptr<float>(), xc.size(0), k, kq_format(qtype).values, nullptr);
   kq_part(a, xc.size(0), k, raw.data_ptr<uint8_t>(), qtype, n, chosen, b.empty() ? nullptr : b.data(), nullptr,
-          y.data_ptr<float>(), n);
+          y.data_ptr<float>(), n, packed.defined() ? packed.data_ptr<uint8_t>() : nullptr);
   return y;
 }
 
@@ -466,6 +480,16 @@ Projection kquant_projection(const std::vector<Tensor>& raw, const std::vector<i
     total += n[i];
   }
   p.kq_raw = raw;
+  // Q4_K parts repacked once where the default loops are AVX2 (not under TSERVE_NATIVE_ISA=scalar,
+  // nor where VNNI is the default): the packed loops give the same bits at every batch.
+  for (size_t i = 0; i < raw.size(); ++i) {
+    Tensor packed;
+    if (default_isa() == KQ_AVX2 && kq_packed_runs() && kq_packed_type(qtype[i]) && k % 256 == 0) {
+      packed = at::empty({kq_packed_bytes(qtype[i], n[i], k)}, raw[i].options());
+      kq_pack(raw[i].data_ptr<uint8_t>(), qtype[i], n[i], k, packed.data_ptr<uint8_t>());
+    }
+    p.kq_packed.push_back(packed);
+  }
   p.kq_type = qtype;
   p.kq_n = n;
   p.kq_k = k;
@@ -487,8 +511,10 @@ Tensor Projection::kq_rows(const Tensor& x) const {
     const int64_t block = kq_format(kq_type[i]).values;
     KqActs& a = acts[block == 256 ? 0 : 1];
     if (a.r.empty()) kq_quantize(a, x.data_ptr<float>(), B, kq_k, block, kq_partner);
+    const Tensor& packed = kq_packed[i];
     kq_part(a, B, kq_k, kq_raw[i].data_ptr<uint8_t>(), kq_type[i], kq_n[i], default_isa(),
-            bias == nullptr ? nullptr : bias + first, kq_partner, yp + first, total);
+            bias == nullptr ? nullptr : bias + first, kq_partner, yp + first, total,
+            packed.defined() ? packed.data_ptr<uint8_t>() : nullptr);
     first += kq_n[i];
   }
   return y;

@@ -140,7 +140,11 @@ TSERVE_KT_TARGET void kt_pack(const uint8_t* const* rows, int64_t blocks, __m256
   KtBlocks b;
   for (int64_t i = 0; i < blocks; ++i) {
     __m256i* out = buf + i * S;
-    for (int64_t j = 0; j < KT; ++j) kt_unpack<T>(rows[j] + i * bytes, b, j);
+    for (int64_t j = 0; j < KT; ++j) {
+      for (int64_t line = 0; line < bytes; line += 64)  // two blocks ahead in each of the 8 rows
+        _mm_prefetch(reinterpret_cast<const char*>(rows[j] + (i + 2) * bytes + line), _MM_HINT_T0);
+      kt_unpack<T>(rows[j] + i * bytes, b, j);
+    }
     for (int64_t c = 0; c < V / 32; ++c) {
       __m256i r[KT];
       for (int64_t j = 0; j < KT; ++j) r[j] = _mm256_load_si256(reinterpret_cast<const __m256i*>(b.q[j] + 32 * c));

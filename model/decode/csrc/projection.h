@@ -35,6 +35,7 @@ struct Projection {
   bool i8_prompts = true;
   // GGUF blocks as stored (kquant.cpp): parts stacked by outputs, each its own ggml type
   std::vector<Tensor> kq_raw;
+  std::vector<Tensor> kq_packed;  // per part: its blocks repacked (kquant_packed.cpp), or undefined
   std::vector<int64_t> kq_type, kq_n;
   int64_t kq_k = 0;
   std::vector<float> kq_bias;  // empty: none

@@ -193,6 +193,33 @@ def test_tiles_of_outputs_keep_every_rows_bits_at_any_batch(kernel, name, fresh_
             assert torch.equal(alone[0].view(torch.int32), vector[b].view(torch.int32)), (rows, b)
 
 
+@pytest.mark.parametrize("n", [21, 8, 40])
+def test_q4k_repacked_once_gives_the_scalar_bits_at_any_batch(kernel, n, fresh_seed):
+    """The native step's Q4_K projections are repacked once (kquant_packed.cpp: 8 outputs a
+    tile, nibbles as stored, scales a byte each) and every step, one row or many, runs against
+    that: over n outputs (whole and short tiles) and 3 blocks, at 1, 2, 5 and 33 rows, with and
+    without a bias, the packed loops give the scalar loops' bits, and each row equals itself
+    computed alone."""
+    if torch.ops.tserve_native.kquant_isa(kquant.PACKED) != kquant.PACKED:
+        pytest.skip("this CPU has no AVX2 + FMA + F16C")
+    rng = np.random.default_rng(fresh_seed)
+    k = 3 * 256
+    raw = torch.from_numpy(np.ascontiguousarray(_random_blocks("Q4_K", n, k, rng)))
+    code = kquant.BY_NAME["Q4_K"].code
+    for bias in (None, torch.randn(n, generator=torch.Generator().manual_seed(fresh_seed))):
+        for rows in (1, 2, 5, 33):
+            x = _activations(fresh_seed + rows, rows, k)
+            scalar = kernel(x, raw, code, n, k, bias, kquant.SCALAR)
+            packed = kernel(x, raw, code, n, k, bias, kquant.PACKED)
+            assert torch.equal(scalar.view(torch.int32), packed.view(torch.int32)), rows
+            for b in (0, rows - 1):
+                alone = kernel(x[b:b + 1], raw, code, n, k, bias, kquant.PACKED)
+                assert torch.equal(alone[0].view(torch.int32), packed[b].view(torch.int32)), (rows, b)
+    with pytest.raises(RuntimeError, match="not one the packed loops read"):
+        kernel(_activations(fresh_seed, 1, 256), torch.zeros(n * 210, dtype=torch.uint8), 14, n, 256, None,
+               kquant.PACKED)
+
+
 def test_kquant_linear_fuses_parts_of_several_types_native_or_reference(tiny_gguf, monkeypatch, fresh_seed):
     """A fused q/k/v whose parts differ in type (Gemma 3's Q4_K_M file: Q5_0 and Q8_0): the
     native forward and the reference one (the weights dequantized per call) agree within the
