@@ -205,10 +205,7 @@ def main(argv: list[str] | None = None) -> None:
                     tag = setting or "defaults"
                     log = logs / f"{model}-{side}-{tag}-{rep}.log"
                     server = (ours(model, args.threads, log, env) if side == "ours" else
-                              peer(binary, model, args.threads, max(args.streams), args.tokens + 64, log, flags)
-                              if not args.long_prompt else
-                              peer(binary, model, args.threads, max(args.streams),
-                                   max(args.tokens + 64, args.long_prompt + 256), log, flags))
+                              peer(binary, model, args.threads, max(args.streams), args.tokens + 64, log, flags))
                     with server:
                         got = runs.setdefault((side, setting), {"ready_s": [], "long_ttft": []})
                         got["ready_s"].append(server.ready_s)
@@ -219,11 +216,21 @@ def main(argv: list[str] | None = None) -> None:
                             print(f"{model} {side} {tag} rep {rep} {n} streams: {result['tokens_per_s']:.1f} tok/s, "
                                   f"TTFT p50 {result['ttft_p50'] * 1000:.0f} ms, "
                                   f"ITL p50 {result['itl_p50'] * 1000:.1f} ms", flush=True)
-                        if args.long_prompt:
+                    if args.long_prompt and setting == settings[0]:
+                        # a server of its own, each side sized for one long prompt (llama-server
+                        # allocates its context per slot: the streams' servers keep theirs to
+                        # what a stream needs, this one to the prompt)
+                        log = logs / f"{model}-{side}-long-{rep}.log"
+                        server = (ours(model, args.threads, log, env) if side == "ours" else
+                                  peer(binary, model, args.threads, 1, args.long_prompt + 256, log, flags))
+                        with server:
+                            asyncio.run(workload(server.url, model, 1, 8))
                             long = asyncio.run(workload(server.url, model, 1, 2, prompt=long_prompt(args.long_prompt)))
-                            got["long_ttft"].append(long["ttft_p50"])
-                            print(f"{model} {side} {tag} rep {rep} ~{args.long_prompt}-token prompt: TTFT "
-                                  f"{long['ttft_p50'] * 1000:.0f} ms", flush=True)
+                        for other in settings:  # prefill does not draft: one figure serves every setting
+                            runs.setdefault((side, other), {"ready_s": [], "long_ttft": []})["long_ttft"].append(
+                                long["ttft_p50"])
+                        print(f"{model} {side} rep {rep} ~{args.long_prompt}-token prompt: TTFT "
+                              f"{long['ttft_p50'] * 1000:.0f} ms", flush=True)
         nbytes = weight_bytes_per_token(gguf_of(model)) if args.floor else 0
         pairs = [(s, s, s) for s in settings if s] or [("defaults", None, None)]
         if args.speculation and all(DEFAULTS[side] in settings for side in DEFAULTS):
