@@ -323,7 +323,7 @@ void kq_part(const KqActs& a, int64_t B, int64_t k, const uint8_t* w, int64_t qt
   const IntsFn ints = ints_for(isa);
   const bool tiles = kq_tiled(qtype, B);
   if (packed != nullptr) {  // chunks of 16 outputs are whole tiles of 8
-    kq_share(partner, n, KQ_CHUNK, [&](int64_t j0, int64_t j1) { kq_packed_rows(a, B, k, packed, j0, j1, bias, y, stride); });
+    kq_share(partner, n, KQ_CHUNK, [&](int64_t j0, int64_t j1) { kq_packed_rows(a, B, k, packed, qtype, j0, j1, bias, y, stride); });
     return;
   }
   kq_share(partner, n, KQ_CHUNK, [&](int64_t j0, int64_t j1) {
@@ -480,11 +480,11 @@ Projection kquant_projection(const std::vector<Tensor>& raw, const std::vector<i
     total += n[i];
   }
   p.kq_raw = raw;
-  // Q4_K parts repacked once where the default loops are AVX2 (not under TSERVE_NATIVE_ISA=scalar,
+  // Q4_K and 32-value parts repacked once where the default loops are AVX2 (not under TSERVE_NATIVE_ISA=scalar,
   // nor where VNNI is the default): the packed loops give the same bits at every batch.
   for (size_t i = 0; i < raw.size(); ++i) {
     Tensor packed;
-    if (default_isa() == KQ_AVX2 && kq_packed_runs() && kq_packed_type(qtype[i]) && k % 256 == 0) {
+    if (default_isa() == KQ_AVX2 && kq_packed_runs() && kq_packed_bytes(qtype[i], n[i], k) > 0) {
       packed = at::empty({kq_packed_bytes(qtype[i], n[i], k)}, raw[i].options());
       kq_pack(raw[i].data_ptr<uint8_t>(), qtype[i], n[i], k, packed.data_ptr<uint8_t>());
     }

@@ -1,4 +1,4 @@
-// Q4_K repacked once, when a projection is built (kquant.h has the maths). The tiled loops
+// Q4_K and the 32-value types repacked once, when a projection is built (kquant.h has the maths). The tiled loops
 // (kquant_tiles.cpp) unpack 8 outputs' blocks on every call into a one-byte-per-value buffer,
 // which costs as much as two rows of work, so a batch-1 step kept the row-at-a-time loops, whose
 // per-block scalar work (scales, a horizontal sum, the float combination) bound them at a quarter
@@ -9,6 +9,10 @@
 //     (sub-block 2c), high nibbles the same + 32 (sub-block 2c + 1);
 //   - the 8 sub-block scales, then the 8 minima, one byte per (sub-block, output): byte 8s + j;
 //   - d, then dmin: the 8 outputs' IEEE halves, as stored.
+// The 32-value types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) the same way, at exactly the file's size: per
+// tile and block of 32, vector t holds for output j its bytes 4t .. 4t + 3 of the values (nibbles:
+// low = values 4t.., high = 16 + 4t..; Q8_0: 8 vectors of signed values), then the 8 outputs'
+// fifth bits as stored (Q5_0, Q5_1: 32 bits each), d and (Q4_1, Q5_1) m as halves.
 // Every step, whatever its rows, runs against it: an AND (and a shift) gives 4 values of all 8
 // outputs per vector, each group of 4 activation bytes is broadcast to the 8 lanes, and a lane's
 // integers are exactly i0, i1 of kquant.h; the float combination is the tiles' (the same
@@ -98,17 +102,156 @@ TSERVE_KP_TARGET void kp_rows(const uint8_t* tile, int64_t blocks, const KqActs&
   for (int x = 0; x < R; ++x) _mm256_storeu_ps(out[x], acc[x]);
 }
 
+constexpr bool kp_five(int64_t t) { return t == KQ5_0 || t == KQ5_1; }
+constexpr bool kp_min(int64_t t) { return t == KQ4_1 || t == KQ5_1; }
+// bytes per (tile, block of 32): values, fifth bits, d, m
+constexpr int64_t kp_block32(int64_t t) {
+  return (t == KQ8_0 ? 256 : 128) + (kp_five(t) ? 32 : 0) + 16 + (kp_min(t) ? 16 : 0);
+}
+
+// The fifth bits of 4 values per lane as bytes 0x10 or 0: bits 4h .. 4h + 3 of each lane's qh
+// (h = 0-7), byte b of the lane from bit 4h + b. The shuffle repeats byte h / 2 of each lane
+// (lanes are 4 bytes, 4 to a 128-bit half) across the lane; the mask picks bit b of nibble h % 2.
+TSERVE_KP_TARGET inline __m256i kp_fifth(__m256i qh, int h) {
+  const __m256i base = _mm256_setr_epi32(0, 0x04040404, 0x08080808, 0x0c0c0c0c, 0, 0x04040404, 0x08080808, 0x0c0c0c0c);
+  const __m256i bytes = _mm256_shuffle_epi8(qh, _mm256_add_epi32(base, _mm256_set1_epi32(0x01010101 * (h / 2))));
+  const __m256i bit = _mm256_set1_epi32(h % 2 ? static_cast<int32_t>(0x80402010u) : 0x08040201);
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(0x10));
+}
+
+// Rows [b0, b0 + R) against one tile of a 32-value type.
+template <int64_t T, int R>
+TSERVE_KP_TARGET void kp_rows32(const uint8_t* tile, int64_t blocks, const KqActs& a, int64_t k, int64_t b0,
+                                float (*out)[KP]) {
+  constexpr int64_t BB = kp_block32(T), VB = T == KQ8_0 ? 256 : 128;
+  constexpr int32_t zero = T == KQ5_0 ? 16 : T == KQ4_0 ? 8 : 0;  // the value that stands for 0
+  const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  const int8_t* r[R];
+  const int32_t* sums[R];
+  const float* scale[R];
+  for (int x = 0; x < R; ++x) {
+    r[x] = a.r.data() + (b0 + x) * k;
+    sums[x] = a.sum16.data() + (b0 + x) * (k / 16);
+    scale[x] = a.scale.data() + (b0 + x) * blocks;
+  }
+  __m256 acc[R];
+  for (int x = 0; x < R; ++x) acc[x] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < blocks; ++i) {
+    const uint8_t* blk = tile + i * BB;
+    _mm_prefetch(reinterpret_cast<const char*>(blk + 4 * BB), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(blk + 4 * BB + 64), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(blk + 4 * BB + 128), _MM_HINT_T0);
+    if (T == KQ8_0) _mm_prefetch(reinterpret_cast<const char*>(blk + 4 * BB + 192), _MM_HINT_T0);
+    __m256i i0[R];
+    for (int x = 0; x < R; ++x) i0[x] = _mm256_setzero_si256();
+    if constexpr (T == KQ8_0) {
+      for (int t = 0; t < 8; ++t) {  // |q| against r with q's sign (|-128| reads as 128 unsigned)
+        const __m256i q = loadu(blk + 32 * t), u = _mm256_sign_epi8(q, q);
+        for (int x = 0; x < R; ++x) {
+          const __m256i sv = _mm256_sign_epi8(kp_bcast(r[x] + i * 32 + 4 * t), q);
+          i0[x] = _mm256_add_epi32(i0[x], _mm256_madd_epi16(_mm256_maddubs_epi16(u, sv), ones));
+        }
+      }
+    } else {
+      const __m256i qh = kp_five(T) ? loadu(blk + 128) : _mm256_setzero_si256();
+      for (int t = 0; t < 4; ++t) {  // values 4t .. 4t + 3 (low nibbles) and 16 + 4t .. (high)
+        const __m256i q = loadu(blk + 32 * t);
+        __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+        if constexpr (kp_five(T)) {
+          lo = _mm256_or_si256(lo, kp_fifth(qh, t));
+          hi = _mm256_or_si256(hi, kp_fifth(qh, 4 + t));
+        }
+        for (int x = 0; x < R; ++x) {
+          const int8_t* rv = r[x] + i * 32 + 4 * t;
+          i0[x] = _mm256_add_epi32(i0[x], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, kp_bcast(rv)), ones));
+          i0[x] = _mm256_add_epi32(i0[x], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, kp_bcast(rv + 16)), ones));
+        }
+      }
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + VB + (kp_five(T) ? 32 : 0))));
+    for (int x = 0; x < R; ++x) {
+      const int32_t sum = sums[x][2 * i] + sums[x][2 * i + 1];
+      const __m256 sa = _mm256_set1_ps(scale[x][i]);
+      if (zero != 0) i0[x] = _mm256_sub_epi32(i0[x], _mm256_set1_epi32(zero * sum));
+      acc[x] = _mm256_fmadd_ps(_mm256_mul_ps(d, sa), _mm256_cvtepi32_ps(i0[x]), acc[x]);
+      if constexpr (kp_min(T)) {
+        const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + VB + (kp_five(T) ? 32 : 0) + 16)));
+        acc[x] = _mm256_fmadd_ps(_mm256_mul_ps(m, sa), _mm256_set1_ps(static_cast<float>(sum)), acc[x]);
+      }
+    }
+  }
+  for (int x = 0; x < R; ++x) _mm256_storeu_ps(out[x], acc[x]);
+}
+
+template <int64_t T>
+void kp_pack32(const uint8_t* w, int64_t n, int64_t k, uint8_t* out) {
+  constexpr int64_t BB = kp_block32(T);
+  const int64_t bytes = kq_format(T).bytes, blocks = k / 32, row = blocks * bytes, tiles = (n + KP - 1) / KP;
+  constexpr int64_t qs = kp_min(T) ? 4 : 2, at = qs + (kp_five(T) ? 4 : 0);  // offsets of qh and the values
+  constexpr int64_t VB = T == KQ8_0 ? 256 : 128;
+  at::parallel_for(0, tiles, 16, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t i = 0; i < blocks; ++i) {
+        uint8_t* blk = out + (t * blocks + i) * BB;
+        for (int64_t j = 0; j < KP; ++j) {
+          const uint8_t* src = w + std::min(t * KP + j, n - 1) * row + i * bytes;
+          for (int64_t v = 0; v < VB / 32; ++v) std::memcpy(blk + 32 * v + 4 * j, src + at + 4 * v, 4);
+          if (kp_five(T)) std::memcpy(blk + VB + 4 * j, src + qs, 4);
+          const int64_t f = VB + (kp_five(T) ? 32 : 0);
+          std::memcpy(blk + f + 2 * j, src, 2);
+          if (kp_min(T)) std::memcpy(blk + f + 16 + 2 * j, src + 2, 2);
+        }
+      }
+  });
+}
+
+template <int64_t T>
+void kp_run32(const KqActs& a, int64_t B, int64_t k, const uint8_t* packed, int64_t j0, int64_t j1, const float* bias,
+              float* y, int64_t stride) {
+  const int64_t blocks = k / 32;
+  for (int64_t t0 = j0 / KP * KP; t0 < j1; t0 += KP) {
+    const uint8_t* tile = packed + t0 / KP * blocks * kp_block32(T);
+    float out[KP_ROWS][KP];
+    auto emit = [&](int64_t b, int x) {
+      for (int64_t j = std::max(t0, j0); j < std::min(t0 + KP, j1); ++j) {
+        const float v = out[x][j - t0];
+        y[b * stride + j] = bias == nullptr ? v : v + bias[j];
+      }
+    };
+    int64_t b = 0;
+    for (; b + KP_ROWS <= B; b += KP_ROWS) {
+      kp_rows32<T, KP_ROWS>(tile, blocks, a, k, b, out);
+      for (int x = 0; x < KP_ROWS; ++x) emit(b + x, x);
+    }
+    for (; b < B; ++b) {
+      kp_rows32<T, 1>(tile, blocks, a, k, b, out);
+      emit(b, 0);
+    }
+  }
+}
+
 }  // namespace
 
-bool kq_packed_type(int64_t qtype) { return qtype == KQ4_K; }
+bool kq_packed_type(int64_t qtype) {
+  return qtype == KQ4_K || qtype == KQ8_0 || qtype == KQ4_0 || qtype == KQ4_1 || qtype == KQ5_0 || qtype == KQ5_1;
+}
 
 int64_t kq_packed_bytes(int64_t qtype, int64_t n, int64_t k) {
-  if (!kq_packed_type(qtype) || k % 256 != 0) return 0;
+  if (!kq_packed_type(qtype) || k % kq_format(qtype).values != 0) return 0;
+  if (qtype != KQ4_K) return (n + KP - 1) / KP * (k / 32) * kp_block32(qtype);
   return (n + KP - 1) / KP * (k / 256) * KP_BLOCK;
 }
 
 void kq_pack(const uint8_t* w, int64_t qtype, int64_t n, int64_t k, uint8_t* out) {
-  TORCH_CHECK(kq_packed_type(qtype) && k % 256 == 0, "only Q4_K rows of a multiple of 256 are packed");
+  TORCH_CHECK(kq_packed_bytes(qtype, n, k) > 0, "GGUF type ", qtype, " rows of ", k, " are not packed");
+  switch (qtype) {
+    case KQ8_0: return kp_pack32<KQ8_0>(w, n, k, out);
+    case KQ4_0: return kp_pack32<KQ4_0>(w, n, k, out);
+    case KQ4_1: return kp_pack32<KQ4_1>(w, n, k, out);
+    case KQ5_0: return kp_pack32<KQ5_0>(w, n, k, out);
+    case KQ5_1: return kp_pack32<KQ5_1>(w, n, k, out);
+    default: break;
+  }
   const int64_t blocks = k / 256, row = blocks * 144, tiles = (n + KP - 1) / KP;
   at::parallel_for(0, tiles, 16, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t)
@@ -136,8 +279,16 @@ bool kq_packed_runs() {
   return runs;
 }
 
-void kq_packed_rows(const KqActs& a, int64_t B, int64_t k, const uint8_t* packed, int64_t j0, int64_t j1,
-                    const float* bias, float* y, int64_t stride) {
+void kq_packed_rows(const KqActs& a, int64_t B, int64_t k, const uint8_t* packed, int64_t qtype, int64_t j0,
+                    int64_t j1, const float* bias, float* y, int64_t stride) {
+  switch (qtype) {
+    case KQ8_0: return kp_run32<KQ8_0>(a, B, k, packed, j0, j1, bias, y, stride);
+    case KQ4_0: return kp_run32<KQ4_0>(a, B, k, packed, j0, j1, bias, y, stride);
+    case KQ4_1: return kp_run32<KQ4_1>(a, B, k, packed, j0, j1, bias, y, stride);
+    case KQ5_0: return kp_run32<KQ5_0>(a, B, k, packed, j0, j1, bias, y, stride);
+    case KQ5_1: return kp_run32<KQ5_1>(a, B, k, packed, j0, j1, bias, y, stride);
+    default: break;
+  }
   const int64_t blocks = k / 256;
   for (int64_t t0 = j0 / KP * KP; t0 < j1; t0 += KP) {
     const uint8_t* tile = packed + t0 / KP * blocks * KP_BLOCK;
@@ -165,7 +316,8 @@ bool kq_packed_type(int64_t) { return false; }
 int64_t kq_packed_bytes(int64_t, int64_t, int64_t) { return 0; }
 void kq_pack(const uint8_t*, int64_t, int64_t, int64_t, uint8_t*) { TORCH_CHECK(false, "no packed loops here"); }
 bool kq_packed_runs() { return false; }
-void kq_packed_rows(const KqActs&, int64_t, int64_t, const uint8_t*, int64_t, int64_t, const float*, float*, int64_t) {
+void kq_packed_rows(const KqActs&, int64_t, int64_t, const uint8_t*, int64_t, int64_t, int64_t, const float*, float*,
+                    int64_t) {
   TORCH_CHECK(false, "no packed loops here");
 }
 #endif

@@ -193,19 +193,23 @@ def test_tiles_of_outputs_keep_every_rows_bits_at_any_batch(kernel, name, fresh_
             assert torch.equal(alone[0].view(torch.int32), vector[b].view(torch.int32)), (rows, b)
 
 
+PACKED_TYPES = ["Q4_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
+
+
 @pytest.mark.parametrize("n", [21, 8, 40])
-def test_q4k_repacked_once_gives_the_scalar_bits_at_any_batch(kernel, n, fresh_seed):
-    """The native step's Q4_K projections are repacked once (kquant_packed.cpp: 8 outputs a
-    tile, nibbles as stored, scales a byte each) and every step, one row or many, runs against
-    that: over n outputs (whole and short tiles) and 3 blocks, at 1, 2, 5 and 33 rows, with and
-    without a bias, the packed loops give the scalar loops' bits, and each row equals itself
-    computed alone."""
+@pytest.mark.parametrize("name", PACKED_TYPES)
+def test_repacked_once_gives_the_scalar_bits_at_any_batch(kernel, name, n, fresh_seed):
+    """The native step's Q4_K and 32-value projections are repacked once (kquant_packed.cpp: 8
+    outputs a tile, values as stored, Q4_K's scales a byte each) and every step, one row or many,
+    runs against that: over n outputs (whole and short tiles) and 3 blocks of 256 (24 of 32), at
+    1, 2, 5 and 33 rows, with and without a bias, the packed loops give the scalar loops' bits,
+    and each row equals itself computed alone."""
     if torch.ops.tserve_native.kquant_isa(kquant.PACKED) != kquant.PACKED:
         pytest.skip("this CPU has no AVX2 + FMA + F16C")
     rng = np.random.default_rng(fresh_seed)
     k = 3 * 256
-    raw = torch.from_numpy(np.ascontiguousarray(_random_blocks("Q4_K", n, k, rng)))
-    code = kquant.BY_NAME["Q4_K"].code
+    raw = torch.from_numpy(np.ascontiguousarray(_random_blocks(name, n, k, rng)))
+    code = kquant.BY_NAME[name].code
     for bias in (None, torch.randn(n, generator=torch.Generator().manual_seed(fresh_seed))):
         for rows in (1, 2, 5, 33):
             x = _activations(fresh_seed + rows, rows, k)
