@@ -97,3 +97,19 @@ def memory_bandwidth(nbytes: int = 512 * 2**20, repetitions: int = 5,
     best = max(results.values(), key=lambda s: s.median)
     return {"bytes_per_s": best.median, "read": results["read"].to_dict(), "copy": results["copy"].to_dict(),
             "buffer_bytes": nbytes, "threads": torch.get_num_threads()}
+
+
+def read_bandwidth(threads: int, mib: int = 512, reps: int = 5) -> float:
+    """Bytes per second torch reads at ``threads`` threads (a float32 sum: one load per value)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x = torch.ones(mib * 2**20 // 4)
+        best = float("inf")
+        for _ in range(reps):
+            start = time.perf_counter()
+            x.sum()
+            best = min(best, time.perf_counter() - start)
+        return x.numel() * 4 / best
+    finally:
+        torch.set_num_threads(before)

@@ -25,23 +25,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.harness.machine import read_bandwidth
 from benchmarks.harness.quality import heldout_text
-
-
-def read_bandwidth(threads: int, mib: int = 512, reps: int = 5) -> float:
-    """Bytes per second torch reads at ``threads`` threads (a float32 sum: one load per value)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        x = torch.ones(mib * 2**20 // 4)
-        best = float("inf")
-        for _ in range(reps):
-            start = time.perf_counter()
-            x.sum()
-            best = min(best, time.perf_counter() - start)
-        return x.numel() * 4 / best
-    finally:
-        torch.set_num_threads(before)
 
 
 def step_bytes(model) -> int:

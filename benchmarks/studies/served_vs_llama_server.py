@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     logs.mkdir(parents=True, exist_ok=True)
     report: dict = {"peer": str(binary), "peer_how": how, "threads": args.threads, "rows": {}}
     if args.floor:
-        from benchmarks.studies.gguf_stored import read_bandwidth
+        from benchmarks.harness.machine import read_bandwidth
 
         report["bandwidth"] = {t: read_bandwidth(t) for t in (1, 2)}
         print("read bandwidth: " + ", ".join(f"{t} thread(s) {b / 1e9:.2f} GB/s"
