@@ -1,4 +1,5 @@
-"""Speculative decoding by prompt lookup (n-gram drafting): no second model.
+"""Speculative decoding: prompt lookup (n-gram drafting, no second model, here) or a draft
+model (``model.engine.draft_model``); both are verified here, the same way.
 
 At batch 1 on a CPU a decode step is bound by reading the weights, so a step that feeds a row
 five tokens costs little more than one that feeds it one. When the text being written repeats
@@ -33,6 +34,8 @@ see), while at most ``max_batch`` sequences decode. Drafting adapts to what it e
   drafts the k that maximises that ratio (1 below a ~ 0.35, 2 to ~0.55, 3 to ~0.65, then 4);
 - whether: a sequence whose drafts were all refused waits 1, 3, 7, ... up to 31 steps before
   it drafts again, and any accepted draft resets the wait.
+A draft model's drafts cost a draft step each on top (``Drafter.cost``), and it also waits while
+even one draft does not pay at the recent rate (``ModelDrafter.pays``).
 """
 
 from __future__ import annotations
