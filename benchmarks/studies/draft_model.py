@@ -10,7 +10,7 @@ Through HTTP, one server at a time (each alone on the cores), alternated within 
 - ``ours ngram``: ``TSERVE_SPECULATIVE=ngram`` (prompt lookup, our default);
 - ``ours draft``: ``TSERVE_SPECULATIVE=draft``, ``TSERVE_DRAFT_MODEL=<target>=<draft file>``;
 - ``llama-server``: ``-m target`` alone;
-- ``llama-server draft``: ``-m target -md draft --spec-draft-n-max 4`` (our
+- ``llama-server draft``: ``-m target -md draft --spec-type draft-simple --spec-draft-n-max 4`` (our
   ``TSERVE_SPECULATIVE_TOKENS`` default is 4 too).
 Each workload is ``n`` concurrent streamed ``/v1/chat/completions`` requests (code-writing
 prompts, Qwen's chat template on both sides, greedy, ``max_tokens`` tokens). Reported per side
@@ -67,7 +67,9 @@ def peer(side: str, binary: Path, target: Path, draft: Path, threads: int, paral
     argv = [str(binary), "-m", str(target), "--port", str(port), "-t", str(threads), "-tb", str(threads),
             "--parallel", str(parallel), "-c", str(parallel * ctx), "--no-webui", "--jinja"]
     if side == "llama-server draft":
-        argv += ["-md", str(draft), "--spec-draft-n-max", "4", "-td", str(threads), "-tbd", str(threads)]
+        # an explicit type: a plain draft GGUF names none, and the default type is none (no drafting)
+        argv += ["-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", "4", "-td", str(threads),
+                 "-tbd", str(threads)]
     return ServerProcess(argv, log, port=port, ready_path="/health", ready_timeout_s=900)
 
 
