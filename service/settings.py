@@ -91,9 +91,13 @@ class Settings(BaseSettings):
     max_prefill_tokens: int = Field(2048, ge=16, description="prompt tokens processed per engine step")
     prefix_cache: bool = Field(True, description="decoder models share the KV blocks of prompt prefixes they "
                                "have seen (read in place)")
-    speculative: Literal["ngram", "off"] = Field(
+    speculative: Literal["ngram", "draft", "off"] = Field(
         "ngram", description="speculative decoding for decoder models: ngram drafts the tokens that followed the "
-        "text's latest repeated span (prompt lookup) and verifies them in the same step; off")
+        "text's latest repeated span (prompt lookup) and verifies them in the same step; draft = a draft model "
+        "(TSERVE_DRAFT_MODEL) drafts for the models it names, ngram for the others; off")
+    draft_model: str = Field(
+        "", description="under TSERVE_SPECULATIVE=draft, each target's draft model: comma-separated "
+        "target=draft pairs, each a served model name or a path (a draft must share its target's vocabulary)")
     speculative_tokens: int = Field(4, ge=1, le=16, description="draft tokens per sequence per step at most")
     speculative_max_batch: int = Field(4, ge=1, description="draft only while at most this many sequences "
                                        "decode (beyond, extra rows cost what they save)")
@@ -177,6 +181,20 @@ class Settings(BaseSettings):
         if not names:
             return None
         return [] if names == ["none"] else names
+
+    @field_validator("draft_model")
+    @classmethod
+    def _draft_model(cls, value: str) -> str:
+        for pair in (p.strip() for p in value.split(",") if p.strip()):
+            target, _, draft = pair.partition("=")
+            if not target.strip() or not draft.strip():
+                raise ValueError(f"TSERVE_DRAFT_MODEL: {pair!r} is not target=draft")
+        return value
+
+    def draft_models(self) -> dict[str, str]:
+        """Target model -> its draft (a served name or a path), as TSERVE_DRAFT_MODEL pairs them."""
+        pairs = (p.strip().partition("=") for p in self.draft_model.split(",") if p.strip())
+        return {target.strip(): draft.strip() for target, _, draft in pairs}
 
     def cors_origin_list(self) -> list[str]:
         return [o.strip() for o in self.cors_origins.split(",") if o.strip()]

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from model.decode.step import DecodeStep, PythonStep
+from model.engine.draft_model import DraftModel
 from model.engine.families import prompts_for
 from model.engine.grammar import DEFAULT_CACHE_SIZE, GrammarCompiler
 from model.engine.prefix_cache import PrefixCache
@@ -51,7 +52,7 @@ class EngineCore:
                  max_src_len: int = 0, max_prefill_tokens: int = 2048, prefix_cache: bool = False,
                  step: DecodeStep | None = None, kv_cache_bytes: int = 0,
                  speculative: SpeculativeConfig | None = None, grammar_cache_size: int = DEFAULT_CACHE_SIZE,
-                 kv_cache_min_tokens: int = 0):
+                 kv_cache_min_tokens: int = 0, draft: DecoderLM | None = None, draft_step: DecodeStep | None = None):
         """``n_slots``: the most sequences in flight (rows); ``max_len``: one sequence's context;
         ``kv_cache_bytes``: the block pool's size, at most every row at ``max_len`` (0: exactly
         that, nothing waits for memory), at least ``kv_cache_min_tokens`` positions (the service
@@ -59,7 +60,11 @@ class EngineCore:
         ``prefix_cache``: share cached prompt blocks (decoder-only). ``step``: the
         decode step (``model.decode.prepare``); default the model's own Python step, float, SDPA.
         ``speculative``: draft tokens by prompt lookup (model.engine.speculative); default none.
-        ``grammar_cache_size``: compiled grammars kept (LRU), fixed for the core's life."""
+        ``grammar_cache_size``: compiled grammars kept (LRU), fixed for the core's life.
+        ``draft`` / ``draft_step``: the draft model of ``speculative`` method ``draft``
+        (model.engine.draft_model) and its decode step (default its Python step); it must share
+        the model's vocabulary (``check_vocabulary``). Its cache has as many rows and blocks as
+        the model's."""
         self.model, self.tokenizer = model, tokenizer
         self.decode_step: DecodeStep = step or PythonStep(model)
         self.n_slots, self.max_len, self.max_src_len = n_slots, max_len, max_src_len
@@ -75,8 +80,18 @@ class EngineCore:
         cfg = model.cfg
         every_layer_windowed = cfg.sliding_window is not None and all(
             layer.self_attn.window for layer in model.decoder_layers)
+        self.draft: DraftModel | None = None
+        if speculative is not None and speculative.method == "draft" and not prompts.encodes_source:
+            if draft is None:
+                raise ValueError("speculative method 'draft' needs a draft model")
+            if draft.cfg.vocab_size != cfg.vocab_size:
+                raise ValueError(f"the draft model has {draft.cfg.vocab_size} token ids and the model "
+                                 f"{cfg.vocab_size}: a draft must share its target's vocabulary")
+            self.draft = DraftModel(draft, draft_step or PythonStep(draft), n_slots,
+                                    min(max_len, draft.cfg.max_positions), cache.n_blocks, target_cfg=cfg,
+                                    cost=speculative.draft_cost)
         self.scheduler = Scheduler(prompts, tokenizer, cfg.eos_token_id, cache, max_prefill_tokens, self.prefix,
-                                   cfg.sliding_window if every_layer_windowed else 0, speculative)
+                                   cfg.sliding_window if every_layer_windowed else 0, speculative, self.draft)
         self.drafted_tokens = self.accepted_tokens = 0  # speculative decoding, since start
         self._grammars: GrammarCompiler | None = None
         self._grammar_cache_size = grammar_cache_size
@@ -178,6 +193,9 @@ class EngineCore:
     # --- one step: plan, run, apply ---------------------------------------------------------
     def step(self) -> StepResult:
         plan = self.scheduler.schedule(self.runner.device)
+        if plan.draft_limits:  # the draft model's drafts, for every sequence that wants some, in one batch
+            plan.drafts.update(self.draft.propose(plan.draft_limits))
+            self.scheduler.decode_rows(plan)
         try:
             output = self.runner.run(plan) if not plan.empty else StepOutput()
         except Exception:

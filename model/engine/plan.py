@@ -59,6 +59,8 @@ class StepPlan:
     preempted: list[Sequence] = field(default_factory=list)  # gave their blocks back; resume later
     rejected: list[EngineRequest] = field(default_factory=list)  # can never fit the pool
     drafts: dict[Sequence, list[int]] = field(default_factory=dict)  # speculative: rows after the fed token
+    # speculative with a draft model: drafts each sequence wants (the core has them proposed into ``drafts``)
+    draft_limits: dict[Sequence, int] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:

@@ -17,7 +17,7 @@ from model.engine.beam_search import BeamSearch, BeamStep, steps_together
 from model.engine.generation import FINISH_STOP, SequenceTracker
 from model.engine.grammar import CompiledGrammar
 from model.engine.sampling import SamplingParams, make_generator
-from model.engine.speculative import NgramDrafter
+from model.engine.speculative import Drafter
 from model.tokenization.tokenizer import Tokenizer
 
 
@@ -142,7 +142,7 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)  # sampled tokens so far (a resumed sequence replays them)
     admitted_at: float = 0.0
     resumed: bool = False  # preempted, then admitted again: its prefill replays prompt and output
-    drafter: NgramDrafter | None = None  # speculative decoding: its tokens, indexed for prompt lookup
+    drafter: Drafter | None = None  # speculative decoding: an n-gram index of its tokens, or its draft model's row
 
     @property
     def input_ids(self) -> list[int]:

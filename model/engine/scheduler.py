@@ -38,7 +38,7 @@ from model.engine.families import DecoderPrompts, SourcePrompts
 from model.engine.plan import DecodeRow, SlotMove, StepPlan
 from model.engine.prefix_cache import PrefixCache, block_hashes
 from model.engine.requests import BeamDecoding, EngineRequest, SampledDecoding, Sequence
-from model.engine.speculative import NgramDrafter, SpeculativeConfig, drafts_allowed
+from model.engine.speculative import Drafter, NgramDrafter, SpeculativeConfig, drafts_allowed
 from model.nn.kv_cache import PagedKVCache, blocks_for
 from model.tokenization.tokenizer import Tokenizer
 
@@ -46,10 +46,12 @@ from model.tokenization.tokenizer import Tokenizer
 class Scheduler:
     def __init__(self, prompts: DecoderPrompts | SourcePrompts, tokenizer: Tokenizer | None, eos_id: int | None,
                  cache: PagedKVCache, max_prefill_tokens: int, prefix: PrefixCache | None = None,
-                 release_window: int = 0, speculative: SpeculativeConfig | None = None):
+                 release_window: int = 0, speculative: SpeculativeConfig | None = None, draft=None):
         """``release_window`` > 0: every layer attends inside that sliding window, so blocks
         behind it are given back as a sequence moves on. ``speculative``: draft tokens by prompt
-        lookup (decoder-only; model.engine.speculative)."""
+        lookup (decoder-only; model.engine.speculative), or by ``draft`` (a ``DraftModel``, under
+        the method ``draft``: the plan says how many drafts each sequence wants, ``plan.draft_limits``,
+        and the engine core has the draft model propose them before the step runs)."""
         self.prompts, self.tokenizer, self.eos_id = prompts, tokenizer, eos_id
         self.cache = cache
         self.prefix = prefix if not prompts.encodes_source else None
@@ -57,6 +59,7 @@ class Scheduler:
         self.release_window = release_window
         self.speculative = speculative if speculative is not None and speculative.enabled \
             and not prompts.encodes_source else None
+        self.draft = draft if self.speculative is not None and self.speculative.method == "draft" else None
         self.free: list[int] = list(range(cache.n_slots))  # a heap: lowest rows first keeps batches contiguous
         self.waiting: deque[EngineRequest] = deque()
         self.preempted: deque[Sequence] = deque()  # resume first, oldest first
@@ -96,6 +99,8 @@ class Scheduler:
         return None
 
     def release(self, seq: Sequence) -> None:
+        if seq.drafter is not None:
+            seq.drafter.release()
         for s in seq.slots:
             self.cache.release(s)
             heapq.heappush(self.free, s)
@@ -148,13 +153,37 @@ class Scheduler:
                     break
         if self.speculative is not None and len(self.running) <= self.speculative.max_batch:
             for seq in self.running:
-                if seq.drafter is not None:
-                    drafts = self._drafts(seq)
-                    if drafts:
-                        plan.drafts[seq] = drafts
+                if seq.drafter is None:
+                    continue
+                if self.draft is not None:
+                    wanted = self._draft_room(seq, seq.drafter.wants(self._draft_limit(seq)))
+                    if wanted:
+                        plan.draft_limits[seq] = wanted
+                    continue
+                drafts = self._drafts(seq)
+                if drafts:
+                    plan.drafts[seq] = drafts
+        self.decode_rows(plan)
+
+    def decode_rows(self, plan: StepPlan) -> None:
+        """``plan.decode``: each running row's fed token, then its sequence's drafts, by row."""
         plan.decode = [DecodeRow(seq, slot, tok, seq.next_pos + i)
                        for seq in sorted(self.running, key=lambda s: s.slots[0]) for j, slot in enumerate(seq.slots)
                        for i, tok in enumerate([seq.next_tokens[j], *plan.drafts.get(seq, ())])]
+
+    def _draft_limit(self, seq: Sequence) -> int:
+        """Drafts ``seq`` may feed this step: its tokens left (the step's own token included) and
+        its context's positions, less one."""
+        left = min(seq.req.params.max_new_tokens - seq.generated, self.cache.max_len - seq.next_pos) - 1
+        return max(0, min(self.speculative.tokens, left))
+
+    def _draft_room(self, seq: Sequence, n: int) -> int:
+        """How many of ``n`` drafts the pool has blocks for, without preempting anyone (see
+        ``_drafts``)."""
+        for i in range(n):
+            if not self.cache.ensure(seq.slots[0], seq.next_pos + i + 2):
+                return i
+        return n
 
     def _drafts(self, seq: Sequence) -> list[int]:
         """Draft tokens for ``seq`` this step, with the blocks their positions need (as many as
@@ -162,12 +191,9 @@ class Scheduler:
         No copy on write: the fed token's block was made the row's own (``_blocks_for_step``),
         and every block after it was allocated to this row alone (shared blocks are prompt
         blocks, behind it; beams never draft)."""
-        left = min(seq.req.params.max_new_tokens - seq.generated, self.cache.max_len - seq.next_pos) - 1
-        drafts = seq.drafter.propose(min(self.speculative.tokens, left)) if left > 0 else []
-        for n in range(len(drafts)):
-            if not self.cache.ensure(seq.slots[0], seq.next_pos + n + 2):
-                return drafts[:n]
-        return drafts
+        left = self._draft_limit(seq)
+        drafts = seq.drafter.propose(left) if left > 0 else []
+        return drafts[:self._draft_room(seq, len(drafts))]
 
     def _blocks_for_step(self, seq: Sequence, plan: StepPlan) -> bool:
         """Make the block of ``seq.next_pos`` writable in each of its rows: allocated, and its
@@ -258,9 +284,11 @@ class Scheduler:
             return BeamDecoding(req, self.tokenizer, self.eos_id)
         return SampledDecoding(req, self.tokenizer, self.eos_id, self.prompts.context(req.prompt_ids), device)
 
-    def _drafter(self, seq: Sequence) -> NgramDrafter | None:
+    def _drafter(self, seq: Sequence) -> Drafter | None:
         if self.speculative is None or not drafts_allowed(seq.req.params, seq.req.grammar is not None):
             return None
+        if self.draft is not None:
+            return self.draft.drafter(seq.req.prompt_ids + seq.output_ids, self.speculative)
         return NgramDrafter(seq.req.prompt_ids + seq.output_ids, self.speculative)
 
     def _never_fits(self, seq: Sequence) -> bool:

@@ -1,4 +1,5 @@
-"""Speculative decoding by prompt lookup (n-gram drafting): no second model.
+"""Speculative decoding: prompt lookup (n-gram drafting, no second model, here) or a draft
+model (``model.engine.draft_model``); both are verified here, the same way.
 
 At batch 1 on a CPU a decode step is bound by reading the weights, so a step that feeds a row
 five tokens costs little more than one that feeds it one. When the text being written repeats
@@ -33,6 +34,8 @@ see), while at most ``max_batch`` sequences decode. Drafting adapts to what it e
   drafts the k that maximises that ratio (1 below a ~ 0.35, 2 to ~0.55, 3 to ~0.65, then 4);
 - whether: a sequence whose drafts were all refused waits 1, 3, 7, ... up to 31 steps before
   it drafts again, and any accepted draft resets the wait.
+A draft model's drafts cost a draft step each on top (``Drafter.cost``), and it also waits while
+even one draft does not pay at the recent rate (``ModelDrafter.pays``).
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from torch import Tensor
 from model.engine.sampling import SamplingParams, filter_top_k_top_p
 from model.nn.host_transfer import to_device
 
-SPECULATIVE_METHODS = ("ngram", "off")
+SPECULATIVE_METHODS = ("ngram", "draft", "off")
 MAX_WAIT = 31  # steps a sequence at most waits to draft again after its drafts were refused
 ROW_COST = 0.09  # a decode step's extra time per extra row, relative to one row (measured: module docstring)
 MEMORY = 0.8  # per verified step, the weight kept of a sequence's earlier acceptance counts
@@ -54,16 +57,18 @@ MEMORY = 0.8  # per verified step, the weight kept of a sequence's earlier accep
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """``method``: ``ngram`` (prompt lookup) or ``off``; ``tokens``: drafts per step at most;
+    """``method``: ``ngram`` (prompt lookup), ``draft`` (a draft model: model.engine.draft_model;
+    the engine core must be given one) or ``off``; ``tokens``: drafts per step at most;
     ``ngram_min`` / ``ngram_max``: the suffix lengths looked up, longest first;
     ``max_batch``: draft only while at most this many sequences decode (beyond, a step is
-    bound by compute, and extra rows cost what they save)."""
+    bound by compute, and extra rows cost what they save); ``draft_cost``: see the field."""
 
     method: str = "ngram"
     tokens: int = 4
     ngram_min: int = 2
     ngram_max: int = 4
     max_batch: int = 4
+    draft_cost: float | None = None  # a draft model's step time / the target's (None: estimated from their weights)
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:
@@ -75,6 +80,8 @@ class SpeculativeConfig:
                              f"{self.ngram_max}")
         if self.max_batch < 1:
             raise ValueError(f"speculative max_batch must be >= 1, got {self.max_batch}")
+        if self.draft_cost is not None and self.draft_cost < 0:
+            raise ValueError(f"speculative draft_cost must be >= 0, got {self.draft_cost}")
 
     @property
     def enabled(self) -> bool:
@@ -91,17 +98,72 @@ def drafts_allowed(params: SamplingParams, constrained: bool) -> bool:
                 or params.presence_penalty or params.frequency_penalty)
 
 
-class NgramDrafter:
+class Drafter:
+    """What every drafter shares: how many drafts pay at the sequence's recent rate of kept
+    drafts, and the wait after refused runs. ``cost``: a draft's extra time, relative to a
+    decode step without drafts."""
+
+    cost = ROW_COST
+
+    def __init__(self, config: SpeculativeConfig):
+        self.config = config
+        self.tokens: list[int] = []  # the sequence so far: prompt and output
+        self.wait = 0  # steps left before drafting again
+        self.backoff = 0  # the wait after the next refused run
+        self.kept, self.tried = 1.0, 2.0  # drafts kept / drafts judged, decayed (a prior of one half)
+
+    def extend(self, tokens: Seq[int]) -> None:
+        self.tokens.extend(int(t) for t in tokens)
+
+    def waiting(self) -> bool:
+        """Whether this step is one of the wait's (and count it down)."""
+        if self.wait > 0:
+            self.wait -= 1
+            return True
+        return False
+
+    def best(self) -> tuple[int, float]:
+        """The number of drafts that earns most per unit of step time at the recent rate, and
+        the tokens per unit of time it earns (1: as decoding without drafts)."""
+        a = self.kept / self.tried
+        best, best_k = 0.0, 1
+        for k in range(1, self.config.tokens + 1):
+            gain = (1 - a ** (k + 1)) / (1 - a) if a < 1 else k + 1.0
+            if gain / (1 + self.cost * k) > best:
+                best, best_k = gain / (1 + self.cost * k), k
+        return best_k, best
+
+    def length(self) -> int:
+        return self.best()[0]
+
+    def settle(self, drafted: int, accepted: int) -> None:
+        """After a verified step: reset the wait when a draft was kept, lengthen it when none was."""
+        if drafted == 0:
+            return
+        # each kept draft was one trial won; the first refused one (if any) a trial lost
+        self.kept = MEMORY * self.kept + accepted
+        self.tried = MEMORY * self.tried + accepted + (accepted < drafted)
+        if accepted and self.pays():
+            self.backoff = 0
+        else:
+            self.backoff = min(2 * self.backoff + 1, MAX_WAIT)
+            self.wait = self.backoff
+
+    def pays(self) -> bool:
+        """Whether drafting is worth going on with now (a refused run aside)."""
+        return True
+
+    def release(self) -> None:
+        """The sequence gave its blocks back (finished, aborted, preempted)."""
+
+
+class NgramDrafter(Drafter):
     """The tokens of one sequence (prompt and output), indexed by their n-grams: for each
     n-gram, where its latest occurrence ended. ``propose`` looks up the current suffix."""
 
     def __init__(self, tokens: Seq[int], config: SpeculativeConfig):
-        self.config = config
-        self.tokens: list[int] = []
+        super().__init__(config)
         self.ends: dict[tuple[int, ...], int] = {}  # n-gram -> index after its latest occurrence
-        self.wait = 0  # steps left before drafting again
-        self.backoff = 0  # the wait after the next refused run
-        self.kept, self.tried = 1.0, 2.0  # drafts kept / drafts judged, decayed (a prior of one half)
         self.extend(tokens)
 
     def extend(self, tokens: Seq[int]) -> None:
@@ -118,8 +180,7 @@ class NgramDrafter:
     def propose(self, limit: int) -> list[int]:
         """Up to ``limit`` tokens that followed the latest earlier occurrence of the longest
         suffix found (``ngram_max`` down to ``ngram_min`` tokens); none while waiting."""
-        if self.wait > 0:
-            self.wait -= 1
+        if self.waiting():
             return []
         toks, n_toks = self.tokens, len(self.tokens)
         limit = min(limit, self.length())
@@ -128,29 +189,6 @@ class NgramDrafter:
             if end is not None:
                 return toks[end: end + limit]
         return []
-
-    def length(self) -> int:
-        """The number of drafts that earns most per unit of step time at the recent rate."""
-        a = self.kept / self.tried
-        best, best_k = 0.0, 1
-        for k in range(1, self.config.tokens + 1):
-            gain = (1 - a ** (k + 1)) / (1 - a) if a < 1 else k + 1.0
-            if gain / (1 + ROW_COST * k) > best:
-                best, best_k = gain / (1 + ROW_COST * k), k
-        return best_k
-
-    def settle(self, drafted: int, accepted: int) -> None:
-        """After a verified step: reset the wait when a draft was kept, lengthen it when none was."""
-        if drafted == 0:
-            return
-        # each kept draft was one trial won; the first refused one (if any) a trial lost
-        self.kept = MEMORY * self.kept + accepted
-        self.tried = MEMORY * self.tried + accepted + (accepted < drafted)
-        if accepted:
-            self.backoff = 0
-        else:
-            self.backoff = min(2 * self.backoff + 1, MAX_WAIT)
-            self.wait = self.backoff
 
 
 def verify(logits: Tensor, drafts: list[list[int]], params: list[SamplingParams],

@@ -45,6 +45,7 @@ from service.engines.errors import (
     QueueFullError,
 )
 from service.metrics import Metrics
+from service.models.memory import weights_bytes
 from service.models.sampling import SamplingDefaults
 from service.settings import Settings
 
@@ -97,18 +98,22 @@ class GenerativeEngine(BaseEngine):
     """Decoder-only and encoder-decoder models: continuous batching over KV-cache slots."""
 
     def __init__(self, name: str, ckpt: Checkpoint, settings: Settings, metrics: Metrics,
-                 step: DecodeStep | None = None):
-        """``step``: the decode step ``model.decode.prepare`` chose (default: the model's Python step)."""
+                 step: DecodeStep | None = None, draft: tuple[str, Checkpoint, DecodeStep] | None = None):
+        """``step``: the decode step ``model.decode.prepare`` chose (default: the model's Python step).
+        ``draft``: under TSERVE_SPECULATIVE=draft, the draft model (its name, checkpoint and decode
+        step), held by the engine core and freed with it; without one, n-gram drafting."""
         super().__init__(name, ckpt, settings, metrics)
         self.encdec = self.family == "encoder-decoder"
         self.max_src_len = self.max_len if self.encdec else 0
         self.core = EngineCore(self.model, self.tokenizer, settings.max_batch, self.max_len, self.max_src_len,
                                settings.max_prefill_tokens, settings.prefix_cache and not self.encdec, step=step,
                                kv_cache_bytes=settings.kv_cache_bytes, speculative=SpeculativeConfig(
-                                   settings.speculative, settings.speculative_tokens,
-                                   max_batch=settings.speculative_max_batch),
+                                   settings.speculative if settings.speculative != "draft" or draft else "ngram",
+                                   settings.speculative_tokens, max_batch=settings.speculative_max_batch),
                                grammar_cache_size=settings.grammar_cache_size,
-                               kv_cache_min_tokens=self.max_len)
+                               kv_cache_min_tokens=self.max_len, draft=draft[1].model if draft else None,
+                               draft_step=draft[2] if draft else None)
+        self.draft_name = draft[0] if draft else None
         # One sequence may use the whole pool, no more: the context a request sees is the smaller.
         self.max_len = min(self.max_len, self.core.scheduler.capacity_tokens())
         # Held around each step: a fill-mask rescorer may share this decoder's model and decode
@@ -183,11 +188,14 @@ class GenerativeEngine(BaseEngine):
         return getattr(self.core.decode_step, "weights4", 0)
 
     def step_bytes(self) -> int:
-        return getattr(self.core.decode_step, "extra_bytes", 0)
+        draft = self.core.draft  # a draft model's weights count as this model's: it loads and goes with it
+        extra = 0 if draft is None else weights_bytes(draft.model) + getattr(draft.step, "extra_bytes", 0)
+        return getattr(self.core.decode_step, "extra_bytes", 0) + extra
 
     def kv_cache_bytes(self) -> int:
-        runner = self.core.runner
-        return runner.cache.nbytes  # the block pool (the prefix cache's blocks among them) and cross-attention memory
+        runner, draft = self.core.runner, self.core.draft
+        # the block pool (the prefix cache's blocks among them), cross-attention memory, a draft model's pool
+        return runner.cache.nbytes + (0 if draft is None else draft.cache.nbytes)
 
     async def stop(self, grace_s: float) -> None:
         await super().stop(grace_s)
@@ -251,8 +259,11 @@ class GenerativeEngine(BaseEngine):
         if spec is None:
             return None
         drafted, accepted = self.core.drafted_tokens, self.core.accepted_tokens
-        return {"method": spec.method, "tokens": spec.tokens, "max_batch": spec.max_batch,
+        info = {"method": spec.method, "tokens": spec.tokens, "max_batch": spec.max_batch,
                 "ngram": [spec.ngram_min, spec.ngram_max], "drafted_tokens": drafted, "accepted_tokens": accepted}
+        if self.core.draft is not None:
+            info["draft_model"] = self.draft_name
+        return info
 
     def prefix_cache(self) -> dict[str, int] | None:
         """The prefix cache's state (None: off, or an encoder-decoder model)."""

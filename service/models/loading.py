@@ -20,10 +20,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping
+from pathlib import Path
 
 from model import load_model
 from model.config import DTYPES
-from model.decode import native, prepare, prepare_weights
+from model.decode import DecodeOptions, native, prepare, prepare_weights
+from model.engine.draft_model import check_vocabulary
 from service.engines.encoder import EncoderEngine
 from service.engines.errors import EngineError, EngineStoppedError, MemoryBudgetError, RequestFailedError
 from service.engines.generative import BaseEngine, GenerativeEngine
@@ -162,7 +164,8 @@ class ModelLoader:
             build = getattr(step, "build_seconds", None)
             log.info("decode step", extra={"model": name, "step": step.name, "kv_dtype": str(step.kv_dtype),
                                            **({} if build is None else {"build_seconds": round(build, 1)})})
-            engine: BaseEngine = GenerativeEngine(name, ckpt, settings, self.metrics, step)
+            draft = await asyncio.to_thread(self._draft, name, ckpt, options)
+            engine: BaseEngine = GenerativeEngine(name, ckpt, settings, self.metrics, step, draft)
             if not engine.encdec:
                 engine.sampling_defaults = await asyncio.to_thread(sampling_defaults, entry.path, settings, name)
             self.metrics.decode_step.labels(name, engine.decode_step_name).set(1)  # as /v1/models says
@@ -175,6 +178,25 @@ class ModelLoader:
         engine.parameters = parameters
         await engine.start()
         return engine
+
+    def _draft(self, name: str, ckpt, options: DecodeOptions) -> tuple | None:
+        """Under TSERVE_SPECULATIVE=draft, the draft model TSERVE_DRAFT_MODEL names for ``name``
+        (a served model's name or a path): loaded (its own copy, held by this model's engine and
+        freed with it), its vocabulary checked against the target's, its decode step prepared as
+        the target's is. None where no draft is named."""
+        settings = self.settings
+        ref = settings.draft_models().get(name) if settings.speculative == "draft" else None
+        if ref is None or ckpt.config.family != "decoder":
+            return None
+        path = self.entries[ref].path if ref in self.entries else Path(ref)
+        if not path.exists():
+            raise ValueError(f"TSERVE_DRAFT_MODEL: the draft of '{name}', {ref!r}, is neither a served model nor a "
+                             "path")
+        draft = load_model(path, settings.device, DTYPES[settings.dtype])
+        check_vocabulary(name, ckpt, ref, draft)
+        step = prepare(draft.model, options, draft.tokenizer)
+        log.info("draft model", extra={"model": name, "draft": ref, "step": step.name})
+        return ref, draft, step
 
     def _estimate(self, entry: ModelEntry) -> int:
         """Bytes a first load will take, before it is measured: the source's tensors at the
