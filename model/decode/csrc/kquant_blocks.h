@@ -89,6 +89,24 @@ struct KqActs {
   }
 };
 
+// Rows [b0, b0 + R) of quantized activations as the tile loops read them: each row's values,
+// its sums of 16 (int16 and int32) and its block scales (`blocks` a row).
+template <int R>
+struct KqRowViews {
+  const int8_t* r[R];
+  const int16_t* sum16h[R];
+  const int32_t* sum16[R];
+  const float* scale[R];
+  KqRowViews(const KqActs& a, int64_t k, int64_t b0, int64_t blocks) {
+    for (int x = 0; x < R; ++x) {
+      r[x] = a.r.data() + (b0 + x) * k;
+      sum16h[x] = a.sum16h.data() + (b0 + x) * (k / 16);
+      sum16[x] = a.sum16.data() + (b0 + x) * (k / 16);
+      scale[x] = a.scale.data() + (b0 + x) * blocks;
+    }
+  }
+};
+
 // Q4_K / Q5_K: the eight 6-bit scales and minima of a block's 12 bytes.
 inline void scale_min_k4(const uint8_t* s, int32_t* sc, int32_t* mn) {
   for (int j = 0; j < 4; ++j) {

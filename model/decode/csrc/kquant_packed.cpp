@@ -54,14 +54,10 @@ template <int R>
 TSERVE_KP_TARGET void kp_rows(const uint8_t* tile, int64_t blocks, const KqActs& a, int64_t k, int64_t b0,
                               float (*out)[KP]) {
   const __m256i low = _mm256_set1_epi8(15);
-  const int8_t* r[R];
-  const int16_t* sums[R];
-  const float* scale[R];
-  for (int x = 0; x < R; ++x) {
-    r[x] = a.r.data() + (b0 + x) * k;
-    sums[x] = a.sum16h.data() + (b0 + x) * (k / 16);
-    scale[x] = a.scale.data() + (b0 + x) * blocks;
-  }
+  const KqRowViews<R> rows(a, k, b0, blocks);
+  const auto& r = rows.r;
+  const auto& sums = rows.sum16h;
+  const auto& scale = rows.scale;
   __m256 acc[R];
   for (int x = 0; x < R; ++x) acc[x] = _mm256_setzero_ps();
   for (int64_t i = 0; i < blocks; ++i) {
@@ -126,14 +122,10 @@ TSERVE_KP_TARGET void kp_rows32(const uint8_t* tile, int64_t blocks, const KqAct
   constexpr int64_t BB = kp_block32(T), VB = T == KQ8_0 ? 256 : 128;
   constexpr int32_t zero = T == KQ5_0 ? 16 : T == KQ4_0 ? 8 : 0;  // the value that stands for 0
   const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
-  const int8_t* r[R];
-  const int32_t* sums[R];
-  const float* scale[R];
-  for (int x = 0; x < R; ++x) {
-    r[x] = a.r.data() + (b0 + x) * k;
-    sums[x] = a.sum16.data() + (b0 + x) * (k / 16);
-    scale[x] = a.scale.data() + (b0 + x) * blocks;
-  }
+  const KqRowViews<R> rows(a, k, b0, blocks);
+  const auto& r = rows.r;
+  const auto& sums = rows.sum16;
+  const auto& scale = rows.scale;
   __m256 acc[R];
   for (int x = 0; x < R; ++x) acc[x] = _mm256_setzero_ps();
   for (int64_t i = 0; i < blocks; ++i) {
@@ -205,12 +197,13 @@ void kp_pack32(const uint8_t* w, int64_t n, int64_t k, uint8_t* out) {
   });
 }
 
-template <int64_t T>
-void kp_run32(const KqActs& a, int64_t B, int64_t k, const uint8_t* packed, int64_t j0, int64_t j1, const float* bias,
-              float* y, int64_t stride) {
-  const int64_t blocks = k / 32;
+// Outputs [j0, j1) of every row: each tile from `tile(t0)` (its first output t0) against the
+// rows, KP_ROWS at a time through rows4, the rest one by one through rows1.
+template <class Rows4, class Rows1, class Tile>
+void kp_walk(int64_t B, int64_t j0, int64_t j1, Tile tile, Rows4 rows4, Rows1 rows1, const float* bias, float* y,
+             int64_t stride) {
   for (int64_t t0 = j0 / KP * KP; t0 < j1; t0 += KP) {
-    const uint8_t* tile = packed + t0 / KP * blocks * kp_block32(T);
+    const uint8_t* t = tile(t0);
     float out[KP_ROWS][KP];
     auto emit = [&](int64_t b, int x) {
       for (int64_t j = std::max(t0, j0); j < std::min(t0 + KP, j1); ++j) {
@@ -220,14 +213,24 @@ void kp_run32(const KqActs& a, int64_t B, int64_t k, const uint8_t* packed, int6
     };
     int64_t b = 0;
     for (; b + KP_ROWS <= B; b += KP_ROWS) {
-      kp_rows32<T, KP_ROWS>(tile, blocks, a, k, b, out);
+      rows4(t, b, out);
       for (int x = 0; x < KP_ROWS; ++x) emit(b + x, x);
     }
     for (; b < B; ++b) {
-      kp_rows32<T, 1>(tile, blocks, a, k, b, out);
+      rows1(t, b, out);
       emit(b, 0);
     }
   }
+}
+
+template <int64_t T>
+void kp_run32(const KqActs& a, int64_t B, int64_t k, const uint8_t* packed, int64_t j0, int64_t j1, const float* bias,
+              float* y, int64_t stride) {
+  const int64_t blocks = k / 32;
+  kp_walk(B, j0, j1, [&](int64_t t0) { return packed + t0 / KP * blocks * kp_block32(T); },
+          [&](const uint8_t* t, int64_t b, float (*out)[KP]) { kp_rows32<T, KP_ROWS>(t, blocks, a, k, b, out); },
+          [&](const uint8_t* t, int64_t b, float (*out)[KP]) { kp_rows32<T, 1>(t, blocks, a, k, b, out); },
+          bias, y, stride);
 }
 
 }  // namespace
@@ -290,25 +293,10 @@ void kq_packed_rows(const KqActs& a, int64_t B, int64_t k, const uint8_t* packed
     default: break;
   }
   const int64_t blocks = k / 256;
-  for (int64_t t0 = j0 / KP * KP; t0 < j1; t0 += KP) {
-    const uint8_t* tile = packed + t0 / KP * blocks * KP_BLOCK;
-    float out[KP_ROWS][KP];
-    auto emit = [&](int64_t b, int x) {
-      for (int64_t j = std::max(t0, j0); j < std::min(t0 + KP, j1); ++j) {
-        const float v = out[x][j - t0];
-        y[b * stride + j] = bias == nullptr ? v : v + bias[j];
-      }
-    };
-    int64_t b = 0;
-    for (; b + KP_ROWS <= B; b += KP_ROWS) {
-      kp_rows<KP_ROWS>(tile, blocks, a, k, b, out);
-      for (int x = 0; x < KP_ROWS; ++x) emit(b + x, x);
-    }
-    for (; b < B; ++b) {
-      kp_rows<1>(tile, blocks, a, k, b, out);
-      emit(b, 0);
-    }
-  }
+  kp_walk(B, j0, j1, [&](int64_t t0) { return packed + t0 / KP * blocks * KP_BLOCK; },
+          [&](const uint8_t* t, int64_t b, float (*out)[KP]) { kp_rows<KP_ROWS>(t, blocks, a, k, b, out); },
+          [&](const uint8_t* t, int64_t b, float (*out)[KP]) { kp_rows<1>(t, blocks, a, k, b, out); },
+          bias, y, stride);
 }
 
 #else

@@ -182,14 +182,10 @@ template <class Ops, int64_t T, int R>
 TSERVE_KT_TARGET void kt_rows(const __m256i* buf, int64_t blocks, const KqActs& a, int64_t k, int64_t b0,
                               float (*out)[KT]) {
   constexpr int64_t V = kt_values(T), G = V / 16, S = kt_stride(T);
-  const int8_t* r[R];
-  const int16_t* sums[R];
-  const float* scale[R];
-  for (int x = 0; x < R; ++x) {
-    r[x] = a.r.data() + (b0 + x) * k;
-    sums[x] = a.sum16h.data() + (b0 + x) * (k / 16);
-    scale[x] = a.scale.data() + (b0 + x) * blocks;
-  }
+  const KqRowViews<R> rows(a, k, b0, blocks);
+  const auto& r = rows.r;
+  const auto& sums = rows.sum16h;
+  const auto& scale = rows.scale;
   __m256 acc[R];
   for (int x = 0; x < R; ++x) acc[x] = _mm256_setzero_ps();
   for (int64_t i = 0; i < blocks; ++i) {

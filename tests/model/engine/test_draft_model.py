@@ -18,6 +18,7 @@ from model.engine.speculative import SpeculativeConfig
 from model.tokenization.tokenizer import train_bpe
 from tests.conftest import tiny_model
 from tests.model.engine.test_paged_cache import block_bytes, drain
+from tests.model.engine.test_speculative import token_events
 
 # drafts priced as free: the target as its own draft would cost as much as the target (which the
 # estimate from their weights says), and these tests are about what verification keeps
@@ -63,24 +64,12 @@ def _same(got: dict, expected: dict) -> None:
         torch.testing.assert_close(torch.tensor(got[rid][1]), torch.tensor(logprobs), atol=1e-4, rtol=0)
 
 
-def _run(core: EngineCore, reqs: list[EngineRequest]) -> dict[str, tuple[list[int], list[float]]]:
-    for r in reqs:
-        core.add(r)
-    out = {r.request_id: ([], []) for r in reqs}
-    while core.has_work:
-        for e in core.step().events:
-            assert e.error is None
-            out[e.request_id][0].extend(e.token_ids)
-            out[e.request_id][1].extend(e.logprobs)
-    return out
-
-
 @pytest.mark.parametrize("n", [1, 3], ids=["alone", "ragged-3"])
 def test_the_target_as_its_own_draft_keeps_every_draft_and_the_greedy_output(target, n):
     reqs = _requests(target, n, 24)
-    expected = _run(EngineCore(target, None, n_slots=4, max_len=256), copy.deepcopy(reqs))
+    expected = token_events(EngineCore(target, None, n_slots=4, max_len=256), copy.deepcopy(reqs))
     core = EngineCore(target, None, n_slots=4, max_len=256, speculative=DRAFT, draft=target)
-    _same(_run(core, copy.deepcopy(reqs)), expected)
+    _same(token_events(core, copy.deepcopy(reqs)), expected)
     assert core.drafted_tokens > 0 and core.accepted_tokens == core.drafted_tokens
     assert core.draft.rows_used == 0 and core.draft.cache.pool.used == 0
 
@@ -88,9 +77,9 @@ def test_the_target_as_its_own_draft_keeps_every_draft_and_the_greedy_output(tar
 @pytest.mark.parametrize("n", [1, 3], ids=["alone", "ragged-3"])
 def test_another_draft_is_mostly_refused_and_the_greedy_output_stays(target, other, n):
     reqs = _requests(target, n, 24)
-    expected = _run(EngineCore(target, None, n_slots=4, max_len=256), copy.deepcopy(reqs))
+    expected = token_events(EngineCore(target, None, n_slots=4, max_len=256), copy.deepcopy(reqs))
     core = EngineCore(target, None, n_slots=4, max_len=256, speculative=DRAFT, draft=other)
-    _same(_run(core, copy.deepcopy(reqs)), expected)
+    _same(token_events(core, copy.deepcopy(reqs)), expected)
     assert 0 < core.drafted_tokens and core.accepted_tokens < core.drafted_tokens / 2
     assert core.draft.rows_used == 0 and core.draft.cache.pool.used == 0
 
@@ -141,10 +130,10 @@ def test_an_aborted_sequence_gives_its_draft_row_back(target):
 
 def test_a_step_with_more_sequences_than_max_batch_decodes_plainly(target):
     reqs = _requests(target, 3, 20)
-    expected = _run(EngineCore(target, None, n_slots=4, max_len=256), copy.deepcopy(reqs))
+    expected = token_events(EngineCore(target, None, n_slots=4, max_len=256), copy.deepcopy(reqs))
     spec = SpeculativeConfig("draft", tokens=4, max_batch=2, draft_cost=0.0)
     core = EngineCore(target, None, n_slots=4, max_len=256, speculative=spec, draft=target)
-    _same(_run(core, copy.deepcopy(reqs)), expected)
+    _same(token_events(core, copy.deepcopy(reqs)), expected)
     assert core.drafted_tokens > 0  # drafted once the first sequence finished, not before
 
 

@@ -138,7 +138,8 @@ def _requests(model, n: int, new: int, **params) -> list[EngineRequest]:
     return out
 
 
-def _events(core: EngineCore, reqs: list[EngineRequest]) -> dict[str, tuple[list[int], list[float]]]:
+def token_events(core: EngineCore, reqs: list[EngineRequest]) -> dict[str, tuple[list[int], list[float]]]:
+    """Each request's token ids and logprobs, the core stepped until it has no work (no errors)."""
     for r in reqs:
         core.add(r)
     out = {r.request_id: ([], []) for r in reqs}
@@ -158,11 +159,11 @@ def test_greedy_with_drafts_equals_greedy_without_tokens_and_logprobs(llama, mon
                                                                   repetition_penalty=1.3, ignore_eos=True))
              for i, r in enumerate(reqs[:2])]
     plain = EngineCore(llama, None, n_slots=8, max_len=256)
-    expected = _events(plain, copy.deepcopy(reqs))
+    expected = token_events(plain, copy.deepcopy(reqs))
     references = {tuple(r.prompt_ids): r.prompt_ids + expected[r.request_id][0] for r in reqs[:4]}
     _oracle(monkeypatch, references, corrupt_every=3, vocab=llama.cfg.vocab_size)
     spec = EngineCore(llama, None, n_slots=8, max_len=256, speculative=SPEC)
-    got = _events(spec, copy.deepcopy(reqs))
+    got = token_events(spec, copy.deepcopy(reqs))
     assert spec.accepted_tokens > 40 and spec.drafted_tokens > spec.accepted_tokens  # both branches ran
     for rid, (tokens, logprobs) in expected.items():
         assert got[rid][0] == tokens, rid
@@ -192,7 +193,7 @@ def test_drafts_through_preemption_give_the_uninterrupted_output(llama, monkeypa
 def test_drafting_stops_at_max_tokens_and_at_a_stop_token(llama, monkeypatch):
     """A run of kept drafts that passes max_tokens or a stop token is cut there, as without drafts."""
     base = _requests(llama, 1, 25, temperature=0.0)[0]
-    plain = _events(EngineCore(llama, None, n_slots=2, max_len=256), [copy.deepcopy(base)])["0"][0]
+    plain = token_events(EngineCore(llama, None, n_slots=2, max_len=256), [copy.deepcopy(base)])["0"][0]
     stop_at = plain[13]
     reqs = [EngineRequest("len", base.prompt_ids, SamplingParams(max_new_tokens=25, temperature=0.0,
                                                                  ignore_eos=True)),
@@ -200,7 +201,7 @@ def test_drafting_stops_at_max_tokens_and_at_a_stop_token(llama, monkeypatch):
                                                                   stop_token_ids=[stop_at], ignore_eos=True))]
     references = {tuple(base.prompt_ids): base.prompt_ids + plain}
     _oracle(monkeypatch, references, corrupt_every=10**9, vocab=llama.cfg.vocab_size)
-    got = _events(EngineCore(llama, None, n_slots=2, max_len=256, speculative=SPEC), reqs)
+    got = token_events(EngineCore(llama, None, n_slots=2, max_len=256, speculative=SPEC), reqs)
     assert got["len"][0] == plain
     assert got["stop"][0] == plain[: plain.index(stop_at) + 1]
 
@@ -212,9 +213,9 @@ def test_real_prompt_lookup_keeps_greedy_output_on_a_repetitive_prompt(llama):
     pattern = torch.randint(3, llama.cfg.vocab_size, (9,), generator=g).tolist()
     reqs = [EngineRequest(str(i), pattern * (3 + i), SamplingParams(max_new_tokens=50, temperature=0.0,
                                                                     ignore_eos=True)) for i in range(3)]
-    expected = _events(EngineCore(llama, None, n_slots=4, max_len=256), copy.deepcopy(reqs))
+    expected = token_events(EngineCore(llama, None, n_slots=4, max_len=256), copy.deepcopy(reqs))
     spec = EngineCore(llama, None, n_slots=4, max_len=256, speculative=SpeculativeConfig(ngram_min=1))
-    got = _events(spec, copy.deepcopy(reqs))
+    got = token_events(spec, copy.deepcopy(reqs))
     assert {k: v[0] for k, v in got.items()} == {k: v[0] for k, v in expected.items()}
     assert spec.accepted_tokens > 0
 
@@ -223,11 +224,11 @@ def test_seeded_sampled_sequences_do_not_draft_and_keep_their_tokens(llama, monk
     """A seed promises the same tokens alone or in any batch; whether a step drafts depends on
     the batch, so seeded sampled requests never draft: the same tokens with drafting on or off."""
     reqs = _requests(llama, 3, 30, temperature=0.9, top_p=0.9, seed=5)
-    plain = _events(EngineCore(llama, None, n_slots=4, max_len=256), copy.deepcopy(reqs))
+    plain = token_events(EngineCore(llama, None, n_slots=4, max_len=256), copy.deepcopy(reqs))
     references = {tuple(r.prompt_ids): r.prompt_ids + plain[r.request_id][0] for r in reqs}
     _oracle(monkeypatch, references, corrupt_every=10**9, vocab=llama.cfg.vocab_size)
     spec = EngineCore(llama, None, n_slots=4, max_len=256, speculative=SPEC)
-    assert _events(spec, copy.deepcopy(reqs)) == plain
+    assert token_events(spec, copy.deepcopy(reqs)) == plain
     assert spec.drafted_tokens == 0
 
 
@@ -256,7 +257,7 @@ def test_the_sampling_distribution_through_the_engine(monkeypatch):
     core = EngineCore(model, None, n_slots=64, max_len=16, speculative=SPEC)
     reqs = [EngineRequest(str(i), prompt, SamplingParams(max_new_tokens=3, temperature=0.5, ignore_eos=True))
             for i in range(6000)]
-    got = [t for t, _ in _events(core, reqs).values()]
+    got = [t for t, _ in token_events(core, reqs).values()]
     assert core.drafted_tokens == 6000
     seconds = torch.tensor([t[1] for t in got if t[0] == first])
     assert len(seconds) > 500
