@@ -133,3 +133,13 @@ async def warm_up(base_url: str, specs: list[RequestSpec], max_tokens: int) -> l
     """Send ``specs`` one after another (not measured): first requests pay for lazy set-up."""
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client:
         return [await stream_one(client, f"{base_url}/v1/generate", s, max_tokens) for s in specs]
+
+
+async def sse_chunks(client, url: str, body: dict):
+    """POST ``body`` to ``url`` as a streamed request and yield each Server-Sent Event's JSON
+    payload (``data: [DONE]`` and non-data lines skipped); raises on a non-2xx status."""
+    async with client.stream("POST", url, json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                yield json.loads(line[6:])

@@ -36,6 +36,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.harness import REPO_ROOT
+from benchmarks.harness.load_generator import sse_chunks
 from benchmarks.harness.server_process import ServerProcess, free_port, metric_total, service_process
 
 GGUF = Path("/work/tools/gguf")
@@ -79,21 +80,16 @@ async def chat_one(client: httpx.AsyncClient, url: str, model: str, prompt: str,
     start = time.perf_counter()
     stamps: list[float] = []
     n, draft = 0, {}
-    async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
-        r.raise_for_status()
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            choices = chunk.get("choices") or []
-            if choices and (choices[0].get("delta") or {}).get("content"):
-                stamps.append(time.perf_counter())
-                n += 1
-            usage = chunk.get("usage") or {}
-            n = usage.get("completion_tokens") or n
-            timings = chunk.get("timings") or {}  # llama-server's per-request figures
-            if "draft_n" in timings:
-                draft = {"drafted": timings["draft_n"], "accepted": timings.get("draft_n_accepted", 0)}
+    async for chunk in sse_chunks(client, url + "/v1/chat/completions", body):
+        choices = chunk.get("choices") or []
+        if choices and (choices[0].get("delta") or {}).get("content"):
+            stamps.append(time.perf_counter())
+            n += 1
+        usage = chunk.get("usage") or {}
+        n = usage.get("completion_tokens") or n
+        timings = chunk.get("timings") or {}  # llama-server's per-request figures
+        if "draft_n" in timings:
+            draft = {"drafted": timings["draft_n"], "accepted": timings.get("draft_n_accepted", 0)}
     return {"ttft": stamps[0] - start, "gaps": [b - a for a, b in zip(stamps, stamps[1:])], "tokens": n,
             **draft}
 

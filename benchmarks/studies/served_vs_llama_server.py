@@ -49,6 +49,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.harness import REPO_ROOT
+from benchmarks.harness.load_generator import sse_chunks
 from benchmarks.harness.server_process import ServerProcess, free_port, service_process
 
 SDIST = "llama-cpp-python==0.3.36"  # the pin of the `llama` extra: its vendored llama.cpp
@@ -134,19 +135,14 @@ async def stream_one(client: httpx.AsyncClient, url: str, model: str, prompt: st
     start = time.perf_counter()
     stamps: list[float] = []
     n = 0
-    async with client.stream("POST", url + "/v1/completions", json=body) as r:
-        r.raise_for_status()
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            text = chunk["choices"][0].get("text", "") if chunk.get("choices") else ""
-            if text:
-                stamps.append(time.perf_counter())
-                n += 1
-            usage = chunk.get("usage") or {}
-            if usage.get("completion_tokens"):
-                n = usage["completion_tokens"]
+    async for chunk in sse_chunks(client, url + "/v1/completions", body):
+        text = chunk["choices"][0].get("text", "") if chunk.get("choices") else ""
+        if text:
+            stamps.append(time.perf_counter())
+            n += 1
+        usage = chunk.get("usage") or {}
+        if usage.get("completion_tokens"):
+            n = usage["completion_tokens"]
     return {"ttft": stamps[0] - start, "gaps": [b - a for a, b in zip(stamps, stamps[1:])], "tokens": n}
 
 

@@ -55,9 +55,6 @@ TSERVE_KP_TARGET void kp_rows(const uint8_t* tile, int64_t blocks, const KqActs&
                               float (*out)[KP]) {
   const __m256i low = _mm256_set1_epi8(15);
   const KqRowViews<R> rows(a, k, b0, blocks);
-  const auto& r = rows.r;
-  const auto& sums = rows.sum16h;
-  const auto& scale = rows.scale;
   __m256 acc[R];
   for (int x = 0; x < R; ++x) acc[x] = _mm256_setzero_ps();
   for (int64_t i = 0; i < blocks; ++i) {
@@ -75,7 +72,7 @@ TSERVE_KP_TARGET void kp_rows(const uint8_t* tile, int64_t blocks, const KqActs&
         const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 * (8 * c + t)));
         const __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
         for (int x = 0; x < R; ++x) {
-          const int8_t* rv = r[x] + i * 256 + 64 * c + 4 * t;
+          const int8_t* rv = rows.r[x] + i * 256 + 64 * c + 4 * t;
           i0[x] = _mm256_add_epi32(i0[x], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, kp_bcast(rv)), slo));
           i0[x] = _mm256_add_epi32(i0[x], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, kp_bcast(rv + 32)), shi));
         }
@@ -85,12 +82,12 @@ TSERVE_KP_TARGET void kp_rows(const uint8_t* tile, int64_t blocks, const KqActs&
       _mm_prefetch(reinterpret_cast<const char*>(blk + KP_PREFETCH + line), _MM_HINT_T0);
     for (int s = 0; s < 8; ++s) {  // i1 = sum_s m_s (sum r)_s: the two sums of 16 of sub-block s as a pair
       const __m256i m = kp_pairs(mn + 8 * s);
-      for (int x = 0; x < R; ++x) i1[x] = _mm256_add_epi32(i1[x], _mm256_madd_epi16(m, kp_bcast(sums[x] + i * 16 + 2 * s)));
+      for (int x = 0; x < R; ++x) i1[x] = _mm256_add_epi32(i1[x], _mm256_madd_epi16(m, kp_bcast(rows.sum16h[x] + i * 16 + 2 * s)));
     }
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 1152)));
     const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 1168)));
     for (int x = 0; x < R; ++x) {
-      const __m256 sa = _mm256_set1_ps(scale[x][i]);
+      const __m256 sa = _mm256_set1_ps(rows.scale[x][i]);
       acc[x] = _mm256_fmadd_ps(_mm256_mul_ps(d, sa), _mm256_cvtepi32_ps(i0[x]), acc[x]);
       acc[x] = _mm256_fnmadd_ps(_mm256_mul_ps(dm, sa), _mm256_cvtepi32_ps(i1[x]), acc[x]);
     }
@@ -123,9 +120,6 @@ TSERVE_KP_TARGET void kp_rows32(const uint8_t* tile, int64_t blocks, const KqAct
   constexpr int32_t zero = T == KQ5_0 ? 16 : T == KQ4_0 ? 8 : 0;  // the value that stands for 0
   const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
   const KqRowViews<R> rows(a, k, b0, blocks);
-  const auto& r = rows.r;
-  const auto& sums = rows.sum16;
-  const auto& scale = rows.scale;
   __m256 acc[R];
   for (int x = 0; x < R; ++x) acc[x] = _mm256_setzero_ps();
   for (int64_t i = 0; i < blocks; ++i) {
@@ -140,7 +134,7 @@ TSERVE_KP_TARGET void kp_rows32(const uint8_t* tile, int64_t blocks, const KqAct
       for (int t = 0; t < 8; ++t) {  // |q| against r with q's sign (|-128| reads as 128 unsigned)
         const __m256i q = loadu(blk + 32 * t), u = _mm256_sign_epi8(q, q);
         for (int x = 0; x < R; ++x) {
-          const __m256i sv = _mm256_sign_epi8(kp_bcast(r[x] + i * 32 + 4 * t), q);
+          const __m256i sv = _mm256_sign_epi8(kp_bcast(rows.r[x] + i * 32 + 4 * t), q);
           i0[x] = _mm256_add_epi32(i0[x], _mm256_madd_epi16(_mm256_maddubs_epi16(u, sv), ones));
         }
       }
@@ -154,7 +148,7 @@ TSERVE_KP_TARGET void kp_rows32(const uint8_t* tile, int64_t blocks, const KqAct
           hi = _mm256_or_si256(hi, kp_fifth(qh, 4 + t));
         }
         for (int x = 0; x < R; ++x) {
-          const int8_t* rv = r[x] + i * 32 + 4 * t;
+          const int8_t* rv = rows.r[x] + i * 32 + 4 * t;
           i0[x] = _mm256_add_epi32(i0[x], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, kp_bcast(rv)), ones));
           i0[x] = _mm256_add_epi32(i0[x], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, kp_bcast(rv + 16)), ones));
         }
@@ -162,8 +156,8 @@ TSERVE_KP_TARGET void kp_rows32(const uint8_t* tile, int64_t blocks, const KqAct
     }
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + VB + (kp_five(T) ? 32 : 0))));
     for (int x = 0; x < R; ++x) {
-      const int32_t sum = sums[x][2 * i] + sums[x][2 * i + 1];
-      const __m256 sa = _mm256_set1_ps(scale[x][i]);
+      const int32_t sum = rows.sum16[x][2 * i] + rows.sum16[x][2 * i + 1];
+      const __m256 sa = _mm256_set1_ps(rows.scale[x][i]);
       if (zero != 0) i0[x] = _mm256_sub_epi32(i0[x], _mm256_set1_epi32(zero * sum));
       acc[x] = _mm256_fmadd_ps(_mm256_mul_ps(d, sa), _mm256_cvtepi32_ps(i0[x]), acc[x]);
       if constexpr (kp_min(T)) {

@@ -183,9 +183,6 @@ TSERVE_KT_TARGET void kt_rows(const __m256i* buf, int64_t blocks, const KqActs& 
                               float (*out)[KT]) {
   constexpr int64_t V = kt_values(T), G = V / 16, S = kt_stride(T);
   const KqRowViews<R> rows(a, k, b0, blocks);
-  const auto& r = rows.r;
-  const auto& sums = rows.sum16h;
-  const auto& scale = rows.scale;
   __m256 acc[R];
   for (int x = 0; x < R; ++x) acc[x] = _mm256_setzero_ps();
   for (int64_t i = 0; i < blocks; ++i) {
@@ -200,7 +197,7 @@ TSERVE_KT_TARGET void kt_rows(const __m256i* buf, int64_t blocks, const KqActs& 
         const __m256i q = blk[4 * g + t];
         const __m256i u = T == KQ8_0 ? _mm256_sign_epi8(q, q) : q;  // Q8_0: |q| against r with q's sign
         for (int x = 0; x < R; ++x) {
-          __m256i s = kt_bcast(r[x] + i * V + 16 * g + 4 * t);
+          __m256i s = kt_bcast(rows.r[x] + i * V + 16 * g + 4 * t);
           if (T == KQ8_0) s = _mm256_sign_epi8(s, q);
           ga[x] = Ops::step(ga[x], u, s, sc);
         }
@@ -210,13 +207,13 @@ TSERVE_KT_TARGET void kt_rows(const __m256i* buf, int64_t blocks, const KqActs& 
     if constexpr (kt_sub(T) || kt_i1(T)) {
       for (int64_t p = 0; p < G / 2; ++p) {
         const __m256i c = blk[V / 4 + G + p];
-        for (int x = 0; x < R; ++x) i1[x] = _mm256_add_epi32(i1[x], _mm256_madd_epi16(c, kt_bcast(sums[x] + i * G + 2 * p)));
+        for (int x = 0; x < R; ++x) i1[x] = _mm256_add_epi32(i1[x], _mm256_madd_epi16(c, kt_bcast(rows.sum16h[x] + i * G + 2 * p)));
       }
     }
     const __m256 d = _mm256_castsi256_ps(blk[S - 2]), m = _mm256_castsi256_ps(blk[S - 1]);
     for (int x = 0; x < R; ++x) {
       if (kt_sub(T)) i0[x] = _mm256_sub_epi32(i0[x], i1[x]);
-      const __m256 sa = _mm256_set1_ps(scale[x][i]);
+      const __m256 sa = _mm256_set1_ps(rows.scale[x][i]);
       acc[x] = _mm256_fmadd_ps(_mm256_mul_ps(d, sa), _mm256_cvtepi32_ps(i0[x]), acc[x]);
       if (T == KQ4_K || T == KQ5_K) acc[x] = _mm256_fnmadd_ps(_mm256_mul_ps(m, sa), _mm256_cvtepi32_ps(i1[x]), acc[x]);
       if (T == KQ4_1 || T == KQ5_1) acc[x] = _mm256_fmadd_ps(_mm256_mul_ps(m, sa), _mm256_cvtepi32_ps(i1[x]), acc[x]);
