@@ -23,7 +23,7 @@ namespace tserve_native {
 // Which loops compute the integers: -1 the default (the best this CPU has, or the scalar ones
 // where TSERVE_NATIVE_ISA=scalar is set when the library is first used), 0 scalar, 1 AVX2,
 // 2 AVX512-VNNI (only in a build whose compiler flags enable AVX512-VNNI and AVX512-VL), 3 the
-// AVX2 loops over Q4_K repacked once (kquant_packed.cpp; what the native step's projections take
+// AVX2 loops over Q4_K, Q6_K and the 32-value types repacked once (kquant_packed.cpp; what the native step's projections take
 // where AVX2 is the default; kquant_linear packs on each call, for tests).
 constexpr int64_t KQ_AUTO = -1, KQ_SCALAR = 0, KQ_AVX2 = 1, KQ_VNNI = 2, KQ_PACKED = 3;
 

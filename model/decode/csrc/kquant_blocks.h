@@ -153,7 +153,7 @@ TSERVE_KQ_AVX2 inline __m256i fifth_bits(uint32_t qh) {
 bool kq_tiles(const KqActs& a, int64_t B, int64_t k, const uint8_t* w, int64_t qtype, int64_t j0, int64_t j1,
               int64_t isa, const float* bias, float* y, int64_t stride);
 
-// Q4_K and the 32-value types repacked once (kquant_packed.cpp): 8 outputs per tile, values as
+// Q4_K, Q6_K and the 32-value types repacked once (kquant_packed.cpp): 8 outputs per tile, values as
 // stored (Q4_K's scales and minima a byte each), about the file's size. kq_packed_bytes: the buffer kq_pack fills for an
 // (n, k) tensor of `qtype` (0 where that type is not packed); kq_packed_runs: whether this CPU has
 // the loops (AVX2, FMA, F16C); kq_packed_rows: y for rows [0, B) of `a` and outputs [j0, j1),

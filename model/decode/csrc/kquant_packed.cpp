@@ -1,4 +1,4 @@
-// Q4_K and the 32-value types repacked once, when a projection is built (kquant.h has the maths). The tiled loops
+// Q4_K, Q6_K and the 32-value types repacked once, when a projection is built (kquant.h has the maths). The tiled loops
 // (kquant_tiles.cpp) unpack 8 outputs' blocks on every call into a one-byte-per-value buffer,
 // which costs as much as two rows of work, so a batch-1 step kept the row-at-a-time loops, whose
 // per-block scalar work (scales, a horizontal sum, the float combination) bound them at a quarter
@@ -9,6 +9,7 @@
 //     (sub-block 2c), high nibbles the same + 32 (sub-block 2c + 1);
 //   - the 8 sub-block scales, then the 8 minima, one byte per (sub-block, output): byte 8s + j;
 //   - d, then dmin: the 8 outputs' IEEE halves, as stored.
+// Q6_K likewise at the file's size (its layout is above kp_rows6).
 // The 32-value types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) the same way, at exactly the file's size: per
 // tile and block of 32, vector t holds for output j its bytes 4t .. 4t + 3 of the values (nibbles:
 // low = values 4t.., high = 16 + 4t..; Q8_0: 8 vectors of signed values), then the 8 outputs'
@@ -65,6 +66,11 @@ TSERVE_KP_TARGET void kp_rows(const uint8_t* tile, int64_t blocks, const KqActs&
     for (int x = 0; x < R; ++x) i0[x] = i1[x] = _mm256_setzero_si256();
     for (int c = 0; c < 4; ++c) {  // values 64c .. 64c + 63: sub-blocks 2c (low nibbles), 2c + 1 (high)
       const __m256i slo = kp_pairs(sc + 8 * (2 * c)), shi = kp_pairs(sc + 8 * (2 * c + 1));
+      // At one or two rows the 8 vectors of a sub-block are summed as int16 before one madd by its
+      // scale: a pair is at most 2 x 15 x 127 = 3,810, eight 30,480, so the sums stay exact. Four
+      // rows would need more registers than there are; they take the madd per vector.
+      __m256i plo[R], phi[R];
+      for (int x = 0; x < R; ++x) plo[x] = phi[x] = _mm256_setzero_si256();
       for (int t = 0; t < 8; ++t) {
         // the block two ahead (the next tile's first ones at a tile's end: tiles are contiguous),
         // a line per two vectors: the stream outruns the hardware prefetcher at one row
@@ -73,10 +79,18 @@ TSERVE_KP_TARGET void kp_rows(const uint8_t* tile, int64_t blocks, const KqActs&
         const __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
         for (int x = 0; x < R; ++x) {
           const int8_t* rv = rows.r[x] + i * 256 + 64 * c + 4 * t;
-          i0[x] = _mm256_add_epi32(i0[x], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, kp_bcast(rv)), slo));
-          i0[x] = _mm256_add_epi32(i0[x], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, kp_bcast(rv + 32)), shi));
+          if constexpr (R <= 2) {
+            plo[x] = _mm256_add_epi16(plo[x], _mm256_maddubs_epi16(lo, kp_bcast(rv)));
+            phi[x] = _mm256_add_epi16(phi[x], _mm256_maddubs_epi16(hi, kp_bcast(rv + 32)));
+          } else {
+            i0[x] = _mm256_add_epi32(i0[x], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, kp_bcast(rv)), slo));
+            i0[x] = _mm256_add_epi32(i0[x], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, kp_bcast(rv + 32)), shi));
+          }
         }
       }
+      if constexpr (R <= 2)
+        for (int x = 0; x < R; ++x)
+          i0[x] = _mm256_add_epi32(i0[x], _mm256_add_epi32(_mm256_madd_epi16(plo[x], slo), _mm256_madd_epi16(phi[x], shi)));
     }
     for (int64_t line = 1024; line < KP_BLOCK; line += 64)
       _mm_prefetch(reinterpret_cast<const char*>(blk + KP_PREFETCH + line), _MM_HINT_T0);
@@ -93,6 +107,99 @@ TSERVE_KP_TARGET void kp_rows(const uint8_t* tile, int64_t blocks, const KqActs&
     }
   }
   for (int x = 0; x < R; ++x) _mm256_storeu_ps(out[x], acc[x]);
+}
+
+// Q6_K, per tile of 8 outputs and block of 256, 1,680 bytes (the file's 8 x 210):
+//   - 32 vectors of low bits: vector g holds, for output j in bytes 4j..4j+3, the file's ql[4g .. 4g + 3];
+//   - 16 vectors of top bits: vector 32 + g holds qh[4g .. 4g + 3] the same way;
+//   - the 16 signed sub-block scales, byte 8s + j; then the 8 outputs' d as halves.
+// In half h (values 128h ..), bytes l .. l + 3 of ql (vector 16h + l / 4), of ql + 32 (16h + 8 + l / 4)
+// and of qh (32 + 8h + l / 4) give values l, l + 32, l + 64, l + 96 (+ 128h) of 4 consecutive
+// indices each: the low or high nibbles, topped up by bits 0-1, 2-3, 4-5, 6-7 of qh.
+constexpr int64_t KP6_BLOCK = 32 * 32 + 16 * 32 + 128 + 16;
+
+// 8 signed bytes (one per output) as int32 lanes holding the value in both 16-bit halves
+TSERVE_KP_TARGET inline __m256i kp_signed_pairs(const uint8_t* p) {
+  const __m256i x = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_or_si256(_mm256_and_si256(x, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(x, 16));
+}
+
+template <int R>
+TSERVE_KP_TARGET void kp_rows6(const uint8_t* tile, int64_t blocks, const KqActs& a, int64_t k, int64_t b0,
+                               float (*out)[KP]) {
+  const __m256i low = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30), half = _mm256_set1_epi32(0xffff);
+  const KqRowViews<R> rows(a, k, b0, blocks);
+  __m256 acc[R];
+  for (int x = 0; x < R; ++x) acc[x] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < blocks; ++i) {
+    const uint8_t* blk = tile + i * KP6_BLOCK;
+    const uint8_t* sc = blk + 1536;
+    __m256i i0[R], i1[R];
+    for (int x = 0; x < R; ++x) i0[x] = i1[x] = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h)
+      for (int u2 = 0; u2 < 4; ++u2) {  // bytes l = 8 u2 .. 8 u2 + 7: sub-blocks 8h + u2 / 2 + 0, 2, 4, 6
+        // Two groups of 4 bytes share their sub-blocks: at one or two rows their int16 sums are
+        // exact (a pair is at most 2 x 63 x 127 = 16,002, two 32,004) before one madd by each
+        // scale; four rows take the madd per vector (registers).
+        __m256i f[4], part[R][4];
+        for (int w = 0; w < 4; ++w) f[w] = kp_signed_pairs(sc + 8 * (8 * h + u2 / 2 + 2 * w));
+        for (int x = 0; x < R; ++x)
+          for (int v = 0; v < 4; ++v) part[x][v] = _mm256_setzero_si256();
+        for (int uu = 0; uu < 2; ++uu) {
+          const int u = 2 * u2 + uu;
+          _mm_prefetch(reinterpret_cast<const char*>(blk + 2 * KP6_BLOCK + 128 * (8 * h + u)), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(blk + 2 * KP6_BLOCK + 128 * (8 * h + u) + 64), _MM_HINT_T0);
+          const __m256i A = loadu(blk + 32 * (16 * h + u)), B = loadu(blk + 32 * (16 * h + 8 + u));
+          const __m256i H = loadu(blk + 1024 + 32 * (8 * h + u));
+          const __m256i v[4] = {
+              _mm256_or_si256(_mm256_and_si256(A, low), _mm256_and_si256(_mm256_slli_epi16(H, 4), top)),
+              _mm256_or_si256(_mm256_and_si256(B, low), _mm256_and_si256(_mm256_slli_epi16(H, 2), top)),
+              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(A, 4), low), _mm256_and_si256(H, top)),
+              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(B, 4), low),
+                              _mm256_and_si256(_mm256_srli_epi16(H, 2), top))};
+          for (int x = 0; x < R; ++x) {
+            const int8_t* rv = rows.r[x] + i * 256 + 128 * h + 4 * u;
+            for (int w = 0; w < 4; ++w) {
+              const __m256i m = _mm256_maddubs_epi16(v[w], kp_bcast(rv + 32 * w));
+              if constexpr (R <= 2) part[x][w] = _mm256_add_epi16(part[x][w], m);
+              else i0[x] = _mm256_add_epi32(i0[x], _mm256_madd_epi16(m, f[w]));
+            }
+          }
+        }
+        if constexpr (R <= 2)
+          for (int w = 0; w < 4; ++w)
+            for (int x = 0; x < R; ++x) i0[x] = _mm256_add_epi32(i0[x], _mm256_madd_epi16(part[x][w], f[w]));
+      }
+    for (int p = 0; p < 8; ++p) {  // i1 = sum_s sc_s (sum r)_s, sub-blocks 2p and 2p + 1 as a pair
+      const __m256i lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 16 * p)));
+      const __m256i hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 16 * p + 8)));
+      const __m256i f = _mm256_or_si256(_mm256_and_si256(lo, half), _mm256_slli_epi32(hi, 16));
+      for (int x = 0; x < R; ++x) i1[x] = _mm256_add_epi32(i1[x], _mm256_madd_epi16(f, kp_bcast(rows.sum16h[x] + i * 16 + 2 * p)));
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 1664)));
+    for (int x = 0; x < R; ++x) {
+      const __m256i q = _mm256_sub_epi32(i0[x], _mm256_slli_epi32(i1[x], 5));  // the scalar loops' i0
+      acc[x] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(rows.scale[x][i])), _mm256_cvtepi32_ps(q), acc[x]);
+    }
+  }
+  for (int x = 0; x < R; ++x) _mm256_storeu_ps(out[x], acc[x]);
+}
+
+void kp_pack6(const uint8_t* w, int64_t n, int64_t k, uint8_t* out) {
+  const int64_t blocks = k / 256, row = blocks * 210, tiles = (n + KP - 1) / KP;
+  at::parallel_for(0, tiles, 16, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t i = 0; i < blocks; ++i) {
+        uint8_t* blk = out + (t * blocks + i) * KP6_BLOCK;
+        for (int64_t j = 0; j < KP; ++j) {
+          const uint8_t* src = w + std::min(t * KP + j, n - 1) * row + i * 210;  // the last row fills a short tile
+          for (int64_t g = 0; g < 32; ++g) std::memcpy(blk + 32 * g + 4 * j, src + 4 * g, 4);
+          for (int64_t g = 0; g < 16; ++g) std::memcpy(blk + 1024 + 32 * g + 4 * j, src + 128 + 4 * g, 4);
+          for (int64_t s = 0; s < 16; ++s) blk[1536 + 8 * s + j] = src[192 + s];
+          std::memcpy(blk + 1664 + 2 * j, src + 208, 2);
+        }
+      }
+  });
 }
 
 constexpr bool kp_five(int64_t t) { return t == KQ5_0 || t == KQ5_1; }
@@ -230,11 +337,12 @@ void kp_run32(const KqActs& a, int64_t B, int64_t k, const uint8_t* packed, int6
 }  // namespace
 
 bool kq_packed_type(int64_t qtype) {
-  return qtype == KQ4_K || qtype == KQ8_0 || qtype == KQ4_0 || qtype == KQ4_1 || qtype == KQ5_0 || qtype == KQ5_1;
+  return qtype == KQ4_K || qtype == KQ6_K || qtype == KQ8_0 || qtype == KQ4_0 || qtype == KQ4_1 || qtype == KQ5_0 || qtype == KQ5_1;
 }
 
 int64_t kq_packed_bytes(int64_t qtype, int64_t n, int64_t k) {
   if (!kq_packed_type(qtype) || k % kq_format(qtype).values != 0) return 0;
+  if (qtype == KQ6_K) return (n + KP - 1) / KP * (k / 256) * KP6_BLOCK;
   if (qtype != KQ4_K) return (n + KP - 1) / KP * (k / 32) * kp_block32(qtype);
   return (n + KP - 1) / KP * (k / 256) * KP_BLOCK;
 }
@@ -247,6 +355,7 @@ void kq_pack(const uint8_t* w, int64_t qtype, int64_t n, int64_t k, uint8_t* out
     case KQ4_1: return kp_pack32<KQ4_1>(w, n, k, out);
     case KQ5_0: return kp_pack32<KQ5_0>(w, n, k, out);
     case KQ5_1: return kp_pack32<KQ5_1>(w, n, k, out);
+    case KQ6_K: return kp_pack6(w, n, k, out);
     default: break;
   }
   const int64_t blocks = k / 256, row = blocks * 144, tiles = (n + KP - 1) / KP;
@@ -284,6 +393,13 @@ void kq_packed_rows(const KqActs& a, int64_t B, int64_t k, const uint8_t* packed
     case KQ4_1: return kp_run32<KQ4_1>(a, B, k, packed, j0, j1, bias, y, stride);
     case KQ5_0: return kp_run32<KQ5_0>(a, B, k, packed, j0, j1, bias, y, stride);
     case KQ5_1: return kp_run32<KQ5_1>(a, B, k, packed, j0, j1, bias, y, stride);
+    case KQ6_K: {
+      const int64_t blocks = k / 256;
+      return kp_walk(B, j0, j1, [&](int64_t t0) { return packed + t0 / KP * blocks * KP6_BLOCK; },
+                     [&](const uint8_t* t, int64_t b, float (*out)[KP]) { kp_rows6<KP_ROWS>(t, blocks, a, k, b, out); },
+                     [&](const uint8_t* t, int64_t b, float (*out)[KP]) { kp_rows6<1>(t, blocks, a, k, b, out); },
+                     bias, y, stride);
+    }
     default: break;
   }
   const int64_t blocks = k / 256;

@@ -193,14 +193,14 @@ def test_tiles_of_outputs_keep_every_rows_bits_at_any_batch(kernel, name, fresh_
             assert torch.equal(alone[0].view(torch.int32), vector[b].view(torch.int32)), (rows, b)
 
 
-PACKED_TYPES = ["Q4_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
+PACKED_TYPES = ["Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
 
 
 @pytest.mark.parametrize("n", [21, 8, 40])
 @pytest.mark.parametrize("name", PACKED_TYPES)
 def test_repacked_once_gives_the_scalar_bits_at_any_batch(kernel, name, n, fresh_seed):
-    """The native step's Q4_K and 32-value projections are repacked once (kquant_packed.cpp: 8
-    outputs a tile, values as stored, Q4_K's scales a byte each) and every step, one row or many,
+    """The native step's Q4_K, Q6_K and 32-value projections are repacked once (kquant_packed.cpp:
+    8 outputs a tile, values as stored, Q4_K's scales a byte each) and every step, one row or many,
     runs against that: over n outputs (whole and short tiles) and 3 blocks of 256 (24 of 32), at
     1, 2, 5 and 33 rows, with and without a bias, the packed loops give the scalar loops' bits,
     and each row equals itself computed alone."""
@@ -220,7 +220,7 @@ def test_repacked_once_gives_the_scalar_bits_at_any_batch(kernel, name, n, fresh
                 alone = kernel(x[b:b + 1], raw, code, n, k, bias, kquant.PACKED)
                 assert torch.equal(alone[0].view(torch.int32), packed[b].view(torch.int32)), (rows, b)
     with pytest.raises(RuntimeError, match="not one the packed loops read"):
-        kernel(_activations(fresh_seed, 1, 256), torch.zeros(n * 210, dtype=torch.uint8), 14, n, 256, None,
+        kernel(_activations(fresh_seed, 1, 256), torch.zeros(n * 176, dtype=torch.uint8), 13, n, 256, None,
                kquant.PACKED)
 
 
