@@ -3,15 +3,21 @@ and its hooks reach every linear layer (the head included) and leave nothing beh
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
 
 from benchmarks.studies.activation_precision import (
     SCHEMES,
+    Reference,
     blocks_for,
     fake_quantize,
+    first_difference,
+    forced,
     gguf_tensor,
+    greedy,
     kernel_block,
     quantized_inputs,
 )
@@ -119,3 +125,21 @@ def test_every_linear_layer_must_have_a_block(tiny):
     with pytest.raises(ValueError, match="lm_head"):
         with quantized_inputs(model, blocks, 127):
             pass
+
+
+@torch.inference_mode()
+def test_answers_generated_from_the_first_difference_equal_answers_generated_whole(tiny):
+    model, types = tiny
+    reference = Reference(Path("unused.gguf"))
+    reference._model = model
+    prompt, n, eos = [1, 5, 9, 33, 2], 12, None
+    ref_answer = reference.generate(prompt, n, eos)
+    # 3 levels a block: coarse enough that the answer leaves the reference's early
+    with quantized_inputs(model, blocks_for(model, types, SCHEMES["shipped"]), 3):
+        choices = forced(model, prompt, ref_answer)
+        whole = reference.generate(prompt, n, eos)
+        assert first_difference(choices, ref_answer) is not None and whole != ref_answer
+        assert whole[first_difference(choices, ref_answer)] == choices[first_difference(choices, ref_answer)]
+        assert greedy(reference, prompt, ref_answer, choices, n, eos) == whole
+    # an answer teacher forcing never leaves is the reference's, not generated again
+    assert greedy(reference, prompt, ref_answer, forced(model, prompt, ref_answer), n, eos) == ref_answer
