@@ -128,7 +128,9 @@ def test_every_linear_layer_must_have_a_block(tiny):
 
 
 @torch.inference_mode()
-def test_answers_generated_from_the_first_difference_equal_answers_generated_whole(tiny):
+def test_an_answer_generated_from_the_first_difference_is_the_whole_one_where_no_tie_is_near(tiny):
+    # a tiny model's logits are far apart, so one pass and step by step choose alike (on the real
+    # models, near ties under int8 rounding make them differ: --from-divergence only screens)
     model, types = tiny
     reference = Reference(Path("unused.gguf"))
     reference._model = model
