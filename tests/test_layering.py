@@ -290,7 +290,9 @@ BENCH_LAYERS = ("benchmarks.harness", "benchmarks.sections", "benchmarks.studies
 SECTION_REUSE = {"benchmarks.sections.gpu": {"benchmarks.sections.attention", "benchmarks.sections.decode",
                                              "benchmarks.sections.kv_cache", "benchmarks.sections.translation"},
                  # the divergence probe reads the fidelity study's prompts, reference and systems
-                 "benchmarks.studies.fidelity_margins": {"benchmarks.studies.fidelity"}}
+                 "benchmarks.studies.fidelity_margins": {"benchmarks.studies.fidelity"},
+                 # the activation-rounding simulation runs on the fidelity study's reference and prompts
+                 "benchmarks.studies.activation_precision": {"benchmarks.studies.fidelity"}}
 
 
 def layer_of(module: str) -> str | None:
