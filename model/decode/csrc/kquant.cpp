@@ -312,12 +312,15 @@ void kq_quantize(KqActs& a, const float* x, int64_t B, int64_t k, int64_t block,
 bool kq_tiled(int64_t qtype, int64_t B) { return B >= 2 || kq_format(qtype).values == 32; }
 
 // y[:, 0:n) (rows `stride` apart) = x W^T for one part (`a`: x quantized per this type's block):
-// outputs in chunks of KQ_CHUNK, shared as kq_share does. 128 outputs (16 tiles) rather than 16:
-// each chunk is a claim on the partner's shared word and a cold start for the prefetches, and at
-// one row the 1.5B's step took ~15 % less time (in-process, 2 threads, alternated; 256 gave the
-// same as 128). Each (row, output) is computed alone,
+// outputs in chunks of kq_chunk(n), shared as kq_share does: up to 128 outputs (16 tiles) rather
+// than 16, since each chunk is a claim on the partner's shared word and a cold start for the
+// prefetches (at one row the 1.5B's step took ~15 % less time, in-process, 2 threads, alternated;
+// 256 gave the same as 128), but at least 8 chunks a projection where it has 128 outputs or more,
+// so that a small model's projections (SmolLM2's 576 outputs: 5 chunks of 128) still split evenly
+// between the two threads. Multiples of 8: whole tiles. Each (row, output) is computed alone,
 // so neither the chunking nor the loops chosen change a bit.
 constexpr int64_t KQ_CHUNK = 128;
+int64_t kq_chunk(int64_t n) { return std::min<int64_t>(KQ_CHUNK, std::max<int64_t>(16, n / 64 * 8)); }
 
 void kq_part(const KqActs& a, int64_t B, int64_t k, const uint8_t* w, int64_t qtype, int64_t n, int64_t isa,
              const float* bias, Partner* partner, float* y, int64_t stride, const uint8_t* packed = nullptr) {
@@ -325,11 +328,11 @@ void kq_part(const KqActs& a, int64_t B, int64_t k, const uint8_t* w, int64_t qt
   const int64_t blocks = k / f.values, row = blocks * f.bytes;
   const IntsFn ints = ints_for(isa);
   const bool tiles = kq_tiled(qtype, B);
-  if (packed != nullptr) {  // chunks of 128 outputs are whole tiles of 8
-    kq_share(partner, n, KQ_CHUNK, [&](int64_t j0, int64_t j1) { kq_packed_rows(a, B, k, packed, qtype, j0, j1, bias, y, stride); });
+  if (packed != nullptr) {  // chunks are whole tiles of 8
+    kq_share(partner, n, kq_chunk(n), [&](int64_t j0, int64_t j1) { kq_packed_rows(a, B, k, packed, qtype, j0, j1, bias, y, stride); });
     return;
   }
-  kq_share(partner, n, KQ_CHUNK, [&](int64_t j0, int64_t j1) {
+  kq_share(partner, n, kq_chunk(n), [&](int64_t j0, int64_t j1) {
     if (tiles && kq_tiles(a, B, k, w, qtype, j0, j1, isa, bias, y, stride)) return;
     thread_local std::vector<int32_t> buf;  // per-block sums, reused: no allocation per chunk of outputs
     buf.resize(2 * blocks);
