@@ -185,20 +185,27 @@ TSERVE_KP_TARGET void kp_rows6(const uint8_t* tile, int64_t blocks, const KqActs
   for (int x = 0; x < R; ++x) _mm256_storeu_ps(out[x], acc[x]);
 }
 
-void kp_pack6(const uint8_t* w, int64_t n, int64_t k, uint8_t* out) {
-  const int64_t blocks = k / 256, row = blocks * 210, tiles = (n + KP - 1) / KP;
+// fill(blk, src, j) for every (tile, block, output j) of an (n, k) tensor of `bytes`-byte blocks of
+// `values` values: blk is the tile's block in `out` (`block_bytes` each), src output j's block in the
+// file (the last row fills a short tile).
+template <class Fill>
+void kp_each(const uint8_t* w, int64_t n, int64_t k, int64_t values, int64_t bytes, int64_t block_bytes, uint8_t* out,
+             Fill fill) {
+  const int64_t blocks = k / values, row = blocks * bytes, tiles = (n + KP - 1) / KP;
   at::parallel_for(0, tiles, 16, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t)
-      for (int64_t i = 0; i < blocks; ++i) {
-        uint8_t* blk = out + (t * blocks + i) * KP6_BLOCK;
-        for (int64_t j = 0; j < KP; ++j) {
-          const uint8_t* src = w + std::min(t * KP + j, n - 1) * row + i * 210;  // the last row fills a short tile
-          for (int64_t g = 0; g < 32; ++g) std::memcpy(blk + 32 * g + 4 * j, src + 4 * g, 4);
-          for (int64_t g = 0; g < 16; ++g) std::memcpy(blk + 1024 + 32 * g + 4 * j, src + 128 + 4 * g, 4);
-          for (int64_t s = 0; s < 16; ++s) blk[1536 + 8 * s + j] = src[192 + s];
-          std::memcpy(blk + 1664 + 2 * j, src + 208, 2);
-        }
-      }
+      for (int64_t i = 0; i < blocks; ++i)
+        for (int64_t j = 0; j < KP; ++j)
+          fill(out + (t * blocks + i) * block_bytes, w + std::min(t * KP + j, n - 1) * row + i * bytes, j);
+  });
+}
+
+void kp_pack6(const uint8_t* w, int64_t n, int64_t k, uint8_t* out) {
+  kp_each(w, n, k, 256, 210, KP6_BLOCK, out, [](uint8_t* blk, const uint8_t* src, int64_t j) {
+    for (int64_t g = 0; g < 32; ++g) std::memcpy(blk + 32 * g + 4 * j, src + 4 * g, 4);
+    for (int64_t g = 0; g < 16; ++g) std::memcpy(blk + 1024 + 32 * g + 4 * j, src + 128 + 4 * g, 4);
+    for (int64_t s = 0; s < 16; ++s) blk[1536 + 8 * s + j] = src[192 + s];
+    std::memcpy(blk + 1664 + 2 * j, src + 208, 2);
   });
 }
 
@@ -278,23 +285,13 @@ TSERVE_KP_TARGET void kp_rows32(const uint8_t* tile, int64_t blocks, const KqAct
 
 template <int64_t T>
 void kp_pack32(const uint8_t* w, int64_t n, int64_t k, uint8_t* out) {
-  constexpr int64_t BB = kp_block32(T);
-  const int64_t bytes = kq_format(T).bytes, blocks = k / 32, row = blocks * bytes, tiles = (n + KP - 1) / KP;
   constexpr int64_t qs = kp_min(T) ? 4 : 2, at = qs + (kp_five(T) ? 4 : 0);  // offsets of qh and the values
-  constexpr int64_t VB = T == KQ8_0 ? 256 : 128;
-  at::parallel_for(0, tiles, 16, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t)
-      for (int64_t i = 0; i < blocks; ++i) {
-        uint8_t* blk = out + (t * blocks + i) * BB;
-        for (int64_t j = 0; j < KP; ++j) {
-          const uint8_t* src = w + std::min(t * KP + j, n - 1) * row + i * bytes;
-          for (int64_t v = 0; v < VB / 32; ++v) std::memcpy(blk + 32 * v + 4 * j, src + at + 4 * v, 4);
-          if (kp_five(T)) std::memcpy(blk + VB + 4 * j, src + qs, 4);
-          const int64_t f = VB + (kp_five(T) ? 32 : 0);
-          std::memcpy(blk + f + 2 * j, src, 2);
-          if (kp_min(T)) std::memcpy(blk + f + 16 + 2 * j, src + 2, 2);
-        }
-      }
+  constexpr int64_t VB = T == KQ8_0 ? 256 : 128, f = VB + (kp_five(T) ? 32 : 0);  // values, then halves at f
+  kp_each(w, n, k, 32, kq_format(T).bytes, kp_block32(T), out, [](uint8_t* blk, const uint8_t* src, int64_t j) {
+    for (int64_t v = 0; v < VB / 32; ++v) std::memcpy(blk + 32 * v + 4 * j, src + at + 4 * v, 4);
+    if (kp_five(T)) std::memcpy(blk + VB + 4 * j, src + qs, 4);
+    std::memcpy(blk + f + 2 * j, src, 2);
+    if (kp_min(T)) std::memcpy(blk + f + 16 + 2 * j, src + 2, 2);
   });
 }
 
@@ -358,24 +355,16 @@ void kq_pack(const uint8_t* w, int64_t qtype, int64_t n, int64_t k, uint8_t* out
     case KQ6_K: return kp_pack6(w, n, k, out);
     default: break;
   }
-  const int64_t blocks = k / 256, row = blocks * 144, tiles = (n + KP - 1) / KP;
-  at::parallel_for(0, tiles, 16, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t)
-      for (int64_t i = 0; i < blocks; ++i) {
-        uint8_t* blk = out + (t * blocks + i) * KP_BLOCK;
-        for (int64_t j = 0; j < KP; ++j) {
-          const uint8_t* src = w + std::min(t * KP + j, n - 1) * row + i * 144;  // the last row fills a short tile
-          for (int64_t v = 0; v < 32; ++v) std::memcpy(blk + 32 * v + 4 * j, src + 16 + 4 * v, 4);
-          int32_t sc[8], mn[8];
-          scale_min_k4(src + 4, sc, mn);
-          for (int s = 0; s < 8; ++s) {
-            blk[1024 + 8 * s + j] = static_cast<uint8_t>(sc[s]);
-            blk[1088 + 8 * s + j] = static_cast<uint8_t>(mn[s]);
-          }
-          std::memcpy(blk + 1152 + 2 * j, src, 2);
-          std::memcpy(blk + 1168 + 2 * j, src + 2, 2);
-        }
-      }
+  kp_each(w, n, k, 256, 144, KP_BLOCK, out, [](uint8_t* blk, const uint8_t* src, int64_t j) {
+    for (int64_t v = 0; v < 32; ++v) std::memcpy(blk + 32 * v + 4 * j, src + 16 + 4 * v, 4);
+    int32_t sc[8], mn[8];
+    scale_min_k4(src + 4, sc, mn);
+    for (int s = 0; s < 8; ++s) {
+      blk[1024 + 8 * s + j] = static_cast<uint8_t>(sc[s]);
+      blk[1088 + 8 * s + j] = static_cast<uint8_t>(mn[s]);
+    }
+    std::memcpy(blk + 1152 + 2 * j, src, 2);
+    std::memcpy(blk + 1168 + 2 * j, src + 2, 2);
   });
 }
 
