@@ -88,6 +88,7 @@ SCHEMES = {s.name: s for s in (
     Scheme("shipped", 127, kernel_block),
     Scheme("int8-32", 127, lambda _: 32),
     Scheme("int16-256", 32767, kernel_block),
+    Scheme("int14", 8191, kernel_block),
     Scheme("int8-16", 127, lambda _: 16),
 )}
 

@@ -39,9 +39,12 @@ TYPES = {t.code: t for t in (
 )}
 BY_NAME = {t.name: t for t in TYPES.values()}
 
-# The native kernel's loops (csrc/kquant.h): the library's default, scalar, AVX2, AVX512-VNNI, and AVX2
-# over Q4_K repacked once (what the native step's projections take where AVX2 is the default).
-AUTO, SCALAR, AVX2, VNNI, PACKED = -1, 0, 1, 2, 3
+# The native kernel's loops (csrc/kquant.h): the library's default, scalar, AVX2 a row at a time, and
+# AVX2 over every type repacked once (what the native step's projections take where AVX2 is the default).
+AUTO, SCALAR, AVX2, PACKED = -1, 0, 1, 3
+# The native kernels' activations: per block of the weight type's size, r = round(x * L / max|x|)
+# in [-L, L] (csrc/kquant_blocks.h KqActs): 14-bit integers.
+ACTIVATION_LEVELS = 8191
 
 
 def block_type(qtype: int | str) -> BlockType:

@@ -1,5 +1,5 @@
 // The GGUF block kernels (kquant.h has the maths): activations quantized per block, the integers
-// of each weight block by scalar, AVX2 or AVX512-VNNI loops, then one float combination for all.
+// of each weight block by scalar or AVX2 loops, then one float combination for all.
 #include "kquant_blocks.h"
 
 #include <cstdlib>
@@ -10,18 +10,25 @@ namespace tserve_native {
 namespace {
 
 // --- the integers, scalar ----------------------------------------------------------------------
-// Each ints_* writes i0 (and i1) of `blocks` consecutive blocks of one weight row against one
-// activation row (r, sum16 at the same blocks) into out[2 i], out[2 i + 1].
+// Each ints_* writes the kq_ints(qtype) integers of `blocks` consecutive blocks of one weight row
+// against one activation row (r, sum16 at the same blocks) into out[kq_ints i ..].
 
-void ints_scalar(int64_t qtype, const uint8_t* w, const int8_t* r, const int32_t* sum16, int64_t blocks,
+// Q6_K's value v: its 6-bit q (0-63) and sub-block v / 16; its partial sum is 2 (v / 128) + (v % 32) / 16
+// (sub-blocks 8h + odd + 2c, c = 0-3: the packed loops' order).
+inline int32_t q6_value(const uint8_t* w, int v) {
+  const int h = v / 128, c = (v % 128) / 32, l = v % 32;
+  const uint8_t ql = w[64 * h + 32 * (c % 2) + l];
+  return (c < 2 ? ql & 15 : ql >> 4) | (((w[128 + 32 * h + l] >> (2 * c)) & 3) << 4);
+}
+
+void ints_scalar(int64_t qtype, const uint8_t* w, const int16_t* r, const int32_t* sum16, int64_t blocks,
                  int32_t* out) {
-  const int64_t bytes = kq_format(qtype).bytes;
-  for (int64_t i = 0; i < blocks; ++i, w += bytes) {
-    int32_t i0 = 0, i1 = 0;
+  const int64_t bytes = kq_format(qtype).bytes, per = kq_ints(qtype);
+  for (int64_t i = 0; i < blocks; ++i, w += bytes, out += per) {
     if (qtype == KQ4_K || qtype == KQ5_K) {
-      const int8_t* ri = r + 256 * i;
+      const int16_t* ri = r + 256 * i;
       const uint8_t* qs = w + (qtype == KQ4_K ? 16 : 48);
-      int32_t sc[8], mn[8];
+      int32_t sc[8], mn[8], part[2] = {0, 0};
       scale_min_k4(w + 4, sc, mn);
       for (int s = 0; s < 8; ++s) {  // sub-block s: nibble s % 2 of bytes 32 (s / 2) ...
         int32_t dot = 0;
@@ -30,22 +37,30 @@ void ints_scalar(int64_t qtype, const uint8_t* w, const int8_t* r, const int32_t
           if (qtype == KQ5_K) q |= ((w[16 + l] >> s) & 1) << 4;
           dot += q * ri[32 * s + l];
         }
-        i0 += sc[s] * dot;
+        part[s / 4] += sc[s] * dot;
       }
-      i1 = minima_dot(mn, sum16 + 16 * i);
+      if (qtype == KQ4_K) {
+        out[0] = part[0] + part[1];
+        out[1] = minima_dot(mn, sum16 + 16 * i);
+      } else {
+        out[0] = part[0];
+        out[1] = part[1];
+        out[2] = minima_dot(mn, sum16 + 16 * i);
+      }
     } else if (qtype == KQ6_K) {
-      const int8_t* ri = r + 256 * i;
+      const int16_t* ri = r + 256 * i;
       const int8_t* sc = reinterpret_cast<const int8_t*>(w + 192);
-      for (int v = 0; v < 256; ++v) {  // half h, chunk c of 32, l within it
-        const int h = v / 128, c = (v % 128) / 32, l = v % 32;
-        const uint8_t ql = w[64 * h + 32 * (c % 2) + l];
-        const int32_t q = ((c < 2 ? ql & 15 : ql >> 4) | (((w[128 + 32 * h + l] >> (2 * c)) & 3) << 4));
-        i0 += sc[v / 16] * q * ri[v];
+      int32_t part[4] = {0, 0, 0, 0};
+      for (int s = 0; s < 16; ++s) {
+        int32_t dot = 0;
+        for (int v = 16 * s; v < 16 * s + 16; ++v) dot += (q6_value(w, v) - 32) * ri[v];
+        part[2 * (s / 8) + s % 2] += sc[s] * dot;
       }
-      for (int s = 0; s < 16; ++s) i0 -= 32 * sc[s] * sum16[16 * i + s];
+      for (int g = 0; g < 4; ++g) out[g] = part[g];
     } else {
-      const int8_t* ri = r + 32 * i;
+      const int16_t* ri = r + 32 * i;
       const int32_t sum = sum16[2 * i] + sum16[2 * i + 1];
+      int32_t i0 = 0, i1 = 0;
       if (qtype == KQ8_0) {
         for (int l = 0; l < 32; ++l) i0 += static_cast<int8_t>(w[2 + l]) * ri[l];
       } else {
@@ -60,37 +75,20 @@ void ints_scalar(int64_t qtype, const uint8_t* w, const int8_t* r, const int32_t
           i0 -= (five ? 16 : 8) * sum;
         }
       }
+      out[0] = i0;
+      out[1] = i1;
     }
-    out[2 * i] = i0;
-    out[2 * i + 1] = i1;
   }
 }
 
-// --- the integers, vector ------------------------------------------------------------------------
-// The loops are templates over two primitives: dot (u8 x s8 -> int32 lanes, each the sum of four
-// products) and scaled (the same times a per-lane integer scale, from scale(a, b): a for the
-// lanes of values 0-15, b for 16-31). AVX2 makes them of maddubs and madd, VNNI of dpbusd.
+// --- the integers, AVX2, a row at a time ------------------------------------------------------------
+// The same integers from 16 values at a time widened to int16 (times their sub-block scale where
+// there is one: at most 31 x 63 or 32 x 128, within int16) and madd against the int16 activations.
+// Every lane sum is an exact integer (kquant.h bounds each result within int32, and the
+// intermediate sums wrap exactly as int32 does), so the order of the sums changes no bit. kquant_linear
+// takes these (the Python forward of a KQuantLinear); the native step's projections take the packed
+// loops (kquant_packed.cpp).
 #if defined(TSERVE_KQ_X86)
-struct Avx2Ops {
-  TSERVE_KQ_AVX2 static inline __m256i dot(__m256i u, __m256i s) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-  }
-  TSERVE_KQ_AVX2 static inline __m256i scale(int32_t a, int32_t b) {
-    return _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(b)), _mm_set1_epi16(static_cast<int16_t>(a)));
-  }
-  TSERVE_KQ_AVX2 static inline __m256i scaled(__m256i u, __m256i s, __m256i sc) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), sc);
-  }
-};
-
-#if defined(TSERVE_KQ_VNNI)
-struct VnniOps {
-  static inline __m256i dot(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
-  static inline __m256i scale(int32_t a, int32_t b) { return _mm256_set_m128i(_mm_set1_epi32(b), _mm_set1_epi32(a)); }
-  static inline __m256i scaled(__m256i u, __m256i s, __m256i sc) { return _mm256_mullo_epi32(dot(u, s), sc); }
-};
-#endif
-
 TSERVE_KQ_AVX2 inline int32_t hsum(__m256i v) {
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
@@ -98,170 +96,156 @@ TSERVE_KQ_AVX2 inline int32_t hsum(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
-
-// One 32-value block's products as eight int32 lanes: their sum is q . r (no offset applied).
-template <class Ops>
-TSERVE_KQ_AVX2 inline __m256i block32(int64_t qtype, const uint8_t* w, const int8_t* r) {
-  const __m256i ri = loadu(r);
-  if (qtype == KQ8_0) {  // signed x signed: |w| times r with w's sign (|-128| reads as 128 unsigned)
-    const __m256i q = loadu(w + 2);
-    return Ops::dot(_mm256_sign_epi8(q, q), _mm256_sign_epi8(ri, q));
-  }
-  const bool five = qtype == KQ5_0 || qtype == KQ5_1, offset = qtype == KQ4_1 || qtype == KQ5_1;
-  __m256i q = nibbles32(w + (offset ? 4 : 2) + (five ? 4 : 0));
-  if (five) {
-    uint32_t qh;
-    std::memcpy(&qh, w + (offset ? 4 : 2), 4);
-    q = _mm256_or_si256(q, fifth_bits(qh));
-  }
-  return Ops::dot(q, ri);
+// 32 weights (bytes, unsigned; signed where `sign`) times a scale, against 32 int16 activations:
+// eight int32 lanes whose sum is sc * sum q r.
+TSERVE_KQ_AVX2 inline __m256i dot32(__m256i q, const int16_t* r, int16_t sc, int16_t minus, bool sign) {
+  const __m128i q0 = _mm256_castsi256_si128(q), q1 = _mm256_extracti128_si256(q, 1);
+  __m256i w0 = sign ? _mm256_cvtepi8_epi16(q0) : _mm256_cvtepu8_epi16(q0);
+  __m256i w1 = sign ? _mm256_cvtepi8_epi16(q1) : _mm256_cvtepu8_epi16(q1);
+  const __m256i m = _mm256_set1_epi16(minus), s = _mm256_set1_epi16(sc);
+  w0 = _mm256_mullo_epi16(_mm256_sub_epi16(w0, m), s);
+  w1 = _mm256_mullo_epi16(_mm256_sub_epi16(w1, m), s);
+  return _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r))),
+                          _mm256_madd_epi16(w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + 16))));
 }
 
-// The lane sums of four vectors at once: [sum a, sum b, sum c, sum d].
-TSERVE_KQ_AVX2 inline __m128i hsum4(__m256i a, __m256i b, __m256i c, __m256i d) {
-  const __m256i abcd = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
-  return _mm_add_epi32(_mm256_castsi256_si128(abcd), _mm256_extracti128_si256(abcd, 1));
+// 16 bytes of nibbles -> 32 bytes: values 0-15 (low nibbles), then 16-31 (high nibbles).
+TSERVE_KQ_AVX2 inline __m256i nibbles32(const uint8_t* qs) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)), low = _mm_set1_epi8(15);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), low), _mm_and_si128(b, low));
 }
 
-// The 32-value types, four blocks' sums at a time.
-template <class Ops>
-TSERVE_KQ_AVX2 void ints_vector32(int64_t qtype, const uint8_t* w, const int8_t* r, const int32_t* sum16,
-                                  int64_t blocks, int32_t* out) {
-  const int64_t bytes = kq_format(qtype).bytes;
-  const bool offset = qtype == KQ4_1 || qtype == KQ5_1;
-  const int32_t zero = qtype == KQ5_0 ? 16 : qtype == KQ4_0 ? 8 : 0;  // the value that stands for 0
-  alignas(16) int32_t dots[4];
-  auto finish = [&](int32_t dot, int64_t i) {
-    const int32_t sum = sum16[2 * i] + sum16[2 * i + 1];
-    out[2 * i] = offset ? dot : dot - zero * sum;
-    out[2 * i + 1] = offset ? sum : 0;
-  };
-  int64_t i = 0;
-  for (; i + 4 <= blocks; i += 4) {
-    const uint8_t* b = w + i * bytes;
-    const int8_t* ri = r + 32 * i;
-    _mm_store_si128(reinterpret_cast<__m128i*>(dots),
-                    hsum4(block32<Ops>(qtype, b, ri), block32<Ops>(qtype, b + bytes, ri + 32),
-                          block32<Ops>(qtype, b + 2 * bytes, ri + 64), block32<Ops>(qtype, b + 3 * bytes, ri + 96)));
-    for (int j = 0; j < 4; ++j) finish(dots[j], i + j);
-  }
-  for (; i < blocks; ++i) finish(hsum(block32<Ops>(qtype, w + i * bytes, r + 32 * i)), i);
+// The 32 bits of qh as bytes 0x10 (bit set) or 0 (clear), byte j for bit j.
+TSERVE_KQ_AVX2 inline __m256i fifth_bits(uint32_t qh) {
+  const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
+                                          3, 3, 3, 3, 3, 3);
+  const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+  const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int32_t>(qh)), spread);
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(0x10));
 }
 
-template <class Ops>
-TSERVE_KQ_AVX2 void ints_vector(int64_t qtype, const uint8_t* w, const int8_t* r, const int32_t* sum16, int64_t blocks,
-                                int32_t* out) {
-  if (kq_format(qtype).values == 32) return ints_vector32<Ops>(qtype, w, r, sum16, blocks, out);
-  const int64_t bytes = kq_format(qtype).bytes;
+TSERVE_KQ_AVX2 void ints_avx2(int64_t qtype, const uint8_t* w, const int16_t* r, const int32_t* sum16, int64_t blocks,
+                              int32_t* out) {
+  const int64_t bytes = kq_format(qtype).bytes, per = kq_ints(qtype);
   const __m256i low = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1), three = _mm256_set1_epi8(3);
-  for (int64_t i = 0; i < blocks; ++i, w += bytes) {
-    // a few blocks ahead (into the next row at a row's end: rows are contiguous); at one row the
-    // stream outruns the hardware prefetcher
+  for (int64_t i = 0; i < blocks; ++i, w += bytes, out += per) {
     for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(w + 4 * bytes + line), _MM_HINT_T0);
-    int32_t i0 = 0, i1 = 0;
     if (qtype == KQ4_K || qtype == KQ5_K) {
-      const int8_t* ri = r + 256 * i;
+      const int16_t* ri = r + 256 * i;
       const uint8_t* qs = w + (qtype == KQ4_K ? 16 : 48);
       int32_t sc[8], mn[8];
       scale_min_k4(w + 4, sc, mn);
-      __m256i acc = _mm256_setzero_si256(), qh = qtype == KQ5_K ? loadu(w + 16) : _mm256_setzero_si256();
-      for (int j = 0; j < 4; ++j) {
-        const __m256i q = loadu(qs + 32 * j);
+      __m256i part[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+      __m256i qh = qtype == KQ5_K ? loadu(w + 16) : _mm256_setzero_si256();
+      for (int c = 0; c < 4; ++c) {
+        const __m256i q = loadu(qs + 32 * c);
         __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
-        if (qtype == KQ5_K) {  // bit 2j of qh[l] tops up value l of sub-block 2j, bit 2j + 1 of 2j + 1
+        if (qtype == KQ5_K) {  // bit 2c of qh[l] tops up value l of sub-block 2c, bit 2c + 1 of 2c + 1
           lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
           qh = _mm256_srli_epi16(qh, 1);
           hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
           qh = _mm256_srli_epi16(qh, 1);
         }
-        acc = _mm256_add_epi32(acc, Ops::scaled(lo, loadu(ri + 64 * j), Ops::scale(sc[2 * j], sc[2 * j])));
-        acc = _mm256_add_epi32(acc, Ops::scaled(hi, loadu(ri + 64 * j + 32), Ops::scale(sc[2 * j + 1], sc[2 * j + 1])));
+        part[c / 2] = _mm256_add_epi32(part[c / 2], dot32(lo, ri + 64 * c, static_cast<int16_t>(sc[2 * c]), 0, false));
+        part[c / 2] = _mm256_add_epi32(part[c / 2], dot32(hi, ri + 64 * c + 32, static_cast<int16_t>(sc[2 * c + 1]), 0, false));
       }
-      i0 = hsum(acc);
-      i1 = minima_dot(mn, sum16 + 16 * i);
+      if (qtype == KQ4_K) {
+        out[0] = hsum(_mm256_add_epi32(part[0], part[1]));
+        out[1] = minima_dot(mn, sum16 + 16 * i);
+      } else {
+        out[0] = hsum(part[0]);
+        out[1] = hsum(part[1]);
+        out[2] = minima_dot(mn, sum16 + 16 * i);
+      }
     } else if (qtype == KQ6_K) {
-      const int8_t* ri = r + 256 * i;
+      const int16_t* ri = r + 256 * i;
       const int8_t* sc = reinterpret_cast<const int8_t*>(w + 192);
-      __m256i acc = _mm256_setzero_si256();
+      __m256i part[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
       for (int h = 0; h < 2; ++h) {
         const __m256i ql0 = loadu(w + 64 * h), ql1 = loadu(w + 64 * h + 32), qh = loadu(w + 128 + 32 * h);
         const __m256i nib[4] = {_mm256_and_si256(ql0, low), _mm256_and_si256(ql1, low),
                                 _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low),
                                 _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low)};
-        const __m256i top[4] = {_mm256_and_si256(qh, three), _mm256_and_si256(_mm256_srli_epi16(qh, 2), three),
-                                _mm256_and_si256(_mm256_srli_epi16(qh, 4), three),
-                                _mm256_and_si256(_mm256_srli_epi16(qh, 6), three)};
-        for (int c = 0; c < 4; ++c) {
-          const __m256i q = _mm256_or_si256(nib[c], _mm256_slli_epi16(top[c], 4));
+        for (int c = 0; c < 4; ++c) {  // values 128h + 32c ..: sub-blocks 8h + 2c (partial 2h) and + 1 (2h + 1)
+          const __m256i q = _mm256_or_si256(nib[c], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), three), 4));
           const int s = 8 * h + 2 * c;
-          acc = _mm256_add_epi32(acc, Ops::scaled(q, loadu(ri + 128 * h + 32 * c), Ops::scale(sc[s], sc[s + 1])));
+          const __m128i q0 = _mm256_castsi256_si128(q), q1 = _mm256_extracti128_si256(q, 1);
+          const __m256i m32 = _mm256_set1_epi16(32);
+          const __m256i w0 = _mm256_mullo_epi16(_mm256_sub_epi16(_mm256_cvtepu8_epi16(q0), m32), _mm256_set1_epi16(sc[s]));
+          const __m256i w1 = _mm256_mullo_epi16(_mm256_sub_epi16(_mm256_cvtepu8_epi16(q1), m32), _mm256_set1_epi16(sc[s + 1]));
+          const int16_t* rv = ri + 128 * h + 32 * c;
+          part[2 * h] = _mm256_add_epi32(part[2 * h], _mm256_madd_epi16(w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rv))));
+          part[2 * h + 1] = _mm256_add_epi32(part[2 * h + 1], _mm256_madd_epi16(w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rv + 16))));
         }
       }
-      i0 = hsum(acc);
-      for (int s = 0; s < 16; ++s) i0 -= 32 * sc[s] * sum16[16 * i + s];
+      for (int g = 0; g < 4; ++g) out[g] = hsum(part[g]);
+    } else {
+      const int16_t* ri = r + 32 * i;
+      const int32_t sum = sum16[2 * i] + sum16[2 * i + 1];
+      if (qtype == KQ8_0) {
+        out[0] = hsum(dot32(loadu(w + 2), ri, 1, 0, true));
+        out[1] = 0;
+        continue;
+      }
+      const bool five = qtype == KQ5_0 || qtype == KQ5_1, offset = qtype == KQ4_1 || qtype == KQ5_1;
+      __m256i q = nibbles32(w + (offset ? 4 : 2) + (five ? 4 : 0));
+      if (five) {
+        uint32_t qh;
+        std::memcpy(&qh, w + (offset ? 4 : 2), 4);
+        q = _mm256_or_si256(q, fifth_bits(qh));
+      }
+      const int32_t dot = hsum(dot32(q, ri, 1, 0, false));
+      out[0] = offset ? dot : dot - (five ? 16 : 8) * sum;
+      out[1] = offset ? sum : 0;
     }
-    out[2 * i] = i0;
-    out[2 * i + 1] = i1;
   }
 }
-
-TSERVE_KQ_AVX2 void ints_avx2(int64_t qtype, const uint8_t* w, const int8_t* r, const int32_t* sum16, int64_t blocks,
-                              int32_t* out) {
-  ints_vector<Avx2Ops>(qtype, w, r, sum16, blocks, out);
-}
-#if defined(TSERVE_KQ_VNNI)
-void ints_vnni(int64_t qtype, const uint8_t* w, const int8_t* r, const int32_t* sum16, int64_t blocks, int32_t* out) {
-  ints_vector<VnniOps>(qtype, w, r, sum16, blocks, out);
-}
-#endif
 #endif
 
 // --- one float combination for every path ----------------------------------------------------------
-// Row sum over blocks in order: acc = fma(d s_a, i0, acc), then the minima / offsets term.
+// Row sum over blocks in order: acc = fma(d s_a, i, acc) for each of the block's scaled integers in
+// order, then the minima / offsets term.
 float combine(int64_t qtype, const uint8_t* w, const int32_t* ints, const float* scale, int64_t blocks) {
-  const int64_t bytes = kq_format(qtype).bytes;
+  const int64_t bytes = kq_format(qtype).bytes, per = kq_ints(qtype);
   float acc = 0.0f;
-  for (int64_t i = 0; i < blocks; ++i, w += bytes) {
-    const float sa = scale[i], i0 = static_cast<float>(ints[2 * i]), i1 = static_cast<float>(ints[2 * i + 1]);
+  for (int64_t i = 0; i < blocks; ++i, w += bytes, ints += per) {
+    const float sa = scale[i];
     switch (qtype) {
       case KQ4_K:
       case KQ5_K: {
         const float dd = kq_half(w) * sa, dm = kq_half(w + 2) * sa;
-        acc = std::fma(dd, i0, acc);
-        acc = std::fma(-dm, i1, acc);
+        for (int64_t p = 0; p + 1 < per; ++p) acc = std::fma(dd, static_cast<float>(ints[p]), acc);
+        acc = std::fma(-dm, static_cast<float>(ints[per - 1]), acc);
         break;
       }
       case KQ6_K: {
         const float dd = kq_half(w + 208) * sa;
-        acc = std::fma(dd, i0, acc);
+        for (int64_t p = 0; p < 4; ++p) acc = std::fma(dd, static_cast<float>(ints[p]), acc);
         break;
       }
       case KQ4_1:
       case KQ5_1: {
         const float dd = kq_half(w) * sa, mm = kq_half(w + 2) * sa;
-        acc = std::fma(dd, i0, acc);
-        acc = std::fma(mm, i1, acc);
+        acc = std::fma(dd, static_cast<float>(ints[0]), acc);
+        acc = std::fma(mm, static_cast<float>(ints[1]), acc);
         break;
       }
       default: {
         const float dd = kq_half(w) * sa;
-        acc = std::fma(dd, i0, acc);
+        acc = std::fma(dd, static_cast<float>(ints[0]), acc);
       }
     }
   }
   return acc;
 }
 
-using IntsFn = void (*)(int64_t, const uint8_t*, const int8_t*, const int32_t*, int64_t, int32_t*);
+using IntsFn = void (*)(int64_t, const uint8_t*, const int16_t*, const int32_t*, int64_t, int32_t*);
 
 bool isa_runs(int64_t isa) {
   if (isa == KQ_SCALAR) return true;
   if (isa == KQ_PACKED) return kq_packed_runs();
 #if defined(TSERVE_KQ_X86)
   if (isa == KQ_AVX2) return __builtin_cpu_supports("avx2");
-#if defined(TSERVE_KQ_VNNI)
-  if (isa == KQ_VNNI) return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
-#endif
 #endif
   return false;
 }
@@ -272,9 +256,7 @@ int64_t default_isa() {
   static const int64_t chosen = [] {
     const char* env = std::getenv("TSERVE_NATIVE_ISA");
     if (env != nullptr && std::string(env) == "scalar") return KQ_SCALAR;
-    for (int64_t isa : {KQ_VNNI, KQ_AVX2})
-      if (isa_runs(isa)) return isa;
-    return KQ_SCALAR;
+    return isa_runs(KQ_AVX2) ? KQ_AVX2 : KQ_SCALAR;
   }();
   return chosen;
 }
@@ -282,9 +264,6 @@ int64_t default_isa() {
 IntsFn ints_for(int64_t isa) {
 #if defined(TSERVE_KQ_X86)
   if (isa == KQ_AVX2) return ints_avx2;
-#if defined(TSERVE_KQ_VNNI)
-  if (isa == KQ_VNNI) return ints_vnni;
-#endif
 #endif
   return ints_scalar;
 }
@@ -305,12 +284,6 @@ void kq_quantize(KqActs& a, const float* x, int64_t B, int64_t k, int64_t block,
   kq_share(partner, B, std::max<int64_t>(1, 16384 / k), [&](int64_t b0, int64_t b1) { a.quantize(x, b0, b1, k, block); });
 }
 
-// Whether B rows take the tiled loops (kquant_tiles.cpp): unpacking a tile of a K-quant costs
-// about two rows of the row-at-a-time loops (measured: Q4_K 0.52 ms tiled against 0.35 ms at one
-// row, even at two rows, 2x faster at eight), the 32-value types' about none. Either gives the
-// same bits.
-bool kq_tiled(int64_t qtype, int64_t B) { return B >= 2 || kq_format(qtype).values == 32; }
-
 // y[:, 0:n) (rows `stride` apart) = x W^T for one part (`a`: x quantized per this type's block):
 // outputs in chunks of kq_chunk(n), shared as kq_share does: up to 128 outputs (16 tiles) rather
 // than 16, since each chunk is a claim on the partner's shared word and a cold start for the
@@ -327,15 +300,13 @@ void kq_part(const KqActs& a, int64_t B, int64_t k, const uint8_t* w, int64_t qt
   const KqFormat f = kq_format(qtype);
   const int64_t blocks = k / f.values, row = blocks * f.bytes;
   const IntsFn ints = ints_for(isa);
-  const bool tiles = kq_tiled(qtype, B);
   if (packed != nullptr) {  // chunks are whole tiles of 8
     kq_share(partner, n, kq_chunk(n), [&](int64_t j0, int64_t j1) { kq_packed_rows(a, B, k, packed, qtype, j0, j1, bias, y, stride); });
     return;
   }
   kq_share(partner, n, kq_chunk(n), [&](int64_t j0, int64_t j1) {
-    if (tiles && kq_tiles(a, B, k, w, qtype, j0, j1, isa, bias, y, stride)) return;
     thread_local std::vector<int32_t> buf;  // per-block sums, reused: no allocation per chunk of outputs
-    buf.resize(2 * blocks);
+    buf.resize(kq_ints(qtype) * blocks);
     for (int64_t j = j0; j < j1; ++j)
       for (int64_t bi = 0; bi < B; ++bi) {
         ints(qtype, w + j * row, a.r.data() + bi * k, a.sum16.data() + bi * k / 16, blocks, buf.data());
@@ -486,8 +457,8 @@ Projection kquant_projection(const std::vector<Tensor>& raw, const std::vector<i
     total += n[i];
   }
   p.kq_raw = raw;
-  // Q4_K and 32-value parts repacked once where the default loops are AVX2 (not under TSERVE_NATIVE_ISA=scalar,
-  // nor where VNNI is the default): the packed loops give the same bits at every batch.
+  // Every part repacked once where the default loops are AVX2 (not under TSERVE_NATIVE_ISA=scalar):
+  // the packed loops give the same bits at every batch.
   for (size_t i = 0; i < raw.size(); ++i) {
     Tensor packed;
     if (default_isa() == KQ_AVX2 && kq_packed_runs() && kq_packed_bytes(qtype[i], n[i], k) > 0) {
@@ -516,7 +487,7 @@ Tensor Projection::kq_rows(const Tensor& x) const {
   for (size_t i = 0; i < kq_raw.size(); ++i) {
     const int64_t block = kq_format(kq_type[i]).values;
     KqActs& a = acts[block == 256 ? 0 : 1];
-    if (a.r.empty()) kq_quantize(a, x.data_ptr<float>(), B, kq_k, block, kq_partner);
+    if (a.empty()) kq_quantize(a, x.data_ptr<float>(), B, kq_k, block, kq_partner);
     const Tensor& packed = kq_packed[i];
     kq_part(a, B, kq_k, kq_raw[i].data_ptr<uint8_t>(), kq_type[i], kq_n[i], default_isa(),
             bias == nullptr ? nullptr : bias + first, kq_partner, yp + first, total,

@@ -3,17 +3,23 @@
 // scales per sub-block of 32 or 16) and the 32-weight Q8_0, Q4_0, Q4_1, Q5_0, Q5_1. A
 // projection is n rows of k / (values a block) blocks each, exactly the file's bytes.
 //
-// The activations go in as 8-bit integers, one float scale per block of the weight type's size
-// (256 for the K-quants, as ggml's Q8_K; 32 for the others, as its Q8_0) and the integer sum of
-// every 16. Each weight block then gives one or two exact integers (ints_*):
-//   Q4_K, Q5_K  i0 = sum_s sc_s (q . r)_s, i1 = sum_s m_s (sum r)_s    w = d sc q - dmin m
-//   Q6_K        i0 = sum_s sc_s ((q . r)_s - 32 (sum r)_s)              w = d sc (q - 32)
+// The activations go in as 14-bit integers (r in [-8191, 8191], KqActs in kquant_blocks.h), one
+// float scale per block of the weight type's size (256 for the K-quants, 32 for the others) and
+// the integer sum of every 16. Each weight block then gives a few exact integers (ints_*):
+//   Q4_K        i0 = sum_s sc_s (q . r)_s, i1 = sum_s m_s (sum r)_s          w = d sc q - dmin m
+//   Q5_K        the same, i0 in two halves (sub-blocks 0-3, 4-7), i1
+//   Q6_K        p_g = sum_{s in g} sc_s ((q - 32) . r)_s, four groups g of   w = d sc (q - 32)
+//               sub-blocks {8h + o + 2c : c = 0-3} (g = 2h + o)
 //   Q8_0, Q4_0, Q5_0  i0 = q . r - offset sum r (offset 0, 8, 16)       w = d (q - offset)
 //   Q4_1, Q5_1  i0 = q . r, i1 = sum r                                  w = d q + m
-// and a row is the float sum over blocks, in block order, of fma(d s_a, i0) (and
-// fma(-dmin s_a, i1) or fma(m s_a, i1)): one function (combine) whatever computed the integers.
-// The integers are exact in any order, so the scalar loops and the AVX2 (and AVX512-VNNI) ones
-// give the same bits, and a row's result never depends on the rows beside it.
+// Each fits in int32 at any weights and activations: |Q4_K i0| <= 15 x 8191 x 256 x 63 =
+// 1,981,566,720; a Q5_K half 31 x 8191 x 128 x 63 = 2,047,618,944; a Q6_K group
+// 32 x 8191 x 64 x 128 = 2,147,221,504; all < 2^31 - 1. Loops may wrap on the way (int32 sums
+// are exact modulo 2^32, so a result within range is exact whatever the order). A row is then
+// the float sum over blocks, in block order, of fma(d s_a, i, acc) for each scaled integer in
+// order (and fma(-dmin s_a, i1) or fma(m s_a, i1)): one function (combine) whatever computed the
+// integers. So the scalar loops and the AVX2 ones give the same bits, and a row's result never
+// depends on the rows beside it.
 #pragma once
 
 #include "projection.h"
@@ -21,11 +27,11 @@
 namespace tserve_native {
 
 // Which loops compute the integers: -1 the default (the best this CPU has, or the scalar ones
-// where TSERVE_NATIVE_ISA=scalar is set when the library is first used), 0 scalar, 1 AVX2,
-// 2 AVX512-VNNI (only in a build whose compiler flags enable AVX512-VNNI and AVX512-VL), 3 the
-// AVX2 loops over Q4_K, Q6_K and the 32-value types repacked once (kquant_packed.cpp; what the native step's projections take
-// where AVX2 is the default; kquant_linear packs on each call, for tests).
-constexpr int64_t KQ_AUTO = -1, KQ_SCALAR = 0, KQ_AVX2 = 1, KQ_VNNI = 2, KQ_PACKED = 3;
+// where TSERVE_NATIVE_ISA=scalar is set when the library is first used), 0 scalar, 1 AVX2 a row
+// at a time, 3 the AVX2 loops over every type repacked once (kquant_packed.cpp; what the native
+// step's projections take where AVX2 is the default; kquant_linear packs on each call, for tests).
+// (2 was AVX512-VNNI over 8-bit activations; 14-bit ones have no such loops.)
+constexpr int64_t KQ_AUTO = -1, KQ_SCALAR = 0, KQ_AVX2 = 1, KQ_PACKED = 3;
 
 // x (B, k) float32, raw the (n, k) tensor's blocks (uint8, n * row bytes) of ggml type `qtype`
 // -> (B, n) float32 (+ bias). `isa` as above; asking for loops this build or CPU lacks is an error.

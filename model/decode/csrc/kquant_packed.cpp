@@ -33,7 +33,8 @@ namespace {
 #endif
 
 constexpr int64_t KP = 8;                       // outputs per tile, one per 32-bit lane
-constexpr int64_t KP_BLOCK = 32 * 32 + 64 + 64 + 16 + 16;  // bytes per (tile, block)
+constexpr int64_t KP_BLOCK = 32 * 32 + 64 + 64 + 16 + 16;  // bytes per (tile, block) of Q4_K
+constexpr int64_t KP5_BLOCK = KP_BLOCK + 8 * 32;           // Q5_K: the same, then the fifth bits
 constexpr int KP_ROWS = 4;                      // activation rows per pass over a tile
 constexpr int64_t KP_PREFETCH = 2 * KP_BLOCK;   // how far ahead the loops ask for the next bytes
 
@@ -50,60 +51,105 @@ TSERVE_KP_TARGET inline __m256i kp_pairs(const uint8_t* p) {
   return _mm256_or_si256(x, _mm256_slli_epi32(x, 16));
 }
 
-// Rows [b0, b0 + R) against one tile: out[r][j] = row b0 + r times output j.
-template <int R>
+// The two halves of the products of unsigned weight bytes q (<= 63) with 4 activations of a row:
+// pairs of q hi (hi in [-64, 63]) and of lo q (lo in [0, 127]), as int16; the products with r are
+// 128 hi-pairs + lo-pairs.
+struct KpHalves {
+  __m256i h, l;
+};
+TSERVE_KP_TARGET inline KpHalves kp_dot(__m256i q, const int8_t* hi, const uint8_t* lo) {
+  return {_mm256_maddubs_epi16(q, kp_bcast(hi)), _mm256_maddubs_epi16(kp_bcast(lo), q)};
+}
+
+// sum_s c_s S_s over 8 (or `n`) sub-blocks as int32 lanes: c (one byte per output, unsigned or
+// signed) times the row's sums S (broadcast); exact within int32 (kquant.h's bounds).
+template <bool SIGNED>
+TSERVE_KP_TARGET inline __m256i kp_weighted(const uint8_t* c, __m256i s) {
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(c));
+  return _mm256_mullo_epi32(SIGNED ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b), s);
+}
+
+// Rows [b0, b0 + R) against one tile of Q4_K (FIVE: Q5_K): out[r][j] = row b0 + r times output j.
+template <int R, bool FIVE>
 TSERVE_KP_TARGET void kp_rows(const uint8_t* tile, int64_t blocks, const KqActs& a, int64_t k, int64_t b0,
                               float (*out)[KP]) {
-  const __m256i low = _mm256_set1_epi8(15);
+  constexpr int64_t BB = FIVE ? KP5_BLOCK : KP_BLOCK;
+  const __m256i low = _mm256_set1_epi8(15), bit = _mm256_set1_epi8(0x10);
   const KqRowViews<R> rows(a, k, b0, blocks);
   __m256 acc[R];
   for (int x = 0; x < R; ++x) acc[x] = _mm256_setzero_ps();
   for (int64_t i = 0; i < blocks; ++i) {
-    const uint8_t* blk = tile + i * KP_BLOCK;
+    const uint8_t* blk = tile + i * BB;
     const uint8_t* sc = blk + 1024;
     const uint8_t* mn = sc + 64;
-    __m256i i0[R], i1[R];
-    for (int x = 0; x < R; ++x) i0[x] = i1[x] = _mm256_setzero_si256();
+    const uint8_t* qh = blk + KP_BLOCK;  // Q5_K: vector t holds qh[4t .. 4t + 3] of each output
+    __m256i i0[R], part[R];
+    for (int x = 0; x < R; ++x) i0[x] = part[x] = _mm256_setzero_si256();
     for (int c = 0; c < 4; ++c) {  // values 64c .. 64c + 63: sub-blocks 2c (low nibbles), 2c + 1 (high)
       const __m256i slo = kp_pairs(sc + 8 * (2 * c)), shi = kp_pairs(sc + 8 * (2 * c + 1));
-      // At one or two rows the 8 vectors of a sub-block are summed as int16 before one madd by its
-      // scale: a pair is at most 2 x 15 x 127 = 3,810, eight 30,480, so the sums stay exact. Four
-      // rows would need more registers than there are; they take the madd per vector.
-      __m256i plo[R], phi[R];
-      for (int x = 0; x < R; ++x) plo[x] = phi[x] = _mm256_setzero_si256();
+      const __m256i slo7 = _mm256_slli_epi16(slo, 7), shi7 = _mm256_slli_epi16(shi, 7);  // x 128: <= 8,064
+      // At one or two rows the halves of a sub-block's vectors are summed as int16 before one
+      // madd by the scale: a hi-pair is at most 2 x 31 x 64 = 3,968, a lo-pair 2 x 31 x 127 =
+      // 7,874; eight hi-pairs (31,744) and four lo-pairs (31,496) of Q5_K stay exact, eight
+      // lo-pairs of Q4_K (8 x 3,810 = 30,480) too. Four rows would need more registers than
+      // there are; they take the madd per vector.
+      constexpr int LO_RUN = FIVE ? 4 : 8;
+      __m256i ph[R][2], pl[R][2];
+      for (int x = 0; x < R; ++x) ph[x][0] = ph[x][1] = pl[x][0] = pl[x][1] = _mm256_setzero_si256();
       for (int t = 0; t < 8; ++t) {
-        // the block two ahead (the next tile's first ones at a tile's end: tiles are contiguous),
-        // a line per two vectors: the stream outruns the hardware prefetcher at one row
         if (t % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(blk + KP_PREFETCH + 32 * (8 * c + t)), _MM_HINT_T0);
         const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 * (8 * c + t)));
-        const __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+        __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+        if constexpr (FIVE) {  // bit 2c of qh[l] tops up value l of sub-block 2c, bit 2c + 1 of 2c + 1
+          const __m256i h = loadu(qh + 32 * t);
+          const int up = 4 - 2 * c;  // bit 2c to bit 4 (a shift within 16-bit lanes: only bit 4 of each byte is kept)
+          const __m256i b0 = up >= 0 ? _mm256_slli_epi16(h, up) : _mm256_srli_epi16(h, -up);
+          const __m256i b1 = up - 1 >= 0 ? _mm256_slli_epi16(h, up - 1) : _mm256_srli_epi16(h, 1 - up);
+          lo = _mm256_or_si256(lo, _mm256_and_si256(b0, bit));
+          hi = _mm256_or_si256(hi, _mm256_and_si256(b1, bit));
+        }
         for (int x = 0; x < R; ++x) {
-          const int8_t* rv = rows.r[x] + i * 256 + 64 * c + 4 * t;
+          const int64_t o = i * 256 + 64 * c + 4 * t;
+          const KpHalves u = kp_dot(lo, rows.hi[x] + o, rows.lo[x] + o);
+          const KpHalves v = kp_dot(hi, rows.hi[x] + o + 32, rows.lo[x] + o + 32);
           if constexpr (R <= 2) {
-            plo[x] = _mm256_add_epi16(plo[x], _mm256_maddubs_epi16(lo, kp_bcast(rv)));
-            phi[x] = _mm256_add_epi16(phi[x], _mm256_maddubs_epi16(hi, kp_bcast(rv + 32)));
+            ph[x][0] = _mm256_add_epi16(ph[x][0], u.h);
+            pl[x][0] = _mm256_add_epi16(pl[x][0], u.l);
+            ph[x][1] = _mm256_add_epi16(ph[x][1], v.h);
+            pl[x][1] = _mm256_add_epi16(pl[x][1], v.l);
+            if ((t + 1) % LO_RUN == 0) {
+              i0[x] = _mm256_add_epi32(i0[x], _mm256_add_epi32(_mm256_madd_epi16(pl[x][0], slo), _mm256_madd_epi16(pl[x][1], shi)));
+              pl[x][0] = pl[x][1] = _mm256_setzero_si256();
+            }
           } else {
-            i0[x] = _mm256_add_epi32(i0[x], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, kp_bcast(rv)), slo));
-            i0[x] = _mm256_add_epi32(i0[x], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, kp_bcast(rv + 32)), shi));
+            i0[x] = _mm256_add_epi32(i0[x], _mm256_add_epi32(_mm256_madd_epi16(u.h, slo7), _mm256_madd_epi16(u.l, slo)));
+            i0[x] = _mm256_add_epi32(i0[x], _mm256_add_epi32(_mm256_madd_epi16(v.h, shi7), _mm256_madd_epi16(v.l, shi)));
           }
         }
       }
       if constexpr (R <= 2)
         for (int x = 0; x < R; ++x)
-          i0[x] = _mm256_add_epi32(i0[x], _mm256_add_epi32(_mm256_madd_epi16(plo[x], slo), _mm256_madd_epi16(phi[x], shi)));
+          i0[x] = _mm256_add_epi32(i0[x], _mm256_add_epi32(_mm256_madd_epi16(ph[x][0], slo7), _mm256_madd_epi16(ph[x][1], shi7)));
+      if constexpr (FIVE) {  // Q5_K's i0 in two halves: sub-blocks 0-3, then 4-7
+        if (c == 1)
+          for (int x = 0; x < R; ++x) {
+            part[x] = i0[x];
+            i0[x] = _mm256_setzero_si256();
+          }
+      }
     }
-    for (int64_t line = 1024; line < KP_BLOCK; line += 64)
+    for (int64_t line = 1024; line < BB; line += 64)
       _mm_prefetch(reinterpret_cast<const char*>(blk + KP_PREFETCH + line), _MM_HINT_T0);
-    for (int s = 0; s < 8; ++s) {  // i1 = sum_s m_s (sum r)_s: the two sums of 16 of sub-block s as a pair
-      const __m256i m = kp_pairs(mn + 8 * s);
-      for (int x = 0; x < R; ++x) i1[x] = _mm256_add_epi32(i1[x], _mm256_madd_epi16(m, kp_bcast(rows.sum16h[x] + i * 16 + 2 * s)));
-    }
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 1152)));
     const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 1168)));
     for (int x = 0; x < R; ++x) {
-      const __m256 sa = _mm256_set1_ps(rows.scale[x][i]);
-      acc[x] = _mm256_fmadd_ps(_mm256_mul_ps(d, sa), _mm256_cvtepi32_ps(i0[x]), acc[x]);
-      acc[x] = _mm256_fnmadd_ps(_mm256_mul_ps(dm, sa), _mm256_cvtepi32_ps(i1[x]), acc[x]);
+      __m256i i1 = _mm256_setzero_si256();  // sum_s m_s (sum r)_s
+      for (int s = 0; s < 8; ++s)
+        i1 = _mm256_add_epi32(i1, kp_weighted<false>(mn + 8 * s, _mm256_set1_epi32(rows.sum16[x][i * 16 + 2 * s] + rows.sum16[x][i * 16 + 2 * s + 1])));
+      const __m256 sa = _mm256_set1_ps(rows.scale[x][i]), dd = _mm256_mul_ps(d, sa);
+      if constexpr (FIVE) acc[x] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(part[x]), acc[x]);
+      acc[x] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(i0[x]), acc[x]);
+      acc[x] = _mm256_fnmadd_ps(_mm256_mul_ps(dm, sa), _mm256_cvtepi32_ps(i1), acc[x]);
     }
   }
   for (int x = 0; x < R; ++x) _mm256_storeu_ps(out[x], acc[x]);
@@ -115,7 +161,8 @@ TSERVE_KP_TARGET void kp_rows(const uint8_t* tile, int64_t blocks, const KqActs&
 //   - the 16 signed sub-block scales, byte 8s + j; then the 8 outputs' d as halves.
 // In half h (values 128h ..), bytes l .. l + 3 of ql (vector 16h + l / 4), of ql + 32 (16h + 8 + l / 4)
 // and of qh (32 + 8h + l / 4) give values l, l + 32, l + 64, l + 96 (+ 128h) of 4 consecutive
-// indices each: the low or high nibbles, topped up by bits 0-1, 2-3, 4-5, 6-7 of qh.
+// indices each: the low or high nibbles, topped up by bits 0-1, 2-3, 4-5, 6-7 of qh. Bytes
+// l < 16 are sub-blocks 8h + 2c, l >= 16 sub-blocks 8h + 2c + 1: the groups of kquant.h, in order.
 constexpr int64_t KP6_BLOCK = 32 * 32 + 16 * 32 + 128 + 16;
 
 // 8 signed bytes (one per output) as int32 lanes holding the value in both 16-bit halves
@@ -127,60 +174,72 @@ TSERVE_KP_TARGET inline __m256i kp_signed_pairs(const uint8_t* p) {
 template <int R>
 TSERVE_KP_TARGET void kp_rows6(const uint8_t* tile, int64_t blocks, const KqActs& a, int64_t k, int64_t b0,
                                float (*out)[KP]) {
-  const __m256i low = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30), half = _mm256_set1_epi32(0xffff);
+  const __m256i low = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30);
   const KqRowViews<R> rows(a, k, b0, blocks);
   __m256 acc[R];
   for (int x = 0; x < R; ++x) acc[x] = _mm256_setzero_ps();
   for (int64_t i = 0; i < blocks; ++i) {
     const uint8_t* blk = tile + i * KP6_BLOCK;
     const uint8_t* sc = blk + 1536;
-    __m256i i0[R], i1[R];
-    for (int x = 0; x < R; ++x) i0[x] = i1[x] = _mm256_setzero_si256();
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 1664)));
+    __m256 dd[R];
+    for (int x = 0; x < R; ++x) dd[x] = _mm256_mul_ps(d, _mm256_set1_ps(rows.scale[x][i]));
     for (int h = 0; h < 2; ++h)
-      for (int u2 = 0; u2 < 4; ++u2) {  // bytes l = 8 u2 .. 8 u2 + 7: sub-blocks 8h + u2 / 2 + 0, 2, 4, 6
-        // Two groups of 4 bytes share their sub-blocks: at one or two rows their int16 sums are
-        // exact (a pair is at most 2 x 63 x 127 = 16,002, two 32,004) before one madd by each
-        // scale; four rows take the madd per vector (registers).
-        __m256i f[4], part[R][4];
-        for (int w = 0; w < 4; ++w) f[w] = kp_signed_pairs(sc + 8 * (8 * h + u2 / 2 + 2 * w));
-        for (int x = 0; x < R; ++x)
-          for (int v = 0; v < 4; ++v) part[x][v] = _mm256_setzero_si256();
-        for (int uu = 0; uu < 2; ++uu) {
-          const int u = 2 * u2 + uu;
-          _mm_prefetch(reinterpret_cast<const char*>(blk + 2 * KP6_BLOCK + 128 * (8 * h + u)), _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(blk + 2 * KP6_BLOCK + 128 * (8 * h + u) + 64), _MM_HINT_T0);
-          const __m256i A = loadu(blk + 32 * (16 * h + u)), B = loadu(blk + 32 * (16 * h + 8 + u));
-          const __m256i H = loadu(blk + 1024 + 32 * (8 * h + u));
-          const __m256i v[4] = {
-              _mm256_or_si256(_mm256_and_si256(A, low), _mm256_and_si256(_mm256_slli_epi16(H, 4), top)),
-              _mm256_or_si256(_mm256_and_si256(B, low), _mm256_and_si256(_mm256_slli_epi16(H, 2), top)),
-              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(A, 4), low), _mm256_and_si256(H, top)),
-              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(B, 4), low),
-                              _mm256_and_si256(_mm256_srli_epi16(H, 2), top))};
-          for (int x = 0; x < R; ++x) {
-            const int8_t* rv = rows.r[x] + i * 256 + 128 * h + 4 * u;
-            for (int w = 0; w < 4; ++w) {
-              const __m256i m = _mm256_maddubs_epi16(v[w], kp_bcast(rv + 32 * w));
-              if constexpr (R <= 2) part[x][w] = _mm256_add_epi16(part[x][w], m);
-              else i0[x] = _mm256_add_epi32(i0[x], _mm256_madd_epi16(m, f[w]));
+      for (int o = 0; o < 2; ++o) {  // group 2h + o: bytes l = 16o .. 16o + 15 of the half
+        __m256i i0[R];
+        for (int x = 0; x < R; ++x) i0[x] = _mm256_setzero_si256();
+        for (int u2 = 2 * o; u2 < 2 * o + 2; ++u2) {  // bytes l = 8 u2 .. 8 u2 + 7: sub-blocks 8h + o + 2w, w = 0-3
+          // Two groups of 4 bytes share their sub-blocks: at one or two rows their int16 halves
+          // are exact (a hi-pair is at most 2 x 63 x 64 = 8,064, a lo-pair 2 x 63 x 127 = 16,002;
+          // two of each 16,128 and 32,004) before one madd by each scale (x 128 for the hi-pairs:
+          // at most 16,384 in size); four rows take the madd per vector (registers).
+          __m256i f[4], f7[4], ph[R][4], pl[R][4];
+          for (int w = 0; w < 4; ++w) {
+            f[w] = kp_signed_pairs(sc + 8 * (8 * h + o + 2 * w));
+            f7[w] = _mm256_slli_epi16(f[w], 7);
+          }
+          for (int x = 0; x < R; ++x)
+            for (int v = 0; v < 4; ++v) ph[x][v] = pl[x][v] = _mm256_setzero_si256();
+          for (int uu = 0; uu < 2; ++uu) {
+            const int u = 2 * u2 + uu;
+            _mm_prefetch(reinterpret_cast<const char*>(blk + 2 * KP6_BLOCK + 128 * (8 * h + u)), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(blk + 2 * KP6_BLOCK + 128 * (8 * h + u) + 64), _MM_HINT_T0);
+            const __m256i A = loadu(blk + 32 * (16 * h + u)), B = loadu(blk + 32 * (16 * h + 8 + u));
+            const __m256i H = loadu(blk + 1024 + 32 * (8 * h + u));
+            const __m256i v[4] = {
+                _mm256_or_si256(_mm256_and_si256(A, low), _mm256_and_si256(_mm256_slli_epi16(H, 4), top)),
+                _mm256_or_si256(_mm256_and_si256(B, low), _mm256_and_si256(_mm256_slli_epi16(H, 2), top)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(A, 4), low), _mm256_and_si256(H, top)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(B, 4), low),
+                                _mm256_and_si256(_mm256_srli_epi16(H, 2), top))};
+            for (int x = 0; x < R; ++x) {
+              const int64_t at = i * 256 + 128 * h + 4 * u;
+              for (int w = 0; w < 4; ++w) {
+                const KpHalves m = kp_dot(v[w], rows.hi[x] + at + 32 * w, rows.lo[x] + at + 32 * w);
+                if constexpr (R <= 2) {
+                  ph[x][w] = _mm256_add_epi16(ph[x][w], m.h);
+                  pl[x][w] = _mm256_add_epi16(pl[x][w], m.l);
+                } else {
+                  i0[x] = _mm256_add_epi32(i0[x], _mm256_add_epi32(_mm256_madd_epi16(m.h, f7[w]), _mm256_madd_epi16(m.l, f[w])));
+                }
+              }
             }
           }
+          if constexpr (R <= 2)
+            for (int w = 0; w < 4; ++w)
+              for (int x = 0; x < R; ++x)
+                i0[x] = _mm256_add_epi32(i0[x], _mm256_add_epi32(_mm256_madd_epi16(ph[x][w], f7[w]), _mm256_madd_epi16(pl[x][w], f[w])));
         }
-        if constexpr (R <= 2)
-          for (int w = 0; w < 4; ++w)
-            for (int x = 0; x < R; ++x) i0[x] = _mm256_add_epi32(i0[x], _mm256_madd_epi16(part[x][w], f[w]));
+        for (int x = 0; x < R; ++x) {  // minus 32 sum_s sc_s (sum r)_s over the group's sub-blocks
+          __m256i off = _mm256_setzero_si256();
+          for (int w = 0; w < 4; ++w) {
+            const int s = 8 * h + o + 2 * w;
+            off = _mm256_add_epi32(off, kp_weighted<true>(sc + 8 * s, _mm256_set1_epi32(rows.sum16[x][i * 16 + s])));
+          }
+          const __m256i q = _mm256_sub_epi32(i0[x], _mm256_slli_epi32(off, 5));
+          acc[x] = _mm256_fmadd_ps(dd[x], _mm256_cvtepi32_ps(q), acc[x]);
+        }
       }
-    for (int p = 0; p < 8; ++p) {  // i1 = sum_s sc_s (sum r)_s, sub-blocks 2p and 2p + 1 as a pair
-      const __m256i lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 16 * p)));
-      const __m256i hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 16 * p + 8)));
-      const __m256i f = _mm256_or_si256(_mm256_and_si256(lo, half), _mm256_slli_epi32(hi, 16));
-      for (int x = 0; x < R; ++x) i1[x] = _mm256_add_epi32(i1[x], _mm256_madd_epi16(f, kp_bcast(rows.sum16h[x] + i * 16 + 2 * p)));
-    }
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 1664)));
-    for (int x = 0; x < R; ++x) {
-      const __m256i q = _mm256_sub_epi32(i0[x], _mm256_slli_epi32(i1[x], 5));  // the scalar loops' i0
-      acc[x] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(rows.scale[x][i])), _mm256_cvtepi32_ps(q), acc[x]);
-    }
   }
   for (int x = 0; x < R; ++x) _mm256_storeu_ps(out[x], acc[x]);
 }
@@ -232,7 +291,7 @@ TSERVE_KP_TARGET void kp_rows32(const uint8_t* tile, int64_t blocks, const KqAct
                                 float (*out)[KP]) {
   constexpr int64_t BB = kp_block32(T), VB = T == KQ8_0 ? 256 : 128;
   constexpr int32_t zero = T == KQ5_0 ? 16 : T == KQ4_0 ? 8 : 0;  // the value that stands for 0
-  const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1), h128 = _mm256_set1_epi16(128);
   const KqRowViews<R> rows(a, k, b0, blocks);
   __m256 acc[R];
   for (int x = 0; x < R; ++x) acc[x] = _mm256_setzero_ps();
@@ -245,15 +304,23 @@ TSERVE_KP_TARGET void kp_rows32(const uint8_t* tile, int64_t blocks, const KqAct
     __m256i i0[R];
     for (int x = 0; x < R; ++x) i0[x] = _mm256_setzero_si256();
     if constexpr (T == KQ8_0) {
-      for (int t = 0; t < 8; ++t) {  // |q| against r with q's sign (|-128| reads as 128 unsigned)
+      for (int t = 0; t < 8; ++t) {
+        // hi: |q| against hi with q's sign (|-128| reads as 128 unsigned; a pair is at most
+        // 2 x 128 x 64); lo (unsigned) against q (signed): a pair at most 2 x 127 x 128 = 32,512
         const __m256i q = loadu(blk + 32 * t), u = _mm256_sign_epi8(q, q);
         for (int x = 0; x < R; ++x) {
-          const __m256i sv = _mm256_sign_epi8(kp_bcast(rows.r[x] + i * 32 + 4 * t), q);
-          i0[x] = _mm256_add_epi32(i0[x], _mm256_madd_epi16(_mm256_maddubs_epi16(u, sv), ones));
+          const int64_t o = i * 32 + 4 * t;
+          const __m256i ph = _mm256_maddubs_epi16(u, _mm256_sign_epi8(kp_bcast(rows.hi[x] + o), q));
+          const __m256i pl = _mm256_maddubs_epi16(kp_bcast(rows.lo[x] + o), q);
+          i0[x] = _mm256_add_epi32(i0[x], _mm256_add_epi32(_mm256_madd_epi16(ph, h128), _mm256_madd_epi16(pl, ones)));
         }
       }
     } else {
+      // int16 sums over the block: hi-pairs at most 2 x 31 x 64 = 3,968 (eight: 31,744), lo-pairs
+      // 2 x 31 x 127 = 7,874 (four a sum: 31,496), so the low and high nibbles' lo-pairs apart
       const __m256i qh = kp_five(T) ? loadu(blk + 128) : _mm256_setzero_si256();
+      __m256i ph[R], pl0[R], pl1[R];
+      for (int x = 0; x < R; ++x) ph[x] = pl0[x] = pl1[x] = _mm256_setzero_si256();
       for (int t = 0; t < 4; ++t) {  // values 4t .. 4t + 3 (low nibbles) and 16 + 4t .. (high)
         const __m256i q = loadu(blk + 32 * t);
         __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
@@ -262,11 +329,17 @@ TSERVE_KP_TARGET void kp_rows32(const uint8_t* tile, int64_t blocks, const KqAct
           hi = _mm256_or_si256(hi, kp_fifth(qh, 4 + t));
         }
         for (int x = 0; x < R; ++x) {
-          const int8_t* rv = rows.r[x] + i * 32 + 4 * t;
-          i0[x] = _mm256_add_epi32(i0[x], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, kp_bcast(rv)), ones));
-          i0[x] = _mm256_add_epi32(i0[x], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, kp_bcast(rv + 16)), ones));
+          const int64_t o = i * 32 + 4 * t;
+          const KpHalves u = kp_dot(lo, rows.hi[x] + o, rows.lo[x] + o);
+          const KpHalves v = kp_dot(hi, rows.hi[x] + o + 16, rows.lo[x] + o + 16);
+          ph[x] = _mm256_add_epi16(ph[x], _mm256_add_epi16(u.h, v.h));
+          pl0[x] = _mm256_add_epi16(pl0[x], u.l);
+          pl1[x] = _mm256_add_epi16(pl1[x], v.l);
         }
       }
+      for (int x = 0; x < R; ++x)
+        i0[x] = _mm256_add_epi32(_mm256_madd_epi16(ph[x], h128),
+                                 _mm256_add_epi32(_mm256_madd_epi16(pl0[x], ones), _mm256_madd_epi16(pl1[x], ones)));
     }
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + VB + (kp_five(T) ? 32 : 0))));
     for (int x = 0; x < R; ++x) {
@@ -334,12 +407,13 @@ void kp_run32(const KqActs& a, int64_t B, int64_t k, const uint8_t* packed, int6
 }  // namespace
 
 bool kq_packed_type(int64_t qtype) {
-  return qtype == KQ4_K || qtype == KQ6_K || qtype == KQ8_0 || qtype == KQ4_0 || qtype == KQ4_1 || qtype == KQ5_0 || qtype == KQ5_1;
+  return qtype == KQ4_K || qtype == KQ5_K || qtype == KQ6_K || qtype == KQ8_0 || qtype == KQ4_0 || qtype == KQ4_1 || qtype == KQ5_0 || qtype == KQ5_1;
 }
 
 int64_t kq_packed_bytes(int64_t qtype, int64_t n, int64_t k) {
   if (!kq_packed_type(qtype) || k % kq_format(qtype).values != 0) return 0;
   if (qtype == KQ6_K) return (n + KP - 1) / KP * (k / 256) * KP6_BLOCK;
+  if (qtype == KQ5_K) return (n + KP - 1) / KP * (k / 256) * KP5_BLOCK;
   if (qtype != KQ4_K) return (n + KP - 1) / KP * (k / 32) * kp_block32(qtype);
   return (n + KP - 1) / KP * (k / 256) * KP_BLOCK;
 }
@@ -355,8 +429,11 @@ void kq_pack(const uint8_t* w, int64_t qtype, int64_t n, int64_t k, uint8_t* out
     case KQ6_K: return kp_pack6(w, n, k, out);
     default: break;
   }
-  kp_each(w, n, k, 256, 144, KP_BLOCK, out, [](uint8_t* blk, const uint8_t* src, int64_t j) {
-    for (int64_t v = 0; v < 32; ++v) std::memcpy(blk + 32 * v + 4 * j, src + 16 + 4 * v, 4);
+  // Q4_K, or Q5_K (its values after 32 bytes of fifth bits, which follow the tile's Q4_K layout)
+  const bool five = qtype == KQ5_K;
+  kp_each(w, n, k, 256, five ? 176 : 144, five ? KP5_BLOCK : KP_BLOCK, out, [five](uint8_t* blk, const uint8_t* src, int64_t j) {
+    const uint8_t* qs = src + (five ? 48 : 16);
+    for (int64_t v = 0; v < 32; ++v) std::memcpy(blk + 32 * v + 4 * j, qs + 4 * v, 4);
     int32_t sc[8], mn[8];
     scale_min_k4(src + 4, sc, mn);
     for (int s = 0; s < 8; ++s) {
@@ -365,6 +442,8 @@ void kq_pack(const uint8_t* w, int64_t qtype, int64_t n, int64_t k, uint8_t* out
     }
     std::memcpy(blk + 1152 + 2 * j, src, 2);
     std::memcpy(blk + 1168 + 2 * j, src + 2, 2);
+    if (five)
+      for (int64_t t = 0; t < 8; ++t) std::memcpy(blk + KP_BLOCK + 32 * t + 4 * j, src + 16 + 4 * t, 4);
   });
 }
 
@@ -392,9 +471,14 @@ void kq_packed_rows(const KqActs& a, int64_t B, int64_t k, const uint8_t* packed
     default: break;
   }
   const int64_t blocks = k / 256;
+  if (qtype == KQ5_K)
+    return kp_walk(B, j0, j1, [&](int64_t t0) { return packed + t0 / KP * blocks * KP5_BLOCK; },
+                   [&](const uint8_t* t, int64_t b, float (*out)[KP]) { kp_rows<KP_ROWS, true>(t, blocks, a, k, b, out); },
+                   [&](const uint8_t* t, int64_t b, float (*out)[KP]) { kp_rows<1, true>(t, blocks, a, k, b, out); },
+                   bias, y, stride);
   kp_walk(B, j0, j1, [&](int64_t t0) { return packed + t0 / KP * blocks * KP_BLOCK; },
-          [&](const uint8_t* t, int64_t b, float (*out)[KP]) { kp_rows<KP_ROWS>(t, blocks, a, k, b, out); },
-          [&](const uint8_t* t, int64_t b, float (*out)[KP]) { kp_rows<1>(t, blocks, a, k, b, out); },
+          [&](const uint8_t* t, int64_t b, float (*out)[KP]) { kp_rows<KP_ROWS, false>(t, blocks, a, k, b, out); },
+          [&](const uint8_t* t, int64_t b, float (*out)[KP]) { kp_rows<1, false>(t, blocks, a, k, b, out); },
           bias, y, stride);
 }
 

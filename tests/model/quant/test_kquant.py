@@ -1,7 +1,8 @@
 """GGUF blocks read as stored (model/quant/kquant.py, csrc/kquant.cpp), on tiny random GGUF files
 written with the ``gguf`` package: the reference dequantizer is gguf's bit for bit, the native
-scalar and AVX2 loops give the same bits, the native product stays within the bound the 8-bit
-activations allow of the float product, and a row's result does not depend on the rows beside it."""
+scalar and AVX2 loops give the same bits, the native product stays within the bound the 14-bit
+activations allow of the float product (exactly, at the weights and activations that make its
+integers largest), and a row's result does not depend on the rows beside it."""
 
 from __future__ import annotations
 
@@ -107,11 +108,11 @@ def _bound(x: torch.Tensor, raw: torch.Tensor, name: str, n: int, k: int) -> tup
     """How far the kernel may be from x W^T (W dequantized), per output: (quantization, rounding).
 
     Activations: a block of `v` inputs (256 for the K-quants, 32 else) goes in as s r with
-    s = max|x| / 127 and r = round(x / s), so |x_i - s r_i| <= s / 2 and the product moves by at
+    s = max|x| / L and r = round(x / s) (L = kquant.ACTIVATION_LEVELS), so |x_i - s r_i| <= s / 2 and the product moves by at
     most sum_blocks (s / 2) sum_i |w_i|: the quantization term.
-    Float: each block adds one or two terms t = (d s) i into a float32 sum, each rounded at most
-    three times (d s, i to float, the fused add), so the sum is off by at most (3 + 2 terms)
-    eps sum |t|. A term is at most s sum_i (|w_i| + 2 |w0_i|) |r_i| with w0 the weights of the
+    Float: each block adds up to five terms t = (d s) i into a float32 sum (Q6_K: four partial
+    sums; Q5_K: two and the minima), each rounded at most three times (d s, i to float, the fused
+    add), so the sum is off by at most (3 + 2 terms) eps sum |t|. A term is at most s sum_i (|w_i| + 2 |w0_i|) |r_i| with w0 the weights of the
     same block with every quantized value zeroed (the minimum or offset part, which a term may
     carry without the other cancelling it), and s |r_i| <= |x_i| + s / 2: the rounding term."""
     v = kquant.BY_NAME[name].values
@@ -121,23 +122,23 @@ def _bound(x: torch.Tensor, raw: torch.Tensor, name: str, n: int, k: int) -> tup
     zeroed[:, lo:hi] = 0
     w0 = kquant.dequantize(zeroed, name, (n, k)).double()
     xb = x.double().reshape(x.shape[0], k // v, v)
-    s = xb.abs().amax(-1, keepdim=True) / 127  # (rows, blocks, 1)
+    s = xb.abs().amax(-1, keepdim=True) / kquant.ACTIVATION_LEVELS  # (rows, blocks, 1)
     half_step = (s / 2).expand_as(xb).reshape(x.shape[0], k)
     terms = (x.double().abs() + half_step) @ (w.abs() + 2 * w0.abs()).T
-    return half_step @ w.abs().T, (3 + 2 * 2 * (k // v)) * EPS * terms
+    return half_step @ w.abs().T, (3 + 2 * 5 * (k // v)) * EPS * terms
 
 
 def _kernel_maths(x: torch.Tensor, raw: torch.Tensor, name: str, n: int, k: int) -> torch.Tensor:
     """What the kernel computes before float rounding: the activations quantized as it does
-    (float32 s = max|x| / 127, r = round half to even of x * (127 / max|x|)), then
-    sum_blocks s (w . r) in float64 (exact: float32 weights times 8-bit integers)."""
-    v = kquant.BY_NAME[name].values
+    (float32 s = max|x| / L, r = round half to even of x * (L / max|x|)), then
+    sum_blocks s (w . r) in float64 (exact: float32 weights times 14-bit integers)."""
+    v, levels = kquant.BY_NAME[name].values, kquant.ACTIVATION_LEVELS
     xb = x.reshape(x.shape[0], k // v, v)
     top = xb.abs().amax(-1, keepdim=True)
-    inv = torch.where(top > 0, 127 / torch.where(top > 0, top, torch.ones_like(top)), torch.zeros_like(top))
-    r = (xb * inv).round().clamp(-127, 127).double()
+    inv = torch.where(top > 0, levels / torch.where(top > 0, top, torch.ones_like(top)), torch.zeros_like(top))
+    r = (xb * inv).round().clamp(-levels, levels).double()
     w = kquant.dequantize(raw, name, (n, k)).double().reshape(n, k // v, v)
-    return torch.einsum("bgv,ngv,bg->bn", r, w, (top / 127).squeeze(-1).double())
+    return torch.einsum("bgv,ngv,bg->bn", r, w, (top / levels).squeeze(-1).double())
 
 
 @pytest.mark.parametrize("rows", [1, 6, 33])
@@ -156,7 +157,7 @@ def test_the_native_product_is_the_float_product_within_the_activation_rounding(
         assert ((got - exact).abs() <= quantization + rounding).all(), (got - exact).abs().max()
         # and tightly: apart from float rounding it is exactly the documented maths
         assert ((got - maths).abs() <= rounding).all(), (got - maths).abs().max()
-    assert not torch.equal(got, exact)  # the 8-bit activations do move the product
+    assert not torch.equal(got, exact)  # the 14-bit activations do move the product
 
 
 @pytest.mark.parametrize("name", TYPES)
@@ -172,12 +173,10 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(tiny_gguf, kernel, 
 
 
 @pytest.mark.parametrize("name", TYPES)
-def test_tiles_of_outputs_keep_every_rows_bits_at_any_batch(kernel, name, fresh_seed):
-    """Rows from two on (and one row of a 32-value type) take the tiled loops (kquant_tiles.cpp:
-    8 outputs unpacked once for all rows, 4 rows at a time), one row of a K-quant the
-    row-at-a-time ones. Over 21 outputs (two tiles and 5 of a third) and several blocks, at 1, 3,
-    8 and 33 rows, the default loops give the scalar loops' bits, and every row equals itself
-    computed alone."""
+def test_the_avx2_row_loops_keep_every_rows_bits_at_any_batch(kernel, name, fresh_seed):
+    """The AVX2 loops a row at a time (what a KQuantLinear's forward takes): over 21 outputs and
+    several blocks, at 1, 3, 8 and 33 rows, they give the scalar loops' bits, and every row equals
+    itself computed alone."""
     rng = np.random.default_rng(fresh_seed)
     n, k = 21, 3 * kquant.BY_NAME[name].values if kquant.BY_NAME[name].values == 256 else 7 * 32
     raw = torch.from_numpy(np.ascontiguousarray(_random_blocks(name, n, k, rng)))
@@ -193,14 +192,54 @@ def test_tiles_of_outputs_keep_every_rows_bits_at_any_batch(kernel, name, fresh_
             assert torch.equal(alone[0].view(torch.int32), vector[b].view(torch.int32)), (rows, b)
 
 
-PACKED_TYPES = ["Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
+def _largest_blocks(name: str, n: int, k: int) -> torch.Tensor:
+    """(n, row bytes) blocks whose integers against activations all at +L are as large as the
+    type allows (kquant.h's bounds, each just under 2^31 for Q4_K, Q5_K and Q6_K): every
+    quantized value and 6-bit scale at its top (Q6_K: q - 32 = -32 under scales of -128; Q8_0:
+    -128), the float16 scales small."""
+    t = kquant.BY_NAME[name]
+    lo, hi = Q_BYTES[name]
+    block = np.zeros(t.size, dtype=np.uint8)
+    if name == "Q6_K":
+        block[192:208] = 0x80  # scales -128, values 0 (q - 32 = -32)
+    elif name == "Q8_0":
+        block[lo:hi] = 0x80
+    else:
+        block[lo:hi] = 0xFF  # values (and fifth bits) at their top
+        if name in ("Q4_K", "Q5_K"):
+            block[4:16] = 0xFF  # eight scales and minima of 63
+    for at in HALVES[name]:
+        block[at:at + 2] = np.array([1e-3], dtype=np.float16).view(np.uint8)
+    return torch.from_numpy(np.tile(block, (n, k // t.values)))
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_the_largest_integers_a_block_can_give_are_exact(kernel, name):
+    """At the weights and activations that make a block's integers largest (each of Q4_K's, Q5_K's
+    and Q6_K's within 0.2 % of 2^31), every loop gives the documented maths within float rounding:
+    an integer past int32 would wrap and be off by orders of magnitude."""
+    n, k = 9, 2 * kquant.BY_NAME[name].values
+    raw = _largest_blocks(name, n, k)
+    code = kquant.BY_NAME[name].code
+    for sign in (1.0, -1.0):
+        x = torch.full((3, k), sign)
+        maths = _kernel_maths(x, raw, name, n, k)
+        _, rounding = _bound(x, raw, name, n, k)
+        for isa in (kquant.SCALAR, kquant.AUTO, kquant.PACKED):
+            if torch.ops.tserve_native.kquant_isa(isa) != isa:
+                continue
+            got = kernel(x, raw, code, n, k, None, isa).double()
+            assert ((got - maths).abs() <= rounding).all(), (isa, sign, (got - maths).abs().max())
+
+
+PACKED_TYPES = ["Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
 
 
 @pytest.mark.parametrize("n", [21, 8, 40])
 @pytest.mark.parametrize("name", PACKED_TYPES)
 def test_repacked_once_gives_the_scalar_bits_at_any_batch(kernel, name, n, fresh_seed):
-    """The native step's Q4_K, Q6_K and 32-value projections are repacked once (kquant_packed.cpp:
-    8 outputs a tile, values as stored, Q4_K's scales a byte each) and every step, one row or many,
+    """The native step's projections are repacked once (kquant_packed.cpp: 8 outputs a tile, values
+    as stored, Q4_K's and Q5_K's scales a byte each) and every step, one row or many,
     runs against that: over n outputs (whole and short tiles) and 3 blocks of 256 (24 of 32), at
     1, 2, 5 and 33 rows, with and without a bias, the packed loops give the scalar loops' bits,
     and each row equals itself computed alone."""
@@ -219,9 +258,6 @@ def test_repacked_once_gives_the_scalar_bits_at_any_batch(kernel, name, n, fresh
             for b in (0, rows - 1):
                 alone = kernel(x[b:b + 1], raw, code, n, k, bias, kquant.PACKED)
                 assert torch.equal(alone[0].view(torch.int32), packed[b].view(torch.int32)), (rows, b)
-    with pytest.raises(RuntimeError, match="not one the packed loops read"):
-        kernel(_activations(fresh_seed, 1, 256), torch.zeros(n * 176, dtype=torch.uint8), 13, n, 256, None,
-               kquant.PACKED)
 
 
 def test_kquant_linear_fuses_parts_of_several_types_native_or_reference(tiny_gguf, monkeypatch, fresh_seed):
