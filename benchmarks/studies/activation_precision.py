@@ -101,7 +101,8 @@ def fake_quantize(x: torch.Tensor, block: int, levels: int) -> torch.Tensor:
     v = x.float().reshape(*x.shape[:-1], x.shape[-1] // block, block)
     top = v.abs().amax(-1, keepdim=True)
     # L / max in float32 first, then the product, as the kernel does (127.0f / top, x * inv)
-    inv = torch.where(top > 0, levels / top, torch.zeros_like(top))
+    # (a true division: torch's `number / tensor` multiplies by a rounded reciprocal)
+    inv = torch.where(top > 0, torch.full_like(top, levels) / top, torch.zeros_like(top))
     r = torch.round(v * inv).clamp(-levels, levels)  # torch.round: half to even, as nearbyint
     return (r * (top / levels)).reshape(x.shape).to(x.dtype)
 

@@ -135,7 +135,10 @@ def _kernel_maths(x: torch.Tensor, raw: torch.Tensor, name: str, n: int, k: int)
     v, levels = kquant.BY_NAME[name].values, kquant.ACTIVATION_LEVELS
     xb = x.reshape(x.shape[0], k // v, v)
     top = xb.abs().amax(-1, keepdim=True)
-    inv = torch.where(top > 0, levels / torch.where(top > 0, top, torch.ones_like(top)), torch.zeros_like(top))
+    # a true float32 division, as the kernel's L / max (torch's `number / tensor` multiplies by
+    # a rounded reciprocal, which moves products that sit near a half step)
+    inv = torch.where(top > 0, torch.full_like(top, levels) / torch.where(top > 0, top, torch.ones_like(top)),
+                      torch.zeros_like(top))
     r = (xb * inv).round().clamp(-levels, levels).double()
     w = kquant.dequantize(raw, name, (n, k)).double().reshape(n, k // v, v)
     return torch.einsum("bgv,ngv,bg->bn", r, w, (top / levels).squeeze(-1).double())
