@@ -404,6 +404,237 @@ void kp_run32(const KqActs& a, int64_t B, int64_t k, const uint8_t* packed, int6
           bias, y, stride);
 }
 
+// --- many rows: each tile's block widened once to int16 -------------------------------------------
+// From KW_MIN rows on, each (tile, block) is widened once per call into int16 weights, each already
+// times its sub-block scale (Q4_K: at most 15 x 63; Q5_K 31 x 63; Q6_K's q - 32 times its signed
+// scale: 32 x 128; the 32-value types' q minus their offset), in pairs of values per output, so a
+// madd against 4 activations broadcast (two int16 pairs) gives 16 scaled products: no unpacking
+// and no scale per row. For quad m (values 4m .. 4m + 3) of the block, W[2m] holds outputs 0, 1, 4, 5
+// and W[2m + 1] outputs 2, 3, 6, 7, each as (values 4m, 4m + 1), (4m + 2, 4m + 3); a hadd of the two
+// lane sums gives the 8 outputs in order. The integers are the same exact ones as the loops above
+// (kquant.h), and the float combination the same operations per lane in the same order, so a row's
+// bits do not depend on which loops ran: the batch size only picks the faster ones.
+constexpr int64_t KW_MIN = 8;
+constexpr int KW_ROWS = 4;
+
+// 8 scale bytes (one per output) as the int16 factors of W[2m] and W[2m + 1]
+template <bool SIGNED>
+TSERVE_KP_TARGET inline void kw_scales(const uint8_t* s, __m256i& a, __m256i& b) {
+  const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(s));
+  const __m256i x = SIGNED ? _mm256_cvtepi8_epi32(raw) : _mm256_cvtepu8_epi32(raw);
+  const __m256i p = _mm256_or_si256(_mm256_and_si256(x, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(x, 16));
+  a = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 0, 1, 1, 4, 4, 5, 5));
+  b = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(2, 2, 3, 3, 6, 6, 7, 7));
+}
+
+// One vector of 4 values x 8 outputs (bytes; signed where SIGNED) as W[2m], W[2m + 1]: minus
+// `zero`, times the factors (sa, sb; none where SCALED is false).
+template <bool SIGNED, bool SCALED>
+TSERVE_KP_TARGET inline void kw_put(__m256i q, __m256i zero, __m256i sa, __m256i sb, __m256i* w) {
+  const __m256i ext = SIGNED ? _mm256_cmpgt_epi8(_mm256_setzero_si256(), q) : _mm256_setzero_si256();
+  __m256i a = _mm256_sub_epi16(_mm256_unpacklo_epi8(q, ext), zero), b = _mm256_sub_epi16(_mm256_unpackhi_epi8(q, ext), zero);
+  if constexpr (SCALED) {
+    a = _mm256_mullo_epi16(a, sa);
+    b = _mm256_mullo_epi16(b, sb);
+  }
+  _mm256_storeu_si256(w, a);
+  _mm256_storeu_si256(w + 1, b);
+}
+
+// Q4_K (FIVE: Q5_K) block of a packed tile -> W[0 .. 128)
+template <bool FIVE>
+TSERVE_KP_TARGET void kw_widen_k4(const uint8_t* blk, __m256i* w) {
+  const __m256i low = _mm256_set1_epi8(15), bit = _mm256_set1_epi8(0x10), none = _mm256_setzero_si256();
+  const uint8_t* sc = blk + 1024;
+  const uint8_t* qh = blk + KP_BLOCK;
+  for (int c = 0; c < 4; ++c) {
+    __m256i la, lb, ha, hb;
+    kw_scales<false>(sc + 8 * (2 * c), la, lb);
+    kw_scales<false>(sc + 8 * (2 * c + 1), ha, hb);
+    for (int t = 0; t < 8; ++t) {
+      const __m256i q = loadu(blk + 32 * (8 * c + t));
+      __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+      if constexpr (FIVE) {
+        const __m256i h = loadu(qh + 32 * t);
+        const int up = 4 - 2 * c;
+        const __m256i b0 = up >= 0 ? _mm256_slli_epi16(h, up) : _mm256_srli_epi16(h, -up);
+        const __m256i b1 = up - 1 >= 0 ? _mm256_slli_epi16(h, up - 1) : _mm256_srli_epi16(h, 1 - up);
+        lo = _mm256_or_si256(lo, _mm256_and_si256(b0, bit));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(b1, bit));
+      }
+      kw_put<false, true>(lo, none, la, lb, w + 2 * (16 * c + t));      // values 64c + 4t ..
+      kw_put<false, true>(hi, none, ha, hb, w + 2 * (16 * c + 8 + t));  // values 64c + 32 + 4t ..
+    }
+  }
+}
+
+// Q6_K block of a packed tile -> W[0 .. 128)
+TSERVE_KP_TARGET void kw_widen_k6(const uint8_t* blk, __m256i* w) {
+  const __m256i low = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30), m32 = _mm256_set1_epi16(32);
+  const uint8_t* sc = blk + 1536;
+  for (int h = 0; h < 2; ++h)
+    for (int u = 0; u < 8; ++u) {  // bytes l = 4u .. 4u + 3: sub-blocks 8h + 2c + u / 4
+      const __m256i A = loadu(blk + 32 * (16 * h + u)), B = loadu(blk + 32 * (16 * h + 8 + u));
+      const __m256i H = loadu(blk + 1024 + 32 * (8 * h + u));
+      const __m256i v[4] = {
+          _mm256_or_si256(_mm256_and_si256(A, low), _mm256_and_si256(_mm256_slli_epi16(H, 4), top)),
+          _mm256_or_si256(_mm256_and_si256(B, low), _mm256_and_si256(_mm256_slli_epi16(H, 2), top)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(A, 4), low), _mm256_and_si256(H, top)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(B, 4), low), _mm256_and_si256(_mm256_srli_epi16(H, 2), top))};
+      for (int c = 0; c < 4; ++c) {
+        __m256i fa, fb;
+        kw_scales<true>(sc + 8 * (8 * h + 2 * c + u / 4), fa, fb);
+        kw_put<false, true>(v[c], m32, fa, fb, w + 2 * (32 * h + 8 * c + u));
+      }
+    }
+}
+
+// a 32-value type's block of a packed tile -> W[0 .. 16)
+template <int64_t T>
+TSERVE_KP_TARGET void kw_widen32(const uint8_t* blk, __m256i* w) {
+  const __m256i none = _mm256_setzero_si256();
+  if constexpr (T == KQ8_0) {
+    for (int t = 0; t < 8; ++t) kw_put<true, false>(loadu(blk + 32 * t), none, none, none, w + 2 * t);
+  } else {
+    const __m256i low = _mm256_set1_epi8(15);
+    const __m256i zero = _mm256_set1_epi16(T == KQ5_0 ? 16 : T == KQ4_0 ? 8 : 0);
+    const __m256i qh = kp_five(T) ? loadu(blk + 128) : none;
+    for (int t = 0; t < 4; ++t) {
+      const __m256i q = loadu(blk + 32 * t);
+      __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+      if constexpr (kp_five(T)) {
+        lo = _mm256_or_si256(lo, kp_fifth(qh, t));
+        hi = _mm256_or_si256(hi, kp_fifth(qh, 4 + t));
+      }
+      kw_put<false, false>(lo, zero, none, none, w + 2 * t);
+      kw_put<false, false>(hi, zero, none, none, w + 2 * (4 + t));
+    }
+  }
+}
+
+// Rows' integer over quads [m0, m1) of a widened block: the 8 outputs' lane sums (R rows at r[x] + 4 m).
+template <int R>
+TSERVE_KP_TARGET inline void kw_dot(const __m256i* w, int m0, int m1, const int16_t* const* r, __m256i* out) {
+  __m256i a[R], b[R];
+  for (int x = 0; x < R; ++x) a[x] = b[x] = _mm256_setzero_si256();
+  for (int m = m0; m < m1; ++m) {
+    const __m256i wa = _mm256_loadu_si256(w + 2 * m), wb = _mm256_loadu_si256(w + 2 * m + 1);
+    for (int x = 0; x < R; ++x) {
+      int64_t v;
+      std::memcpy(&v, r[x] + 4 * m, 8);
+      const __m256i act = _mm256_set1_epi64x(v);
+      a[x] = _mm256_add_epi32(a[x], _mm256_madd_epi16(wa, act));
+      b[x] = _mm256_add_epi32(b[x], _mm256_madd_epi16(wb, act));
+    }
+  }
+  for (int x = 0; x < R; ++x) out[x] = _mm256_add_epi32(out[x], _mm256_hadd_epi32(a[x], b[x]));
+}
+
+// Rows [b0, b0 + R) of one block i against its widened weights: acc[x] (8 outputs, row b0 + x)
+// takes the block's terms, in kquant.h's order.
+template <int64_t T, int R>
+TSERVE_KP_TARGET void kw_rows(const __m256i* w, const uint8_t* blk, const KqActs& a, int64_t k, int64_t i, int64_t b0,
+                              __m256* acc) {
+  constexpr int64_t V = T == KQ4_K || T == KQ5_K || T == KQ6_K ? 256 : 32;
+  const int64_t blocks = k / V;
+  const int16_t* r[R];
+  const int32_t* s16[R];
+  __m256 sa[R];
+  for (int x = 0; x < R; ++x) {
+    r[x] = a.r.data() + (b0 + x) * k + i * V;
+    s16[x] = a.sum16.data() + (b0 + x) * (k / 16) + i * (V / 16);
+    sa[x] = _mm256_set1_ps(a.scale[(b0 + x) * blocks + i]);
+  }
+  __m256i p[R];
+  auto clear = [&] { for (int x = 0; x < R; ++x) p[x] = _mm256_setzero_si256(); };
+  auto add = [&](__m256 d) {  // acc += (d s_a) p, per row
+    for (int x = 0; x < R; ++x) acc[x] = _mm256_fmadd_ps(_mm256_mul_ps(d, sa[x]), _mm256_cvtepi32_ps(p[x]), acc[x]);
+  };
+  if constexpr (T == KQ4_K || T == KQ5_K) {
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 1152)));
+    const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 1168)));
+    clear();
+    if constexpr (T == KQ5_K) {
+      kw_dot<R>(w, 0, 32, r, p);
+      add(d);
+      clear();
+      kw_dot<R>(w, 32, 64, r, p);
+    } else {
+      kw_dot<R>(w, 0, 64, r, p);
+    }
+    add(d);
+    const uint8_t* mn = blk + 1088;
+    for (int x = 0; x < R; ++x) {
+      __m256i i1 = _mm256_setzero_si256();
+      for (int s = 0; s < 8; ++s) i1 = _mm256_add_epi32(i1, kp_weighted<false>(mn + 8 * s, _mm256_set1_epi32(s16[x][2 * s] + s16[x][2 * s + 1])));
+      acc[x] = _mm256_fnmadd_ps(_mm256_mul_ps(dm, sa[x]), _mm256_cvtepi32_ps(i1), acc[x]);
+    }
+  } else if constexpr (T == KQ6_K) {
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 1664)));
+    for (int h = 0; h < 2; ++h)
+      for (int o = 0; o < 2; ++o) {  // group 2h + o: values 128h + 32c + 16o .. + 15, c = 0-3
+        clear();
+        for (int c = 0; c < 4; ++c) {
+          const int m0 = 32 * h + 8 * c + 4 * o;
+          kw_dot<R>(w, m0, m0 + 4, r, p);
+        }
+        add(d);
+      }
+  } else {
+    constexpr int64_t VB = T == KQ8_0 ? 256 : 128;
+    const uint8_t* halves = blk + VB + (kp_five(T) ? 32 : 0);
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(halves)));
+    clear();
+    kw_dot<R>(w, 0, 8, r, p);
+    add(d);
+    if constexpr (kp_min(T)) {
+      const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(halves + 16)));
+      for (int x = 0; x < R; ++x)
+        acc[x] = _mm256_fmadd_ps(_mm256_mul_ps(m, sa[x]), _mm256_set1_ps(static_cast<float>(s16[x][0] + s16[x][1])), acc[x]);
+    }
+  }
+}
+
+// Outputs [j0, j1) of every row (B >= KW_MIN) through the widened blocks: per tile, each block
+// widened once, then every row against it, rows' sums kept in order per (row, output).
+template <int64_t T>
+TSERVE_KP_TARGET void kw_run(const KqActs& a, int64_t B, int64_t k, const uint8_t* packed, int64_t block_bytes, int64_t j0, int64_t j1,
+            const float* bias, float* y, int64_t stride) {
+  constexpr int64_t V = T == KQ4_K || T == KQ5_K || T == KQ6_K ? 256 : 32;
+  const int64_t blocks = k / V;
+  thread_local std::vector<__m256i> wide;
+  thread_local std::vector<float> sums;
+  wide.resize(2 * V / 4);
+  sums.resize(B * KP);
+  for (int64_t t0 = j0 / KP * KP; t0 < j1; t0 += KP) {
+    const uint8_t* tile = packed + t0 / KP * blocks * block_bytes;
+    std::fill(sums.begin(), sums.end(), 0.0f);
+    for (int64_t i = 0; i < blocks; ++i) {
+      const uint8_t* blk = tile + i * block_bytes;
+      if constexpr (T == KQ4_K || T == KQ5_K) kw_widen_k4<T == KQ5_K>(blk, wide.data());
+      else if constexpr (T == KQ6_K) kw_widen_k6(blk, wide.data());
+      else kw_widen32<T>(blk, wide.data());
+      int64_t b = 0;
+      for (; b + KW_ROWS <= B; b += KW_ROWS) {
+        __m256 acc[KW_ROWS];
+        for (int x = 0; x < KW_ROWS; ++x) acc[x] = _mm256_loadu_ps(sums.data() + (b + x) * KP);
+        kw_rows<T, KW_ROWS>(wide.data(), blk, a, k, i, b, acc);
+        for (int x = 0; x < KW_ROWS; ++x) _mm256_storeu_ps(sums.data() + (b + x) * KP, acc[x]);
+      }
+      for (; b < B; ++b) {
+        __m256 acc[1] = {_mm256_loadu_ps(sums.data() + b * KP)};
+        kw_rows<T, 1>(wide.data(), blk, a, k, i, b, acc);
+        _mm256_storeu_ps(sums.data() + b * KP, acc[0]);
+      }
+    }
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t j = std::max(t0, j0); j < std::min(t0 + KP, j1); ++j) {
+        const float v = sums[b * KP + (j - t0)];
+        y[b * stride + j] = bias == nullptr ? v : v + bias[j];
+      }
+  }
+}
+
 }  // namespace
 
 bool kq_packed_type(int64_t qtype) {
@@ -455,6 +686,20 @@ bool kq_packed_runs() {
 
 void kq_packed_rows(const KqActs& a, int64_t B, int64_t k, const uint8_t* packed, int64_t qtype, int64_t j0,
                     int64_t j1, const float* bias, float* y, int64_t stride) {
+  if (B >= KW_MIN) {
+    const int64_t bb = kq_packed_bytes(qtype, KP, kq_format(qtype).values);  // bytes per (tile, block)
+    switch (qtype) {
+      case KQ8_0: return kw_run<KQ8_0>(a, B, k, packed, bb, j0, j1, bias, y, stride);
+      case KQ4_0: return kw_run<KQ4_0>(a, B, k, packed, bb, j0, j1, bias, y, stride);
+      case KQ4_1: return kw_run<KQ4_1>(a, B, k, packed, bb, j0, j1, bias, y, stride);
+      case KQ5_0: return kw_run<KQ5_0>(a, B, k, packed, bb, j0, j1, bias, y, stride);
+      case KQ5_1: return kw_run<KQ5_1>(a, B, k, packed, bb, j0, j1, bias, y, stride);
+      case KQ4_K: return kw_run<KQ4_K>(a, B, k, packed, bb, j0, j1, bias, y, stride);
+      case KQ5_K: return kw_run<KQ5_K>(a, B, k, packed, bb, j0, j1, bias, y, stride);
+      case KQ6_K: return kw_run<KQ6_K>(a, B, k, packed, bb, j0, j1, bias, y, stride);
+      default: break;
+    }
+  }
   switch (qtype) {
     case KQ8_0: return kp_run32<KQ8_0>(a, B, k, packed, j0, j1, bias, y, stride);
     case KQ4_0: return kp_run32<KQ4_0>(a, B, k, packed, j0, j1, bias, y, stride);
