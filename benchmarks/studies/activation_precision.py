@@ -2,7 +2,7 @@
 answers closest to the float32 reference (transformers reading the same GGUF, ``gguf_file=``).
 
     python -m benchmarks.studies.activation_precision [--models smollm2-135m-instruct] [--gguf PATH ...]
-        [--schemes none shipped int8-32 int16-256 int8-16] [--tokens 48] [--from-divergence] [--json FILE]
+        [--schemes none shipped int8 int8-32 int16-256 int8-16] [--tokens 48] [--from-divergence] [--json FILE]
 
 The reference already multiplies by the file's dequantized 4-bit weights, so what separates the
 native step from it is how the step rounds the activations (``KqActs::quantize`` in
@@ -13,8 +13,9 @@ the last dimension: ``scale = max|x| / L``, ``r = round_half_even(x * (L / max))
 ``[-L, L]``, the input becomes ``r * scale``. Schemes:
 
 - ``none``: no rounding (the reference again; a sanity check of this harness: 24 / 24);
-- ``shipped``: what the native step does, int8 (L = 127) per the block of the weight's GGUF type:
-  256 for Q4_K / Q5_K / Q6_K (ggml's Q8_K), 32 for Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 (Q8_0);
+- ``shipped``: what the native step does, 14-bit (L = 8191, ``kquant.ACTIVATION_LEVELS``) per the
+  block of the weight's GGUF type: 256 for Q4_K / Q5_K / Q6_K, 32 for Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0;
+- ``int8``: the same blocks at L = 127: ggml's Q8_K / Q8_0, and the native step until 2026-11-29;
 - ``int8-32``: int8 per 32 everywhere (llama.cpp's Q8_0 rounding for every projection);
 - ``int16-256``: L = 32767, per the weight type's block as ``shipped``;
 - ``int8-16``: int8 per 16 everywhere.
@@ -62,6 +63,7 @@ from benchmarks.studies.fidelity import (
     reference_figures,
     shared_prefix,
 )
+from model.quant.kquant import ACTIVATION_LEVELS
 
 # the activation block the native step's kernels quantize against, per weight type (kquant_blocks.h)
 K_QUANTS = frozenset({"Q4_K", "Q5_K", "Q6_K"})
@@ -85,10 +87,10 @@ class Scheme:
 
 SCHEMES = {s.name: s for s in (
     Scheme("none", None, kernel_block),
-    Scheme("shipped", 127, kernel_block),
+    Scheme("shipped", ACTIVATION_LEVELS, kernel_block),
+    Scheme("int8", 127, kernel_block),
     Scheme("int8-32", 127, lambda _: 32),
     Scheme("int16-256", 32767, kernel_block),
-    Scheme("int14", 8191, kernel_block),
     Scheme("int8-16", 127, lambda _: 16),
 )}
 

@@ -8,7 +8,7 @@ Q4_0, Q4_1, Q5_1 cost nothing more). ``dequantize`` is this module's own reading
 formats (tested equal, bit for bit, to ``gguf.quants.dequantize``).
 
 ``forward`` runs the native kernel (``model/decode/csrc/kquant.cpp``: activations quantized per
-block to 8 bits, an exact integer dot product per block, then float) where the native library is
+block to 14 bits, exact integer dot products per block, then float) where the native library is
 built, else the float product with the weights dequantized on each call. ``kquant_projection``
 wraps one tensor's bytes; the GGUF import (``TSERVE_GGUF_WEIGHTS=stored``) builds ``KQuantLinear``
 and ``StoredEmbedding`` (token embeddings as blocks) over views of the mapped file.

@@ -1,24 +1,24 @@
-// Q4_K, Q6_K and the 32-value types repacked once, when a projection is built (kquant.h has the maths). The tiled loops
-// (kquant_tiles.cpp) unpack 8 outputs' blocks on every call into a one-byte-per-value buffer,
-// which costs as much as two rows of work, so a batch-1 step kept the row-at-a-time loops, whose
-// per-block scalar work (scales, a horizontal sum, the float combination) bound them at a quarter
-// of this CPU's read bandwidth. Here the same tile is kept packed, at about the file's size:
-//   per tile of 8 outputs and per block of 256 values, 1,184 bytes (the file: 8 x 144 = 1,152):
+// Every type repacked once, when a projection is built (kquant.h has the maths), so that no step
+// unpacks a weight block into a buffer first (that cost as much as two rows of work) and a
+// one-row step is not bound by per-block scalar work. Per tile of 8 outputs and per block of 256
+// values of Q4_K, 1,184 bytes (the file: 8 x 144 = 1,152):
 //   - 32 vectors of nibbles: vector 8c + t holds, for output j in bytes 4j..4j+3, the file's bytes
 //     qs[32c + 4t .. 32c + 4t + 3] of that output: low nibbles are values 64c + 4t + (0..3)
 //     (sub-block 2c), high nibbles the same + 32 (sub-block 2c + 1);
 //   - the 8 sub-block scales, then the 8 minima, one byte per (sub-block, output): byte 8s + j;
 //   - d, then dmin: the 8 outputs' IEEE halves, as stored.
+// Q5_K the same, then 8 vectors of its fifth bits (vector t: qh[4t .. 4t + 3] of each output).
 // Q6_K likewise at the file's size (its layout is above kp_rows6).
 // The 32-value types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) the same way, at exactly the file's size: per
 // tile and block of 32, vector t holds for output j its bytes 4t .. 4t + 3 of the values (nibbles:
 // low = values 4t.., high = 16 + 4t..; Q8_0: 8 vectors of signed values), then the 8 outputs'
 // fifth bits as stored (Q5_0, Q5_1: 32 bits each), d and (Q4_1, Q5_1) m as halves.
-// Every step, whatever its rows, runs against it: an AND (and a shift) gives 4 values of all 8
-// outputs per vector, each group of 4 activation bytes is broadcast to the 8 lanes, and a lane's
-// integers are exactly i0, i1 of kquant.h; the float combination is the tiles' (the same
-// operations per lane in the same block order), so every (row, output) has the bits of the
-// scalar loops, for 1 row or 33.
+// Below 8 rows a step runs against it as it is: an AND (and a shift) gives 4 values of all 8
+// outputs per vector, the 4 activations' high and low bytes are broadcast to the 8 lanes
+// (kquant_blocks.h), and a lane's integers are exactly those of kquant.h. From 8 rows on each
+// (tile, block) is first widened to int16 (kw_run, below). The float combination is the scalar
+// loops' (the same operations per lane in the same order), so every (row, output) has the bits
+// of the scalar loops, for 1 row or 33.
 #include "kquant_blocks.h"
 
 namespace tserve_native {

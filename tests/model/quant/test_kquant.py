@@ -108,13 +108,14 @@ def _bound(x: torch.Tensor, raw: torch.Tensor, name: str, n: int, k: int) -> tup
     """How far the kernel may be from x W^T (W dequantized), per output: (quantization, rounding).
 
     Activations: a block of `v` inputs (256 for the K-quants, 32 else) goes in as s r with
-    s = max|x| / L and r = round(x / s) (L = kquant.ACTIVATION_LEVELS), so |x_i - s r_i| <= s / 2 and the product moves by at
-    most sum_blocks (s / 2) sum_i |w_i|: the quantization term.
+    s = max|x| / L and r = round(x / s) (L = kquant.ACTIVATION_LEVELS), so |x_i - s r_i| <= s / 2
+    and the product moves by at most sum_blocks (s / 2) sum_i |w_i|: the quantization term.
     Float: each block adds up to five terms t = (d s) i into a float32 sum (Q6_K: four partial
     sums; Q5_K: two and the minima), each rounded at most three times (d s, i to float, the fused
-    add), so the sum is off by at most (3 + 2 terms) eps sum |t|. A term is at most s sum_i (|w_i| + 2 |w0_i|) |r_i| with w0 the weights of the
-    same block with every quantized value zeroed (the minimum or offset part, which a term may
-    carry without the other cancelling it), and s |r_i| <= |x_i| + s / 2: the rounding term."""
+    add), so the sum is off by at most (3 + 2 terms) eps sum |t|. A term is at most
+    s sum_i (|w_i| + 2 |w0_i|) |r_i| with w0 the weights of the same block with every quantized
+    value zeroed (the minimum or offset part, which a term may carry without the other cancelling
+    it), and s |r_i| <= |x_i| + s / 2: the rounding term."""
     v = kquant.BY_NAME[name].values
     w = kquant.dequantize(raw, name, (n, k)).double()
     zeroed = raw.reshape(-1, kquant.BY_NAME[name].size).clone()
@@ -244,8 +245,9 @@ def test_repacked_once_gives_the_scalar_bits_at_any_batch(kernel, name, n, fresh
     """The native step's projections are repacked once (kquant_packed.cpp: 8 outputs a tile, values
     as stored, Q4_K's and Q5_K's scales a byte each) and every step, one row or many,
     runs against that: over n outputs (whole and short tiles) and 3 blocks of 256 (24 of 32), at
-    1, 2, 5, 8 and 33 rows (from 8 on, each block widened to int16 once per call), with and without a bias, the packed loops give the scalar loops' bits,
-    and each row equals itself computed alone."""
+    1, 2, 5, 8 and 33 rows (from 8 on, each block widened to int16 once per call), with and
+    without a bias, the packed loops give the scalar loops' bits, and each row equals itself
+    computed alone."""
     if torch.ops.tserve_native.kquant_isa(kquant.PACKED) != kquant.PACKED:
         pytest.skip("this CPU has no AVX2 + FMA + F16C")
     rng = np.random.default_rng(fresh_seed)
