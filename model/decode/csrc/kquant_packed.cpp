@@ -35,7 +35,6 @@ namespace {
 constexpr int64_t KP = 8;                       // outputs per tile, one per 32-bit lane
 constexpr int64_t KP_BLOCK = 32 * 32 + 64 + 64 + 16 + 16;  // bytes per (tile, block) of Q4_K
 constexpr int64_t KP5_BLOCK = KP_BLOCK + 8 * 32;           // Q5_K: the same, then the fifth bits
-constexpr int KP_ROWS = 4;                      // activation rows per pass over a tile
 constexpr int64_t KP_PREFETCH = 2 * KP_BLOCK;   // how far ahead the loops ask for the next bytes
 
 TSERVE_KP_TARGET inline __m256i kp_bcast(const void* p) {
@@ -88,11 +87,10 @@ TSERVE_KP_TARGET void kp_rows(const uint8_t* tile, int64_t blocks, const KqActs&
     for (int c = 0; c < 4; ++c) {  // values 64c .. 64c + 63: sub-blocks 2c (low nibbles), 2c + 1 (high)
       const __m256i slo = kp_pairs(sc + 8 * (2 * c)), shi = kp_pairs(sc + 8 * (2 * c + 1));
       const __m256i slo7 = _mm256_slli_epi16(slo, 7), shi7 = _mm256_slli_epi16(shi, 7);  // x 128: <= 8,064
-      // At one or two rows the halves of a sub-block's vectors are summed as int16 before one
-      // madd by the scale: a hi-pair is at most 2 x 31 x 64 = 3,968, a lo-pair 2 x 31 x 127 =
-      // 7,874; eight hi-pairs (31,744) and four lo-pairs (31,496) of Q5_K stay exact, eight
-      // lo-pairs of Q4_K (8 x 3,810 = 30,480) too. Four rows would need more registers than
-      // there are; they take the madd per vector.
+      // The halves of a sub-block's vectors are summed as int16 before one madd by the scale: a
+      // hi-pair is at most 2 x 31 x 64 = 3,968, a lo-pair 2 x 31 x 127 = 7,874; eight hi-pairs
+      // (31,744) and four lo-pairs (31,496) of Q5_K stay exact, eight lo-pairs of Q4_K
+      // (8 x 3,810 = 30,480) too.
       constexpr int LO_RUN = FIVE ? 4 : 8;
       __m256i ph[R][2], pl[R][2];
       for (int x = 0; x < R; ++x) ph[x][0] = ph[x][1] = pl[x][0] = pl[x][1] = _mm256_setzero_si256();
@@ -112,24 +110,18 @@ TSERVE_KP_TARGET void kp_rows(const uint8_t* tile, int64_t blocks, const KqActs&
           const int64_t o = i * 256 + 64 * c + 4 * t;
           const KpHalves u = kp_dot(lo, rows.hi[x] + o, rows.lo[x] + o);
           const KpHalves v = kp_dot(hi, rows.hi[x] + o + 32, rows.lo[x] + o + 32);
-          if constexpr (R <= 2) {
-            ph[x][0] = _mm256_add_epi16(ph[x][0], u.h);
-            pl[x][0] = _mm256_add_epi16(pl[x][0], u.l);
-            ph[x][1] = _mm256_add_epi16(ph[x][1], v.h);
-            pl[x][1] = _mm256_add_epi16(pl[x][1], v.l);
-            if ((t + 1) % LO_RUN == 0) {
-              i0[x] = _mm256_add_epi32(i0[x], _mm256_add_epi32(_mm256_madd_epi16(pl[x][0], slo), _mm256_madd_epi16(pl[x][1], shi)));
-              pl[x][0] = pl[x][1] = _mm256_setzero_si256();
-            }
-          } else {
-            i0[x] = _mm256_add_epi32(i0[x], _mm256_add_epi32(_mm256_madd_epi16(u.h, slo7), _mm256_madd_epi16(u.l, slo)));
-            i0[x] = _mm256_add_epi32(i0[x], _mm256_add_epi32(_mm256_madd_epi16(v.h, shi7), _mm256_madd_epi16(v.l, shi)));
+          ph[x][0] = _mm256_add_epi16(ph[x][0], u.h);
+          pl[x][0] = _mm256_add_epi16(pl[x][0], u.l);
+          ph[x][1] = _mm256_add_epi16(ph[x][1], v.h);
+          pl[x][1] = _mm256_add_epi16(pl[x][1], v.l);
+          if ((t + 1) % LO_RUN == 0) {
+            i0[x] = _mm256_add_epi32(i0[x], _mm256_add_epi32(_mm256_madd_epi16(pl[x][0], slo), _mm256_madd_epi16(pl[x][1], shi)));
+            pl[x][0] = pl[x][1] = _mm256_setzero_si256();
           }
         }
       }
-      if constexpr (R <= 2)
-        for (int x = 0; x < R; ++x)
-          i0[x] = _mm256_add_epi32(i0[x], _mm256_add_epi32(_mm256_madd_epi16(ph[x][0], slo7), _mm256_madd_epi16(ph[x][1], shi7)));
+      for (int x = 0; x < R; ++x)
+        i0[x] = _mm256_add_epi32(i0[x], _mm256_add_epi32(_mm256_madd_epi16(ph[x][0], slo7), _mm256_madd_epi16(ph[x][1], shi7)));
       if constexpr (FIVE) {  // Q5_K's i0 in two halves: sub-blocks 0-3, then 4-7
         if (c == 1)
           for (int x = 0; x < R; ++x) {
@@ -189,10 +181,9 @@ TSERVE_KP_TARGET void kp_rows6(const uint8_t* tile, int64_t blocks, const KqActs
         __m256i i0[R];
         for (int x = 0; x < R; ++x) i0[x] = _mm256_setzero_si256();
         for (int u2 = 2 * o; u2 < 2 * o + 2; ++u2) {  // bytes l = 8 u2 .. 8 u2 + 7: sub-blocks 8h + o + 2w, w = 0-3
-          // Two groups of 4 bytes share their sub-blocks: at one or two rows their int16 halves
-          // are exact (a hi-pair is at most 2 x 63 x 64 = 8,064, a lo-pair 2 x 63 x 127 = 16,002;
-          // two of each 16,128 and 32,004) before one madd by each scale (x 128 for the hi-pairs:
-          // at most 16,384 in size); four rows take the madd per vector (registers).
+          // Two groups of 4 bytes share their sub-blocks: their int16 halves are exact (a hi-pair
+          // is at most 2 x 63 x 64 = 8,064, a lo-pair 2 x 63 x 127 = 16,002; two of each 16,128
+          // and 32,004) before one madd by each scale (x 128 for the hi-pairs: at most 16,384 in size).
           __m256i f[4], f7[4], ph[R][4], pl[R][4];
           for (int w = 0; w < 4; ++w) {
             f[w] = kp_signed_pairs(sc + 8 * (8 * h + o + 2 * w));
@@ -216,19 +207,14 @@ TSERVE_KP_TARGET void kp_rows6(const uint8_t* tile, int64_t blocks, const KqActs
               const int64_t at = i * 256 + 128 * h + 4 * u;
               for (int w = 0; w < 4; ++w) {
                 const KpHalves m = kp_dot(v[w], rows.hi[x] + at + 32 * w, rows.lo[x] + at + 32 * w);
-                if constexpr (R <= 2) {
-                  ph[x][w] = _mm256_add_epi16(ph[x][w], m.h);
-                  pl[x][w] = _mm256_add_epi16(pl[x][w], m.l);
-                } else {
-                  i0[x] = _mm256_add_epi32(i0[x], _mm256_add_epi32(_mm256_madd_epi16(m.h, f7[w]), _mm256_madd_epi16(m.l, f[w])));
-                }
+                ph[x][w] = _mm256_add_epi16(ph[x][w], m.h);
+                pl[x][w] = _mm256_add_epi16(pl[x][w], m.l);
               }
             }
           }
-          if constexpr (R <= 2)
-            for (int w = 0; w < 4; ++w)
-              for (int x = 0; x < R; ++x)
-                i0[x] = _mm256_add_epi32(i0[x], _mm256_add_epi32(_mm256_madd_epi16(ph[x][w], f7[w]), _mm256_madd_epi16(pl[x][w], f[w])));
+          for (int w = 0; w < 4; ++w)
+            for (int x = 0; x < R; ++x)
+              i0[x] = _mm256_add_epi32(i0[x], _mm256_add_epi32(_mm256_madd_epi16(ph[x][w], f7[w]), _mm256_madd_epi16(pl[x][w], f[w])));
         }
         for (int x = 0; x < R; ++x) {  // minus 32 sum_s sc_s (sum r)_s over the group's sub-blocks
           __m256i off = _mm256_setzero_si256();
@@ -368,28 +354,19 @@ void kp_pack32(const uint8_t* w, int64_t n, int64_t k, uint8_t* out) {
   });
 }
 
-// Outputs [j0, j1) of every row: each tile from `tile(t0)` (its first output t0) against the
-// rows, KP_ROWS at a time through rows4, the rest one by one through rows1.
-template <class Rows4, class Rows1, class Tile>
-void kp_walk(int64_t B, int64_t j0, int64_t j1, Tile tile, Rows4 rows4, Rows1 rows1, const float* bias, float* y,
-             int64_t stride) {
+// Outputs [j0, j1) of every row (fewer than KW_MIN): each tile from `tile(t0)` (its first output
+// t0) against the rows one by one through rows1.
+template <class Rows1, class Tile>
+void kp_walk(int64_t B, int64_t j0, int64_t j1, Tile tile, Rows1 rows1, const float* bias, float* y, int64_t stride) {
   for (int64_t t0 = j0 / KP * KP; t0 < j1; t0 += KP) {
     const uint8_t* t = tile(t0);
-    float out[KP_ROWS][KP];
-    auto emit = [&](int64_t b, int x) {
+    float out[1][KP];
+    for (int64_t b = 0; b < B; ++b) {
+      rows1(t, b, out);
       for (int64_t j = std::max(t0, j0); j < std::min(t0 + KP, j1); ++j) {
-        const float v = out[x][j - t0];
+        const float v = out[0][j - t0];
         y[b * stride + j] = bias == nullptr ? v : v + bias[j];
       }
-    };
-    int64_t b = 0;
-    for (; b + KP_ROWS <= B; b += KP_ROWS) {
-      rows4(t, b, out);
-      for (int x = 0; x < KP_ROWS; ++x) emit(b + x, x);
-    }
-    for (; b < B; ++b) {
-      rows1(t, b, out);
-      emit(b, 0);
     }
   }
 }
@@ -399,13 +376,13 @@ void kp_run32(const KqActs& a, int64_t B, int64_t k, const uint8_t* packed, int6
               float* y, int64_t stride) {
   const int64_t blocks = k / 32;
   kp_walk(B, j0, j1, [&](int64_t t0) { return packed + t0 / KP * blocks * kp_block32(T); },
-          [&](const uint8_t* t, int64_t b, float (*out)[KP]) { kp_rows32<T, KP_ROWS>(t, blocks, a, k, b, out); },
           [&](const uint8_t* t, int64_t b, float (*out)[KP]) { kp_rows32<T, 1>(t, blocks, a, k, b, out); },
           bias, y, stride);
 }
 
 // --- many rows: each tile's block widened once to int16 -------------------------------------------
-// From KW_MIN rows on, each (tile, block) is widened once per call into int16 weights, each already
+// From KW_MIN rows on (the loops above unpack each block again for every row, and their int16
+// sums would need more registers than there are for several rows at once), each (tile, block) is widened once per call into int16 weights, each already
 // times its sub-block scale (Q4_K: at most 15 x 63; Q5_K 31 x 63; Q6_K's q - 32 times its signed
 // scale: 32 x 128; the 32-value types' q minus their offset), in pairs of values per output, so a
 // madd against 4 activations broadcast (two int16 pairs) gives 16 scaled products: no unpacking
@@ -414,7 +391,7 @@ void kp_run32(const KqActs& a, int64_t B, int64_t k, const uint8_t* packed, int6
 // lane sums gives the 8 outputs in order. The integers are the same exact ones as the loops above
 // (kquant.h), and the float combination the same operations per lane in the same order, so a row's
 // bits do not depend on which loops ran: the batch size only picks the faster ones.
-constexpr int64_t KW_MIN = 8;
+constexpr int64_t KW_MIN = 4;
 constexpr int KW_ROWS = 4;
 
 // 8 scale bytes (one per output) as the int16 factors of W[2m] and W[2m + 1]
@@ -429,10 +406,14 @@ TSERVE_KP_TARGET inline void kw_scales(const uint8_t* s, __m256i& a, __m256i& b)
 
 // One vector of 4 values x 8 outputs (bytes; signed where SIGNED) as W[2m], W[2m + 1]: minus
 // `zero`, times the factors (sa, sb; none where SCALED is false).
-template <bool SIGNED, bool SCALED>
+template <bool SIGNED, bool SCALED, bool OFFSET = false>
 TSERVE_KP_TARGET inline void kw_put(__m256i q, __m256i zero, __m256i sa, __m256i sb, __m256i* w) {
   const __m256i ext = SIGNED ? _mm256_cmpgt_epi8(_mm256_setzero_si256(), q) : _mm256_setzero_si256();
-  __m256i a = _mm256_sub_epi16(_mm256_unpacklo_epi8(q, ext), zero), b = _mm256_sub_epi16(_mm256_unpackhi_epi8(q, ext), zero);
+  __m256i a = _mm256_unpacklo_epi8(q, ext), b = _mm256_unpackhi_epi8(q, ext);
+  if constexpr (OFFSET) {
+    a = _mm256_sub_epi16(a, zero);
+    b = _mm256_sub_epi16(b, zero);
+  }
   if constexpr (SCALED) {
     a = _mm256_mullo_epi16(a, sa);
     b = _mm256_mullo_epi16(b, sb);
@@ -472,6 +453,8 @@ TSERVE_KP_TARGET void kw_widen_k4(const uint8_t* blk, __m256i* w) {
 TSERVE_KP_TARGET void kw_widen_k6(const uint8_t* blk, __m256i* w) {
   const __m256i low = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30), m32 = _mm256_set1_epi16(32);
   const uint8_t* sc = blk + 1536;
+  __m256i fa[16], fb[16];  // each sub-block's factors, once
+  for (int s = 0; s < 16; ++s) kw_scales<true>(sc + 8 * s, fa[s], fb[s]);
   for (int h = 0; h < 2; ++h)
     for (int u = 0; u < 8; ++u) {  // bytes l = 4u .. 4u + 3: sub-blocks 8h + 2c + u / 4
       const __m256i A = loadu(blk + 32 * (16 * h + u)), B = loadu(blk + 32 * (16 * h + 8 + u));
@@ -482,9 +465,8 @@ TSERVE_KP_TARGET void kw_widen_k6(const uint8_t* blk, __m256i* w) {
           _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(A, 4), low), _mm256_and_si256(H, top)),
           _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(B, 4), low), _mm256_and_si256(_mm256_srli_epi16(H, 2), top))};
       for (int c = 0; c < 4; ++c) {
-        __m256i fa, fb;
-        kw_scales<true>(sc + 8 * (8 * h + 2 * c + u / 4), fa, fb);
-        kw_put<false, true>(v[c], m32, fa, fb, w + 2 * (32 * h + 8 * c + u));
+        const int sb = 8 * h + 2 * c + u / 4;
+        kw_put<false, true, true>(v[c], m32, fa[sb], fb[sb], w + 2 * (32 * h + 8 * c + u));
       }
     }
 }
@@ -506,8 +488,8 @@ TSERVE_KP_TARGET void kw_widen32(const uint8_t* blk, __m256i* w) {
         lo = _mm256_or_si256(lo, kp_fifth(qh, t));
         hi = _mm256_or_si256(hi, kp_fifth(qh, 4 + t));
       }
-      kw_put<false, false>(lo, zero, none, none, w + 2 * t);
-      kw_put<false, false>(hi, zero, none, none, w + 2 * (4 + t));
+      kw_put<false, false, true>(lo, zero, none, none, w + 2 * t);
+      kw_put<false, false, true>(hi, zero, none, none, w + 2 * (4 + t));
     }
   }
 }
@@ -709,7 +691,6 @@ void kq_packed_rows(const KqActs& a, int64_t B, int64_t k, const uint8_t* packed
     case KQ6_K: {
       const int64_t blocks = k / 256;
       return kp_walk(B, j0, j1, [&](int64_t t0) { return packed + t0 / KP * blocks * KP6_BLOCK; },
-                     [&](const uint8_t* t, int64_t b, float (*out)[KP]) { kp_rows6<KP_ROWS>(t, blocks, a, k, b, out); },
                      [&](const uint8_t* t, int64_t b, float (*out)[KP]) { kp_rows6<1>(t, blocks, a, k, b, out); },
                      bias, y, stride);
     }
@@ -718,11 +699,9 @@ void kq_packed_rows(const KqActs& a, int64_t B, int64_t k, const uint8_t* packed
   const int64_t blocks = k / 256;
   if (qtype == KQ5_K)
     return kp_walk(B, j0, j1, [&](int64_t t0) { return packed + t0 / KP * blocks * KP5_BLOCK; },
-                   [&](const uint8_t* t, int64_t b, float (*out)[KP]) { kp_rows<KP_ROWS, true>(t, blocks, a, k, b, out); },
                    [&](const uint8_t* t, int64_t b, float (*out)[KP]) { kp_rows<1, true>(t, blocks, a, k, b, out); },
                    bias, y, stride);
   kp_walk(B, j0, j1, [&](int64_t t0) { return packed + t0 / KP * blocks * KP_BLOCK; },
-          [&](const uint8_t* t, int64_t b, float (*out)[KP]) { kp_rows<KP_ROWS, false>(t, blocks, a, k, b, out); },
           [&](const uint8_t* t, int64_t b, float (*out)[KP]) { kp_rows<1, false>(t, blocks, a, k, b, out); },
           bias, y, stride);
 }

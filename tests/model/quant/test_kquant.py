@@ -226,7 +226,7 @@ def test_the_largest_integers_a_block_can_give_are_exact(kernel, name):
     raw = _largest_blocks(name, n, k)
     code = kquant.BY_NAME[name].code
     for sign in (1.0, -1.0):
-        x = torch.full((9, k), sign)  # 9 rows: the packed loops widen each block once from 8 rows on
+        x = torch.full((9, k), sign)  # 9 rows: the packed loops widen each block once from 4 rows on
         maths = _kernel_maths(x, raw, name, n, k)
         _, rounding = _bound(x, raw, name, n, k)
         for isa in (kquant.SCALAR, kquant.AUTO, kquant.PACKED):
@@ -245,7 +245,7 @@ def test_repacked_once_gives_the_scalar_bits_at_any_batch(kernel, name, n, fresh
     """The native step's projections are repacked once (kquant_packed.cpp: 8 outputs a tile, values
     as stored, Q4_K's and Q5_K's scales a byte each) and every step, one row or many,
     runs against that: over n outputs (whole and short tiles) and 3 blocks of 256 (24 of 32), at
-    1, 2, 5, 8 and 33 rows (from 8 on, each block widened to int16 once per call), with and
+    1, 2, 3, 4, 5 and 33 rows (from 4 on, each block widened to int16 once per call), with and
     without a bias, the packed loops give the scalar loops' bits, and each row equals itself
     computed alone."""
     if torch.ops.tserve_native.kquant_isa(kquant.PACKED) != kquant.PACKED:
@@ -255,7 +255,7 @@ def test_repacked_once_gives_the_scalar_bits_at_any_batch(kernel, name, n, fresh
     raw = torch.from_numpy(np.ascontiguousarray(_random_blocks(name, n, k, rng)))
     code = kquant.BY_NAME[name].code
     for bias in (None, torch.randn(n, generator=torch.Generator().manual_seed(fresh_seed))):
-        for rows in (1, 2, 5, 8, 33):  # from 8 rows on each block is widened once (kw_run)
+        for rows in (1, 2, 3, 4, 5, 33):  # from 4 rows on each block is widened once (kw_run)
             x = _activations(fresh_seed + rows, rows, k)
             scalar = kernel(x, raw, code, n, k, bias, kquant.SCALAR)
             packed = kernel(x, raw, code, n, k, bias, kquant.PACKED)
