@@ -494,22 +494,56 @@ TSERVE_KP_TARGET void kw_widen32(const uint8_t* blk, __m256i* w) {
   }
 }
 
-// Rows' integer over quads [m0, m1) of a widened block: the 8 outputs' lane sums (R rows at r[x] + 4 m).
-template <int R>
-TSERVE_KP_TARGET inline void kw_dot(const __m256i* w, int m0, int m1, const int16_t* const* r, __m256i* out) {
-  __m256i a[R], b[R];
-  for (int x = 0; x < R; ++x) a[x] = b[x] = _mm256_setzero_si256();
+// Rows' integer over quads [m0, m1) of a widened block: the 8 outputs' lane sums (R rows at r[x] + 4 m),
+// added to out. Written out for one and four rows with named registers: with arrays the
+// compiler kept the row pointers and weights on the stack inside the loop (a third the speed).
+TSERVE_KP_TARGET __attribute__((noinline)) void kw_dot4(const __m256i* __restrict w, int m0, int m1,
+                                                         const int16_t* __restrict r0, const int16_t* __restrict r1,
+                                                         const int16_t* __restrict r2, const int16_t* __restrict r3,
+                                                         __m256i* __restrict out) {
+  __m256i a0 = _mm256_setzero_si256(), b0 = a0, a1 = a0, b1 = a0, a2 = a0, b2 = a0, a3 = a0, b3 = a0;
   for (int m = m0; m < m1; ++m) {
     const __m256i wa = _mm256_loadu_si256(w + 2 * m), wb = _mm256_loadu_si256(w + 2 * m + 1);
-    for (int x = 0; x < R; ++x) {
-      int64_t v;
-      std::memcpy(&v, r[x] + 4 * m, 8);
-      const __m256i act = _mm256_set1_epi64x(v);
-      a[x] = _mm256_add_epi32(a[x], _mm256_madd_epi16(wa, act));
-      b[x] = _mm256_add_epi32(b[x], _mm256_madd_epi16(wb, act));
-    }
+    int64_t v0, v1, v2, v3;
+    std::memcpy(&v0, r0 + 4 * m, 8);
+    std::memcpy(&v1, r1 + 4 * m, 8);
+    std::memcpy(&v2, r2 + 4 * m, 8);
+    std::memcpy(&v3, r3 + 4 * m, 8);
+    const __m256i x0 = _mm256_set1_epi64x(v0), x1 = _mm256_set1_epi64x(v1);
+    const __m256i x2 = _mm256_set1_epi64x(v2), x3 = _mm256_set1_epi64x(v3);
+    a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(wa, x0));
+    b0 = _mm256_add_epi32(b0, _mm256_madd_epi16(wb, x0));
+    a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(wa, x1));
+    b1 = _mm256_add_epi32(b1, _mm256_madd_epi16(wb, x1));
+    a2 = _mm256_add_epi32(a2, _mm256_madd_epi16(wa, x2));
+    b2 = _mm256_add_epi32(b2, _mm256_madd_epi16(wb, x2));
+    a3 = _mm256_add_epi32(a3, _mm256_madd_epi16(wa, x3));
+    b3 = _mm256_add_epi32(b3, _mm256_madd_epi16(wb, x3));
   }
-  for (int x = 0; x < R; ++x) out[x] = _mm256_add_epi32(out[x], _mm256_hadd_epi32(a[x], b[x]));
+  out[0] = _mm256_add_epi32(out[0], _mm256_hadd_epi32(a0, b0));
+  out[1] = _mm256_add_epi32(out[1], _mm256_hadd_epi32(a1, b1));
+  out[2] = _mm256_add_epi32(out[2], _mm256_hadd_epi32(a2, b2));
+  out[3] = _mm256_add_epi32(out[3], _mm256_hadd_epi32(a3, b3));
+}
+
+TSERVE_KP_TARGET __attribute__((noinline)) void kw_dot1(const __m256i* __restrict w, int m0, int m1,
+                                                         const int16_t* __restrict r0, __m256i* __restrict out) {
+  __m256i a0 = _mm256_setzero_si256(), b0 = a0;
+  for (int m = m0; m < m1; ++m) {
+    int64_t v0;
+    std::memcpy(&v0, r0 + 4 * m, 8);
+    const __m256i x0 = _mm256_set1_epi64x(v0);
+    a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(_mm256_loadu_si256(w + 2 * m), x0));
+    b0 = _mm256_add_epi32(b0, _mm256_madd_epi16(_mm256_loadu_si256(w + 2 * m + 1), x0));
+  }
+  out[0] = _mm256_add_epi32(out[0], _mm256_hadd_epi32(a0, b0));
+}
+
+template <int R>
+TSERVE_KP_TARGET inline void kw_dot(const __m256i* w, int m0, int m1, const int16_t* const* r, __m256i* out) {
+  static_assert(R == 1 || R == 4, "one or four rows");
+  if constexpr (R == 4) kw_dot4(w, m0, m1, r[0], r[1], r[2], r[3], out);
+  else kw_dot1(w, m0, m1, r[0], out);
 }
 
 // Rows [b0, b0 + R) of one block i against its widened weights: acc[x] (8 outputs, row b0 + x)
@@ -593,6 +627,9 @@ TSERVE_KP_TARGET void kw_run(const KqActs& a, int64_t B, int64_t k, const uint8_
     std::fill(sums.begin(), sums.end(), 0.0f);
     for (int64_t i = 0; i < blocks; ++i) {
       const uint8_t* blk = tile + i * block_bytes;
+      // the block two ahead (tiles are contiguous): the widening would otherwise wait on memory
+      for (int64_t line = 0; line < block_bytes; line += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(blk + 2 * block_bytes + line), _MM_HINT_T0);
       if constexpr (T == KQ4_K || T == KQ5_K) kw_widen_k4<T == KQ5_K>(blk, wide.data());
       else if constexpr (T == KQ6_K) kw_widen_k6(blk, wide.data());
       else kw_widen32<T>(blk, wide.data());
