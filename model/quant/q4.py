@@ -83,7 +83,10 @@ def quantize_activations(x: Tensor) -> tuple[Tensor, Tensor]:
     runs = x.float().reshape(b, k // RUN, RUN)
     top = runs.abs().amax(-1)
     scale = top / 127.0
-    inv = torch.where(top > 0, 127.0 / torch.where(top > 0, top, torch.ones_like(top)), torch.zeros_like(top))
+    # a true division, as the kernel's 127.0f / top (torch's `number / tensor` multiplies by a
+    # rounded reciprocal, which moves a product sitting near half a step to the other integer)
+    inv = torch.where(top > 0, torch.full_like(top, 127.0) / torch.where(top > 0, top, torch.ones_like(top)),
+                      torch.zeros_like(top))
     r = (runs * inv.unsqueeze(-1)).round().clamp(-127, 127)
     return r.reshape(b, k), scale
 

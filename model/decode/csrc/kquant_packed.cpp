@@ -546,6 +546,17 @@ TSERVE_KP_TARGET inline void kw_dot(const __m256i* w, int m0, int m1, const int1
   else kw_dot1(w, m0, m1, r[0], out);
 }
 
+template <int R>
+TSERVE_KP_TARGET inline void kw_clear(__m256i* p) {
+  for (int x = 0; x < R; ++x) p[x] = _mm256_setzero_si256();
+}
+
+// acc += (d s_a) p, per row
+template <int R>
+TSERVE_KP_TARGET inline void kw_add(__m256 d, const __m256* sa, const __m256i* p, __m256* acc) {
+  for (int x = 0; x < R; ++x) acc[x] = _mm256_fmadd_ps(_mm256_mul_ps(d, sa[x]), _mm256_cvtepi32_ps(p[x]), acc[x]);
+}
+
 // Rows [b0, b0 + R) of one block i against its widened weights: acc[x] (8 outputs, row b0 + x)
 // takes the block's terms, in kquant.h's order.
 template <int64_t T, int R>
@@ -562,23 +573,19 @@ TSERVE_KP_TARGET void kw_rows(const __m256i* w, const uint8_t* blk, const KqActs
     sa[x] = _mm256_set1_ps(a.scale[(b0 + x) * blocks + i]);
   }
   __m256i p[R];
-  auto clear = [&] { for (int x = 0; x < R; ++x) p[x] = _mm256_setzero_si256(); };
-  auto add = [&](__m256 d) {  // acc += (d s_a) p, per row
-    for (int x = 0; x < R; ++x) acc[x] = _mm256_fmadd_ps(_mm256_mul_ps(d, sa[x]), _mm256_cvtepi32_ps(p[x]), acc[x]);
-  };
   if constexpr (T == KQ4_K || T == KQ5_K) {
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 1152)));
     const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 1168)));
-    clear();
+    kw_clear<R>(p);
     if constexpr (T == KQ5_K) {
       kw_dot<R>(w, 0, 32, r, p);
-      add(d);
-      clear();
+      kw_add<R>(d, sa, p, acc);
+      kw_clear<R>(p);
       kw_dot<R>(w, 32, 64, r, p);
     } else {
       kw_dot<R>(w, 0, 64, r, p);
     }
-    add(d);
+    kw_add<R>(d, sa, p, acc);
     const uint8_t* mn = blk + 1088;
     for (int x = 0; x < R; ++x) {
       __m256i i1 = _mm256_setzero_si256();
@@ -589,20 +596,20 @@ TSERVE_KP_TARGET void kw_rows(const __m256i* w, const uint8_t* blk, const KqActs
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 1664)));
     for (int h = 0; h < 2; ++h)
       for (int o = 0; o < 2; ++o) {  // group 2h + o: values 128h + 32c + 16o .. + 15, c = 0-3
-        clear();
+        kw_clear<R>(p);
         for (int c = 0; c < 4; ++c) {
           const int m0 = 32 * h + 8 * c + 4 * o;
           kw_dot<R>(w, m0, m0 + 4, r, p);
         }
-        add(d);
+        kw_add<R>(d, sa, p, acc);
       }
   } else {
     constexpr int64_t VB = T == KQ8_0 ? 256 : 128;
     const uint8_t* halves = blk + VB + (kp_five(T) ? 32 : 0);
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(halves)));
-    clear();
+    kw_clear<R>(p);
     kw_dot<R>(w, 0, 8, r, p);
-    add(d);
+    kw_add<R>(d, sa, p, acc);
     if constexpr (kp_min(T)) {
       const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(halves + 16)));
       for (int x = 0; x < R; ++x)
@@ -618,10 +625,11 @@ TSERVE_KP_TARGET void kw_run(const KqActs& a, int64_t B, int64_t k, const uint8_
             const float* bias, float* y, int64_t stride) {
   constexpr int64_t V = T == KQ4_K || T == KQ5_K || T == KQ6_K ? 256 : 32;
   const int64_t blocks = k / V;
-  thread_local std::vector<__m256i> wide;
+  thread_local std::vector<int16_t> wide_buf;  // the widened block: 2 V / 4 vectors (loadu / storeu)
   thread_local std::vector<float> sums;
-  wide.resize(2 * V / 4);
+  wide_buf.resize(2 * V / 4 * 16);
   sums.resize(B * KP);
+  __m256i* wide = reinterpret_cast<__m256i*>(wide_buf.data());
   for (int64_t t0 = j0 / KP * KP; t0 < j1; t0 += KP) {
     const uint8_t* tile = packed + t0 / KP * blocks * block_bytes;
     std::fill(sums.begin(), sums.end(), 0.0f);
@@ -630,19 +638,19 @@ TSERVE_KP_TARGET void kw_run(const KqActs& a, int64_t B, int64_t k, const uint8_
       // the block two ahead (tiles are contiguous): the widening would otherwise wait on memory
       for (int64_t line = 0; line < block_bytes; line += 64)
         _mm_prefetch(reinterpret_cast<const char*>(blk + 2 * block_bytes + line), _MM_HINT_T0);
-      if constexpr (T == KQ4_K || T == KQ5_K) kw_widen_k4<T == KQ5_K>(blk, wide.data());
-      else if constexpr (T == KQ6_K) kw_widen_k6(blk, wide.data());
-      else kw_widen32<T>(blk, wide.data());
+      if constexpr (T == KQ4_K || T == KQ5_K) kw_widen_k4<T == KQ5_K>(blk, wide);
+      else if constexpr (T == KQ6_K) kw_widen_k6(blk, wide);
+      else kw_widen32<T>(blk, wide);
       int64_t b = 0;
       for (; b + KW_ROWS <= B; b += KW_ROWS) {
         __m256 acc[KW_ROWS];
         for (int x = 0; x < KW_ROWS; ++x) acc[x] = _mm256_loadu_ps(sums.data() + (b + x) * KP);
-        kw_rows<T, KW_ROWS>(wide.data(), blk, a, k, i, b, acc);
+        kw_rows<T, KW_ROWS>(wide, blk, a, k, i, b, acc);
         for (int x = 0; x < KW_ROWS; ++x) _mm256_storeu_ps(sums.data() + (b + x) * KP, acc[x]);
       }
       for (; b < B; ++b) {
         __m256 acc[1] = {_mm256_loadu_ps(sums.data() + b * KP)};
-        kw_rows<T, 1>(wide.data(), blk, a, k, i, b, acc);
+        kw_rows<T, 1>(wide, blk, a, k, i, b, acc);
         _mm256_storeu_ps(sums.data() + b * KP, acc[0]);
       }
     }
