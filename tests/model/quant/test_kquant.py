@@ -245,7 +245,7 @@ def test_repacked_once_gives_the_scalar_bits_at_any_batch(kernel, name, n, fresh
     """The native step's projections are repacked once (kquant_packed.cpp: 8 outputs a tile, values
     as stored, Q4_K's and Q5_K's scales a byte each) and every step, one row or many,
     runs against that: over n outputs (whole and short tiles) and 3 blocks of 256 (24 of 32), at
-    1, 2, 3, 4, 5 and 33 rows (from 4 on, each block widened to int16 once per call), with and
+    1, 2, 3, 4, 5, 33 and 130 rows (from 4 on, each block widened to int16 once per group of rows), with and
     without a bias, the packed loops give the scalar loops' bits, and each row equals itself
     computed alone."""
     if torch.ops.tserve_native.kquant_isa(kquant.PACKED) != kquant.PACKED:
@@ -255,7 +255,7 @@ def test_repacked_once_gives_the_scalar_bits_at_any_batch(kernel, name, n, fresh
     raw = torch.from_numpy(np.ascontiguousarray(_random_blocks(name, n, k, rng)))
     code = kquant.BY_NAME[name].code
     for bias in (None, torch.randn(n, generator=torch.Generator().manual_seed(fresh_seed))):
-        for rows in (1, 2, 3, 4, 5, 33):  # from 4 rows on each block is widened once (kw_run)
+        for rows in (1, 2, 3, 4, 5, 33, 130):  # from 4 rows on each block is widened once (kw_run), 128 rows a group here
             x = _activations(fresh_seed + rows, rows, k)
             scalar = kernel(x, raw, code, n, k, bias, kquant.SCALAR)
             packed = kernel(x, raw, code, n, k, bias, kquant.PACKED)
