@@ -255,7 +255,7 @@ def test_repacked_once_gives_the_scalar_bits_at_any_batch(kernel, name, n, fresh
     raw = torch.from_numpy(np.ascontiguousarray(_random_blocks(name, n, k, rng)))
     code = kquant.BY_NAME[name].code
     for bias in (None, torch.randn(n, generator=torch.Generator().manual_seed(fresh_seed))):
-        for rows in (1, 2, 3, 4, 5, 33, 130):  # from 4 rows on each block is widened once (kw_run), 128 rows a group here
+        for rows in (1, 2, 3, 4, 5, 33, 130):  # widened from 4 rows on (kw_run), 128 rows a group here
             x = _activations(fresh_seed + rows, rows, k)
             scalar = kernel(x, raw, code, n, k, bias, kquant.SCALAR)
             packed = kernel(x, raw, code, n, k, bias, kquant.PACKED)
