@@ -68,12 +68,36 @@ TSERVE_KP_TARGET inline __m256i kp_weighted(const uint8_t* c, __m256i s) {
   return _mm256_mullo_epi32(SIGNED ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b), s);
 }
 
+// Values l .. l + 3 (l = 4u), + 32, + 64, + 96 of half h of a packed Q6_K block, 8 outputs each:
+// the low or high nibbles topped up by bits 0-1, 2-3, 4-5, 6-7 of qh (unsigned, 0-63).
+TSERVE_KP_TARGET inline void kp_q6(const uint8_t* blk, int h, int u, __m256i* v) {
+  const __m256i low = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30);
+  const __m256i A = loadu(blk + 32 * (16 * h + u)), B = loadu(blk + 32 * (16 * h + 8 + u));
+  const __m256i H = loadu(blk + 1024 + 32 * (8 * h + u));
+  v[0] = _mm256_or_si256(_mm256_and_si256(A, low), _mm256_and_si256(_mm256_slli_epi16(H, 4), top));
+  v[1] = _mm256_or_si256(_mm256_and_si256(B, low), _mm256_and_si256(_mm256_slli_epi16(H, 2), top));
+  v[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(A, 4), low), _mm256_and_si256(H, top));
+  v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(B, 4), low), _mm256_and_si256(_mm256_srli_epi16(H, 2), top));
+}
+
+// Q5_K: the fifth bits of vector t of sub-blocks 2c (into lo) and 2c + 1 (into hi), from the
+// tile's qh vector h: bit 2c of qh[l] tops up value l of sub-block 2c, bit 2c + 1 of 2c + 1
+// (shifts within 16-bit lanes: only bit 4 of each byte is kept).
+TSERVE_KP_TARGET inline void kp_fifth_k(__m256i h, int c, __m256i& lo, __m256i& hi) {
+  const __m256i bit = _mm256_set1_epi8(0x10);
+  const int up = 4 - 2 * c;
+  const __m256i b0 = up >= 0 ? _mm256_slli_epi16(h, up) : _mm256_srli_epi16(h, -up);
+  const __m256i b1 = up - 1 >= 0 ? _mm256_slli_epi16(h, up - 1) : _mm256_srli_epi16(h, 1 - up);
+  lo = _mm256_or_si256(lo, _mm256_and_si256(b0, bit));
+  hi = _mm256_or_si256(hi, _mm256_and_si256(b1, bit));
+}
+
 // Rows [b0, b0 + R) against one tile of Q4_K (FIVE: Q5_K): out[r][j] = row b0 + r times output j.
 template <int R, bool FIVE>
 TSERVE_KP_TARGET void kp_rows(const uint8_t* tile, int64_t blocks, const KqActs& a, int64_t k, int64_t b0,
                               float (*out)[KP]) {
   constexpr int64_t BB = FIVE ? KP5_BLOCK : KP_BLOCK;
-  const __m256i low = _mm256_set1_epi8(15), bit = _mm256_set1_epi8(0x10);
+  const __m256i low = _mm256_set1_epi8(15);
   const KqRowViews<R> rows(a, k, b0, blocks);
   __m256 acc[R];
   for (int x = 0; x < R; ++x) acc[x] = _mm256_setzero_ps();
@@ -98,14 +122,7 @@ TSERVE_KP_TARGET void kp_rows(const uint8_t* tile, int64_t blocks, const KqActs&
         if (t % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(blk + KP_PREFETCH + 32 * (8 * c + t)), _MM_HINT_T0);
         const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 * (8 * c + t)));
         __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
-        if constexpr (FIVE) {  // bit 2c of qh[l] tops up value l of sub-block 2c, bit 2c + 1 of 2c + 1
-          const __m256i h = loadu(qh + 32 * t);
-          const int up = 4 - 2 * c;  // bit 2c to bit 4 (a shift within 16-bit lanes: only bit 4 of each byte is kept)
-          const __m256i b0 = up >= 0 ? _mm256_slli_epi16(h, up) : _mm256_srli_epi16(h, -up);
-          const __m256i b1 = up - 1 >= 0 ? _mm256_slli_epi16(h, up - 1) : _mm256_srli_epi16(h, 1 - up);
-          lo = _mm256_or_si256(lo, _mm256_and_si256(b0, bit));
-          hi = _mm256_or_si256(hi, _mm256_and_si256(b1, bit));
-        }
+        if constexpr (FIVE) kp_fifth_k(loadu(qh + 32 * t), c, lo, hi);
         for (int x = 0; x < R; ++x) {
           const int64_t o = i * 256 + 64 * c + 4 * t;
           const KpHalves u = kp_dot(lo, rows.hi[x] + o, rows.lo[x] + o);
@@ -166,7 +183,6 @@ TSERVE_KP_TARGET inline __m256i kp_signed_pairs(const uint8_t* p) {
 template <int R>
 TSERVE_KP_TARGET void kp_rows6(const uint8_t* tile, int64_t blocks, const KqActs& a, int64_t k, int64_t b0,
                                float (*out)[KP]) {
-  const __m256i low = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30);
   const KqRowViews<R> rows(a, k, b0, blocks);
   __m256 acc[R];
   for (int x = 0; x < R; ++x) acc[x] = _mm256_setzero_ps();
@@ -195,14 +211,8 @@ TSERVE_KP_TARGET void kp_rows6(const uint8_t* tile, int64_t blocks, const KqActs
             const int u = 2 * u2 + uu;
             _mm_prefetch(reinterpret_cast<const char*>(blk + 2 * KP6_BLOCK + 128 * (8 * h + u)), _MM_HINT_T0);
             _mm_prefetch(reinterpret_cast<const char*>(blk + 2 * KP6_BLOCK + 128 * (8 * h + u) + 64), _MM_HINT_T0);
-            const __m256i A = loadu(blk + 32 * (16 * h + u)), B = loadu(blk + 32 * (16 * h + 8 + u));
-            const __m256i H = loadu(blk + 1024 + 32 * (8 * h + u));
-            const __m256i v[4] = {
-                _mm256_or_si256(_mm256_and_si256(A, low), _mm256_and_si256(_mm256_slli_epi16(H, 4), top)),
-                _mm256_or_si256(_mm256_and_si256(B, low), _mm256_and_si256(_mm256_slli_epi16(H, 2), top)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(A, 4), low), _mm256_and_si256(H, top)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(B, 4), low),
-                                _mm256_and_si256(_mm256_srli_epi16(H, 2), top))};
+            __m256i v[4];
+            kp_q6(blk, h, u, v);
             for (int x = 0; x < R; ++x) {
               const int64_t at = i * 256 + 128 * h + 4 * u;
               for (int w = 0; w < 4; ++w) {
@@ -426,7 +436,7 @@ TSERVE_KP_TARGET inline void kw_put(__m256i q, __m256i zero, __m256i sa, __m256i
 // Q4_K (FIVE: Q5_K) block of a packed tile -> W[0 .. 128)
 template <bool FIVE>
 TSERVE_KP_TARGET void kw_widen_k4(const uint8_t* blk, __m256i* w) {
-  const __m256i low = _mm256_set1_epi8(15), bit = _mm256_set1_epi8(0x10), none = _mm256_setzero_si256();
+  const __m256i low = _mm256_set1_epi8(15), none = _mm256_setzero_si256();
   const uint8_t* sc = blk + 1024;
   const uint8_t* qh = blk + KP_BLOCK;
   for (int c = 0; c < 4; ++c) {
@@ -436,14 +446,7 @@ TSERVE_KP_TARGET void kw_widen_k4(const uint8_t* blk, __m256i* w) {
     for (int t = 0; t < 8; ++t) {
       const __m256i q = loadu(blk + 32 * (8 * c + t));
       __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
-      if constexpr (FIVE) {
-        const __m256i h = loadu(qh + 32 * t);
-        const int up = 4 - 2 * c;
-        const __m256i b0 = up >= 0 ? _mm256_slli_epi16(h, up) : _mm256_srli_epi16(h, -up);
-        const __m256i b1 = up - 1 >= 0 ? _mm256_slli_epi16(h, up - 1) : _mm256_srli_epi16(h, 1 - up);
-        lo = _mm256_or_si256(lo, _mm256_and_si256(b0, bit));
-        hi = _mm256_or_si256(hi, _mm256_and_si256(b1, bit));
-      }
+      if constexpr (FIVE) kp_fifth_k(loadu(qh + 32 * t), c, lo, hi);
       kw_put<false, true>(lo, none, la, lb, w + 2 * (16 * c + t));      // values 64c + 4t ..
       kw_put<false, true>(hi, none, ha, hb, w + 2 * (16 * c + 8 + t));  // values 64c + 32 + 4t ..
     }
@@ -452,19 +455,14 @@ TSERVE_KP_TARGET void kw_widen_k4(const uint8_t* blk, __m256i* w) {
 
 // Q6_K block of a packed tile -> W[0 .. 128)
 TSERVE_KP_TARGET void kw_widen_k6(const uint8_t* blk, __m256i* w) {
-  const __m256i low = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30), m32 = _mm256_set1_epi16(32);
+  const __m256i m32 = _mm256_set1_epi16(32);
   const uint8_t* sc = blk + 1536;
   __m256i fa[16], fb[16];  // each sub-block's factors, once
   for (int s = 0; s < 16; ++s) kw_scales<true>(sc + 8 * s, fa[s], fb[s]);
   for (int h = 0; h < 2; ++h)
     for (int u = 0; u < 8; ++u) {  // bytes l = 4u .. 4u + 3: sub-blocks 8h + 2c + u / 4
-      const __m256i A = loadu(blk + 32 * (16 * h + u)), B = loadu(blk + 32 * (16 * h + 8 + u));
-      const __m256i H = loadu(blk + 1024 + 32 * (8 * h + u));
-      const __m256i v[4] = {
-          _mm256_or_si256(_mm256_and_si256(A, low), _mm256_and_si256(_mm256_slli_epi16(H, 4), top)),
-          _mm256_or_si256(_mm256_and_si256(B, low), _mm256_and_si256(_mm256_slli_epi16(H, 2), top)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(A, 4), low), _mm256_and_si256(H, top)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(B, 4), low), _mm256_and_si256(_mm256_srli_epi16(H, 2), top))};
+      __m256i v[4];
+      kp_q6(blk, h, u, v);
       for (int c = 0; c < 4; ++c) {
         const int sb = 8 * h + 2 * c + u / 4;
         kw_put<false, true, true>(v[c], m32, fa[sb], fb[sb], w + 2 * (32 * h + 8 * c + u));
