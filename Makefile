@@ -95,7 +95,7 @@ SCALAR_TESTS := tests/model/decode/test_native_decode.py tests/model/decode/test
 	tests/model/decode/test_native_q4.py tests/model/decode/test_native_attention.py \
 	tests/model/decode/test_native_encdec.py tests/model/decode/test_instruction_sets.py \
 	tests/model/engine/test_repeatable.py tests/test_golden.py
-# GGUF weights as the float import here: the scalar K-quant loops run row by row (the tiled
+# GGUF weights as the float import here: the scalar K-quant loops run row by row (the packed
 # loops are vector-only), so the long prompts of test_repeatable took over 14 min stored.
 test-scalar: setup
 	TSERVE_NATIVE_ISA=scalar TSERVE_GGUF_WEIGHTS=float $(BIN)/python -m pytest -q $(SCALAR_TESTS)
