@@ -53,6 +53,7 @@ using at::Tensor;
 // TSERVE_NATIVE_ISA=scalar turns them all off (the plain loops only), so a test can compare: every
 // vector kernel computes the plain loops' bits (the build's own auto-vectorized loops do too, as
 // it never reassociates and -ffp-contract=off fuses nothing the source does not).
+// TSERVE_NATIVE_ISA=avx2 turns the AVX-512 ones off, so a CPU that has them checks the AVX2 ones too.
 struct CpuFeatures {
   bool avx2 = false;  // AVX2 and FMA: attention (attention.cpp)
   bool avx512 = false;  // AVX-512F: decode attention, the int8 row passes
@@ -92,6 +93,7 @@ inline const CpuFeatures& cpu() {
     const char* isa = std::getenv("TSERVE_NATIVE_ISA");
     if (isa != nullptr && std::strcmp(isa, "scalar") == 0) return f;
     f.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (isa != nullptr && std::strcmp(isa, "avx2") == 0) return f;  // AVX-512 off (to compare)
     f.avx512 = __builtin_cpu_supports("avx512f");
     f.avx512_vnni = f.avx512 && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
     f.avx512_bf16 = f.avx512 && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16");

@@ -265,6 +265,45 @@ def test_repacked_once_gives_the_scalar_bits_at_any_batch(kernel, name, n, fresh
                 assert torch.equal(alone[0].view(torch.int32), packed[b].view(torch.int32)), (rows, b)
 
 
+def packed_products(out: str) -> None:
+    """The packed loops' products for every packed type at 1, 4 and 33 rows, saved to ``out`` (run
+    here and in a child with other vector units turned off)."""
+    native.build()
+    rng = np.random.default_rng(SEED_ISA)
+    k, n = 2 * 256, 24
+    results = {}
+    for name in PACKED_TYPES:
+        raw = torch.from_numpy(np.ascontiguousarray(_random_blocks(name, n, k, rng)))
+        for rows in (1, 4, 33):
+            x = _activations(SEED_ISA + rows, rows, k)
+            results[f"{name} {rows}"] = torch.ops.tserve_native.kquant_linear(
+                x, raw, kquant.BY_NAME[name].code, n, k, None, kquant.PACKED)
+    torch.save(results, out)
+
+
+SEED_ISA = 4141
+
+
+def test_the_avx512_vnni_loops_give_the_avx2_loops_bits(tmp_path):
+    """Where the CPU has AVX512-VNNI, the widened blocks meet 4 rows at a time through vpdpwssd
+    (kquant_packed.cpp, kw_dot4_vnni); a child with ``TSERVE_NATIVE_ISA=avx2`` runs the AVX2 loops
+    on the same inputs, and every product has the same bits (on a CPU without VNNI both sides run
+    the AVX2 loops, and this checks only that the switch is harmless)."""
+    if torch.ops.tserve_native.kquant_isa(kquant.PACKED) != kquant.PACKED:
+        pytest.skip("this CPU has no AVX2 + FMA + F16C")
+    here, avx2 = tmp_path / "here.pt", tmp_path / "avx2.pt"
+    packed_products(str(here))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    code = f"from tests.model.quant.test_kquant import packed_products; packed_products({str(avx2)!r})"
+    env = {**os.environ, "TSERVE_NATIVE_ISA": "avx2"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    a, b = torch.load(here), torch.load(avx2)
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key].view(torch.int32), b[key].view(torch.int32)), key
+
+
 def test_kquant_linear_fuses_parts_of_several_types_native_or_reference(tiny_gguf, monkeypatch, fresh_seed):
     """A fused q/k/v whose parts differ in type (Gemma 3's Q4_K_M file: Q5_0 and Q8_0): the
     native forward and the reference one (the weights dequantized per call) agree within the
