@@ -76,21 +76,40 @@ def test_config_and_no_chat_template(ours):
     assert ours.chat_template is None  # a base model: chat answers 400, completions work
 
 
+def _exact_rotary(rotary):
+    """transformers' rotary forward computes its angles in float32 (``.float()``) even in a float64
+    model: at position 600 that alone moves the logits by ~8e-5, more than a float32 evaluation's
+    rounding, so the float64 reference takes its angles (and frequencies) in float64."""
+    def forward(x, position_ids, layer_type):
+        params = rotary.config.rope_parameters[layer_type]
+        assert params["rope_type"] == "default", params  # Gemma 3 270M: plain rotary on both layer kinds
+        dim = rotary.config.head_dim
+        inv_freq = 1.0 / (params["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+        angles = position_ids[..., None].double() * inv_freq
+        angles = torch.cat((angles, angles), dim=-1)
+        return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    return forward
+
+
 def assert_as_accurate(got: torch.Tensor, reference, **inputs) -> None:
     """``got`` (float32) within ROUNDING_RATIO times the error of transformers' own float32
     logits against the same network in float64: two float32 evaluations of one network that sum
     in different orders (oneDNN or torch's kernels, AVX2 or AVX-512 lanes) each err by about
     eps * the magnitude of their partial sums, so a fixed bound (1e-4 held on one CPU, not on
     another: 1.45e-4 on an AVX-512-FP16 Xeon) says nothing; a bound in units of the reference's
-    own rounding on this input holds on any CPU. The reference goes back to float32 exactly."""
+    own rounding on this input holds on any CPU. The float64 network is exact throughout, its
+    rotary angles included (``_exact_rotary``); the reference goes back to float32 exactly."""
     with torch.no_grad():
         expected = reference(**inputs).logits
         # transformers refuses .double() on a model read from a GGUF (its quantizer marks it so,
         # though the weights are dequantized floats); torch's own Module.double casts the tensors
+        rotary = reference.model.rotary_emb
         torch.nn.Module.double(reference)
+        rotary.forward = _exact_rotary(rotary)
         try:
             exact = reference(**inputs).logits
         finally:
+            del rotary.forward
             torch.nn.Module.float(reference)
     own = (expected.double() - exact).abs().max().item()
     err = (got.double() - exact).abs().max().item()
