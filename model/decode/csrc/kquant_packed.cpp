@@ -493,15 +493,16 @@ TSERVE_KP_TARGET void kw_widen32(const uint8_t* blk, __m256i* w) {
   }
 }
 
-// Rows' integer over quads [m0, m1) of a widened block: the 8 outputs' lane sums (R rows at r[x] + 4 m),
-// added to out. Written out for one and four rows with named registers: with arrays the
+// Rows' integer over `runs` runs of `len` quads of a widened block, run u from quad m0 + u stride (Q6_K's
+// groups are 4 runs of 4): the 8 outputs' lane sums (R rows at r[x] + 4 m), added to out. Written out for one and four rows with named registers: with arrays the
 // compiler kept the row pointers and weights on the stack inside the loop (a third the speed).
-TSERVE_KP_TARGET __attribute__((noinline)) void kw_dot4(const __m256i* __restrict w, int m0, int m1,
+TSERVE_KP_TARGET __attribute__((noinline)) void kw_dot4(const __m256i* __restrict w, int m0, int len, int runs, int stride,
                                                          const int16_t* __restrict r0, const int16_t* __restrict r1,
                                                          const int16_t* __restrict r2, const int16_t* __restrict r3,
                                                          __m256i* __restrict out) {
   __m256i a0 = _mm256_setzero_si256(), b0 = a0, a1 = a0, b1 = a0, a2 = a0, b2 = a0, a3 = a0, b3 = a0;
-  for (int m = m0; m < m1; ++m) {
+  for (int run = 0; run < runs; ++run)
+  for (int m = m0 + run * stride; m < m0 + run * stride + len; ++m) {
     const __m256i wa = _mm256_loadu_si256(w + 2 * m), wb = _mm256_loadu_si256(w + 2 * m + 1);
     int64_t v0, v1, v2, v3;
     std::memcpy(&v0, r0 + 4 * m, 8);
@@ -525,10 +526,11 @@ TSERVE_KP_TARGET __attribute__((noinline)) void kw_dot4(const __m256i* __restric
   out[3] = _mm256_add_epi32(out[3], _mm256_hadd_epi32(a3, b3));
 }
 
-TSERVE_KP_TARGET __attribute__((noinline)) void kw_dot1(const __m256i* __restrict w, int m0, int m1,
+TSERVE_KP_TARGET __attribute__((noinline)) void kw_dot1(const __m256i* __restrict w, int m0, int len, int runs, int stride,
                                                          const int16_t* __restrict r0, __m256i* __restrict out) {
   __m256i a0 = _mm256_setzero_si256(), b0 = a0;
-  for (int m = m0; m < m1; ++m) {
+  for (int run = 0; run < runs; ++run)
+  for (int m = m0 + run * stride; m < m0 + run * stride + len; ++m) {
     int64_t v0;
     std::memcpy(&v0, r0 + 4 * m, 8);
     const __m256i x0 = _mm256_set1_epi64x(v0);
@@ -548,39 +550,72 @@ TSERVE_TARGET_VNNI inline __m256i kw_fold(__m512i s) {
   return _mm256_hadd_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
 }
 
-TSERVE_TARGET_VNNI __attribute__((noinline)) void kw_dot4_vnni(const __m256i* __restrict w, int m0, int m1,
+// acc += the int16 pair products of w and x (vpdpwssd). Written as asm: GCC 12 copies the
+// accumulator into a fresh register before each intrinsic and back after (two moves a product).
+#define TSERVE_KW_DP(acc, w, x) asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(w), "v"(x))
+
+// Two quads a pass, into two sets of accumulators (a vpdpwssd's latency is several cycles, and
+// four rows alone would wait on it); the sets are added at the end (exact integers).
+TSERVE_TARGET_VNNI __attribute__((noinline)) void kw_dot4_vnni(const __m256i* __restrict w, int m0, int len, int runs, int stride,
                                                                 const int16_t* __restrict r0, const int16_t* __restrict r1,
                                                                 const int16_t* __restrict r2, const int16_t* __restrict r3,
                                                                 __m256i* __restrict out) {
-  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-  for (int m = m0; m < m1; ++m) {
-    const __m512i wm = _mm512_loadu_si512(w + 2 * m);
-    int64_t v0, v1, v2, v3;
-    std::memcpy(&v0, r0 + 4 * m, 8);
-    std::memcpy(&v1, r1 + 4 * m, 8);
-    std::memcpy(&v2, r2 + 4 * m, 8);
-    std::memcpy(&v3, r3 + 4 * m, 8);
-    a0 = _mm512_dpwssd_epi32(a0, wm, _mm512_set1_epi64(v0));
-    a1 = _mm512_dpwssd_epi32(a1, wm, _mm512_set1_epi64(v1));
-    a2 = _mm512_dpwssd_epi32(a2, wm, _mm512_set1_epi64(v2));
-    a3 = _mm512_dpwssd_epi32(a3, wm, _mm512_set1_epi64(v3));
+  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;
+  auto bcast = [](const int16_t* p) {
+    int64_t v;
+    std::memcpy(&v, p, 8);
+    return _mm512_set1_epi64(v);
+  };
+  for (int run = 0; run < runs; ++run) {
+  const int m1 = m0 + run * stride + len;
+  int m = m0 + run * stride;
+  for (; m + 2 <= m1; m += 2) {
+    const __m512i wm = _mm512_loadu_si512(w + 2 * m), wn = _mm512_loadu_si512(w + 2 * m + 2);
+    TSERVE_KW_DP(a0, wm, bcast(r0 + 4 * m));
+    TSERVE_KW_DP(a1, wm, bcast(r1 + 4 * m));
+    TSERVE_KW_DP(a2, wm, bcast(r2 + 4 * m));
+    TSERVE_KW_DP(a3, wm, bcast(r3 + 4 * m));
+    TSERVE_KW_DP(c0, wn, bcast(r0 + 4 * m + 4));
+    TSERVE_KW_DP(c1, wn, bcast(r1 + 4 * m + 4));
+    TSERVE_KW_DP(c2, wn, bcast(r2 + 4 * m + 4));
+    TSERVE_KW_DP(c3, wn, bcast(r3 + 4 * m + 4));
   }
-  out[0] = _mm256_add_epi32(out[0], kw_fold(a0));
-  out[1] = _mm256_add_epi32(out[1], kw_fold(a1));
-  out[2] = _mm256_add_epi32(out[2], kw_fold(a2));
-  out[3] = _mm256_add_epi32(out[3], kw_fold(a3));
+  if (m < m1) {
+    const __m512i wm = _mm512_loadu_si512(w + 2 * m);
+    TSERVE_KW_DP(a0, wm, bcast(r0 + 4 * m));
+    TSERVE_KW_DP(a1, wm, bcast(r1 + 4 * m));
+    TSERVE_KW_DP(a2, wm, bcast(r2 + 4 * m));
+    TSERVE_KW_DP(a3, wm, bcast(r3 + 4 * m));
+  }
+  }
+  out[0] = _mm256_add_epi32(out[0], kw_fold(_mm512_add_epi32(a0, c0)));
+  out[1] = _mm256_add_epi32(out[1], kw_fold(_mm512_add_epi32(a1, c1)));
+  out[2] = _mm256_add_epi32(out[2], kw_fold(_mm512_add_epi32(a2, c2)));
+  out[3] = _mm256_add_epi32(out[3], kw_fold(_mm512_add_epi32(a3, c3)));
 }
 
-TSERVE_TARGET_VNNI __attribute__((noinline)) void kw_dot1_vnni(const __m256i* __restrict w, int m0, int m1,
+TSERVE_TARGET_VNNI __attribute__((noinline)) void kw_dot1_vnni(const __m256i* __restrict w, int m0, int len, int runs, int stride,
                                                                 const int16_t* __restrict r0, __m256i* __restrict out) {
-  __m512i a0 = _mm512_setzero_si512();
-  for (int m = m0; m < m1; ++m) {
+  __m512i a0 = _mm512_setzero_si512(), c0 = a0;
+  for (int run = 0; run < runs; ++run) {
+  const int m1 = m0 + run * stride + len;
+  int m = m0 + run * stride;
+  for (; m + 2 <= m1; m += 2) {
+    int64_t v0, v1;
+    std::memcpy(&v0, r0 + 4 * m, 8);
+    std::memcpy(&v1, r0 + 4 * m + 4, 8);
+    TSERVE_KW_DP(a0, _mm512_loadu_si512(w + 2 * m), _mm512_set1_epi64(v0));
+    TSERVE_KW_DP(c0, _mm512_loadu_si512(w + 2 * m + 2), _mm512_set1_epi64(v1));
+  }
+  if (m < m1) {
     int64_t v0;
     std::memcpy(&v0, r0 + 4 * m, 8);
-    a0 = _mm512_dpwssd_epi32(a0, _mm512_loadu_si512(w + 2 * m), _mm512_set1_epi64(v0));
+    TSERVE_KW_DP(a0, _mm512_loadu_si512(w + 2 * m), _mm512_set1_epi64(v0));
   }
-  out[0] = _mm256_add_epi32(out[0], kw_fold(a0));
+  }
+  out[0] = _mm256_add_epi32(out[0], kw_fold(_mm512_add_epi32(a0, c0)));
 }
+#undef TSERVE_KW_DP
 #endif
 
 inline bool kw_vnni() {
@@ -589,17 +624,18 @@ inline bool kw_vnni() {
 }
 
 template <int R>
-TSERVE_KP_TARGET inline void kw_dot(const __m256i* w, int m0, int m1, const int16_t* const* r, __m256i* out) {
+TSERVE_KP_TARGET inline void kw_dot(const __m256i* w, int m0, int len, int runs, int stride, const int16_t* const* r,
+                                    __m256i* out) {
   static_assert(R == 1 || R == 4, "one or four rows");
 #if defined(TSERVE_AVX512)
   if (kw_vnni()) {
-    if constexpr (R == 4) kw_dot4_vnni(w, m0, m1, r[0], r[1], r[2], r[3], out);
-    else kw_dot1_vnni(w, m0, m1, r[0], out);
+    if constexpr (R == 4) kw_dot4_vnni(w, m0, len, runs, stride, r[0], r[1], r[2], r[3], out);
+    else kw_dot1_vnni(w, m0, len, runs, stride, r[0], out);
     return;
   }
 #endif
-  if constexpr (R == 4) kw_dot4(w, m0, m1, r[0], r[1], r[2], r[3], out);
-  else kw_dot1(w, m0, m1, r[0], out);
+  if constexpr (R == 4) kw_dot4(w, m0, len, runs, stride, r[0], r[1], r[2], r[3], out);
+  else kw_dot1(w, m0, len, runs, stride, r[0], out);
 }
 
 template <int R>
@@ -634,12 +670,12 @@ TSERVE_KP_TARGET void kw_rows(const __m256i* w, const uint8_t* blk, const KqActs
     const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 1168)));
     kw_clear<R>(p);
     if constexpr (T == KQ5_K) {
-      kw_dot<R>(w, 0, 32, r, p);
+      kw_dot<R>(w, 0, 32, 1, 0, r, p);
       kw_add<R>(d, sa, p, acc);
       kw_clear<R>(p);
-      kw_dot<R>(w, 32, 64, r, p);
+      kw_dot<R>(w, 32, 32, 1, 0, r, p);
     } else {
-      kw_dot<R>(w, 0, 64, r, p);
+      kw_dot<R>(w, 0, 64, 1, 0, r, p);
     }
     kw_add<R>(d, sa, p, acc);
     const uint8_t* mn = blk + 1088;
@@ -653,10 +689,7 @@ TSERVE_KP_TARGET void kw_rows(const __m256i* w, const uint8_t* blk, const KqActs
     for (int h = 0; h < 2; ++h)
       for (int o = 0; o < 2; ++o) {  // group 2h + o: values 128h + 32c + 16o .. + 15, c = 0-3
         kw_clear<R>(p);
-        for (int c = 0; c < 4; ++c) {
-          const int m0 = 32 * h + 8 * c + 4 * o;
-          kw_dot<R>(w, m0, m0 + 4, r, p);
-        }
+        kw_dot<R>(w, 32 * h + 4 * o, 4, 4, 8, r, p);  // quads 32h + 8c + 4o .. + 3, c = 0-3
         kw_add<R>(d, sa, p, acc);
       }
   } else {
@@ -664,7 +697,7 @@ TSERVE_KP_TARGET void kw_rows(const __m256i* w, const uint8_t* blk, const KqActs
     const uint8_t* halves = blk + VB + (kp_five(T) ? 32 : 0);
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(halves)));
     kw_clear<R>(p);
-    kw_dot<R>(w, 0, 8, r, p);
+    kw_dot<R>(w, 0, 8, 1, 0, r, p);
     kw_add<R>(d, sa, p, acc);
     if constexpr (kp_min(T)) {
       const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(halves + 16)));
