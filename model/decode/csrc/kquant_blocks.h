@@ -64,12 +64,17 @@ struct KqActs {
   std::vector<uint8_t> lo;
   std::vector<float> scale;
   std::vector<int32_t> sum16;
+  // Blocks of 256 only: per block its 8 sums of 32 (A, at most 32 x 8,191 in magnitude) split as
+  // A = 32,768 hi + lo, lo in [0, 32,767], hi in [-8, 8): the 8 lo then the 8 hi, as int16, so
+  // the minima's integer (sum over sub-blocks of m A) is two madds of int16 pairs (kw_rows).
+  std::vector<int16_t> split32;
   void size(int64_t B, int64_t K, int64_t block) {
     r.resize(B * K);
     hi.resize(B * K);
     lo.resize(B * K);
     scale.resize(B * K / block);
     sum16.resize(B * K / 16);
+    split32.resize(block == 256 ? B * K / 16 : 0);
   }
   bool empty() const { return r.empty(); }
   void quantize(const float* x, int64_t b0, int64_t b1, int64_t K, int64_t block) {
@@ -91,6 +96,12 @@ struct KqActs {
         for (int64_t i = 0; i < 16; ++i) s += rs[16 * g + i];
         sum16[u * block / 16 + g] = s;
       }
+      if (block == 256)
+        for (int64_t g = 0; g < 8; ++g) {
+          const int32_t A = sum16[u * 16 + 2 * g] + sum16[u * 16 + 2 * g + 1];
+          split32[u * 16 + g] = static_cast<int16_t>(A & 32767);
+          split32[u * 16 + 8 + g] = static_cast<int16_t>(A >> 15);  // arithmetic: floor(A / 32,768)
+        }
     }
   }
 };

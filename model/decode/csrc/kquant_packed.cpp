@@ -678,10 +678,26 @@ TSERVE_KP_TARGET void kw_rows(const __m256i* w, const uint8_t* blk, const KqActs
       kw_dot<R>(w, 0, 64, 1, 0, r, p);
     }
     kw_add<R>(d, sa, p, acc);
+    // i1 = sum_s m_s A_s per output, as pairs of sub-blocks: mp[q] holds (m_2q, m_2q+1) per output,
+    // and a row's A split in int16 halves (KqActs::split32) meets it in two madds a pair.
     const uint8_t* mn = blk + 1088;
+    __m256i mp[4];
+    for (int q = 0; q < 4; ++q) {
+      const __m128i e = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn + 16 * q)));
+      const __m128i f = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn + 16 * q + 8)));
+      mp[q] = _mm256_set_m128i(_mm_unpackhi_epi16(e, f), _mm_unpacklo_epi16(e, f));
+    }
     for (int x = 0; x < R; ++x) {
-      __m256i i1 = _mm256_setzero_si256();
-      for (int s = 0; s < 8; ++s) i1 = _mm256_add_epi32(i1, kp_weighted<false>(mn + 8 * s, _mm256_set1_epi32(s16[x][2 * s] + s16[x][2 * s + 1])));
+      const int16_t* sp = a.split32.data() + (b0 + x) * (k / 16) + i * 16;
+      __m256i lo = _mm256_setzero_si256(), hi = lo;
+      for (int q = 0; q < 4; ++q) {
+        int32_t l, h;
+        std::memcpy(&l, sp + 2 * q, 4);
+        std::memcpy(&h, sp + 8 + 2 * q, 4);
+        lo = _mm256_add_epi32(lo, _mm256_madd_epi16(mp[q], _mm256_set1_epi32(l)));
+        hi = _mm256_add_epi32(hi, _mm256_madd_epi16(mp[q], _mm256_set1_epi32(h)));
+      }
+      const __m256i i1 = _mm256_add_epi32(lo, _mm256_slli_epi32(hi, 15));
       acc[x] = _mm256_fnmadd_ps(_mm256_mul_ps(dm, sa[x]), _mm256_cvtepi32_ps(i1), acc[x]);
     }
   } else if constexpr (T == KQ6_K) {
