@@ -594,6 +594,62 @@ TSERVE_TARGET_VNNI __attribute__((noinline)) void kw_dot4_vnni(const __m256i* __
   out[3] = _mm256_add_epi32(out[3], kw_fold(_mm512_add_epi32(a3, c3)));
 }
 
+// Eight rows a pass (AVX-512 has 32 registers: 16 accumulators, the two weight vectors and the
+// broadcasts fit): each weight vector loaded once for twice the rows.
+TSERVE_TARGET_VNNI __attribute__((noinline)) void kw_dot8_vnni(const __m256i* __restrict w, int m0, int len, int runs, int stride,
+                                                                const int16_t* const* __restrict r, __m256i* __restrict out) {
+  const int16_t *r0 = r[0], *r1 = r[1], *r2 = r[2], *r3 = r[3], *r4 = r[4], *r5 = r[5], *r6 = r[6], *r7 = r[7];
+  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+  __m512i c0 = a0, c1 = a0, c2 = a0, c3 = a0, c4 = a0, c5 = a0, c6 = a0, c7 = a0;
+  auto bcast = [](const int16_t* p) {
+    int64_t v;
+    std::memcpy(&v, p, 8);
+    return _mm512_set1_epi64(v);
+  };
+  for (int run = 0; run < runs; ++run) {
+    const int m1 = m0 + run * stride + len;
+    int m = m0 + run * stride;
+    for (; m + 2 <= m1; m += 2) {
+      const __m512i wm = _mm512_loadu_si512(w + 2 * m), wn = _mm512_loadu_si512(w + 2 * m + 2);
+      TSERVE_KW_DP(a0, wm, bcast(r0 + 4 * m));
+      TSERVE_KW_DP(a1, wm, bcast(r1 + 4 * m));
+      TSERVE_KW_DP(a2, wm, bcast(r2 + 4 * m));
+      TSERVE_KW_DP(a3, wm, bcast(r3 + 4 * m));
+      TSERVE_KW_DP(a4, wm, bcast(r4 + 4 * m));
+      TSERVE_KW_DP(a5, wm, bcast(r5 + 4 * m));
+      TSERVE_KW_DP(a6, wm, bcast(r6 + 4 * m));
+      TSERVE_KW_DP(a7, wm, bcast(r7 + 4 * m));
+      TSERVE_KW_DP(c0, wn, bcast(r0 + 4 * m + 4));
+      TSERVE_KW_DP(c1, wn, bcast(r1 + 4 * m + 4));
+      TSERVE_KW_DP(c2, wn, bcast(r2 + 4 * m + 4));
+      TSERVE_KW_DP(c3, wn, bcast(r3 + 4 * m + 4));
+      TSERVE_KW_DP(c4, wn, bcast(r4 + 4 * m + 4));
+      TSERVE_KW_DP(c5, wn, bcast(r5 + 4 * m + 4));
+      TSERVE_KW_DP(c6, wn, bcast(r6 + 4 * m + 4));
+      TSERVE_KW_DP(c7, wn, bcast(r7 + 4 * m + 4));
+    }
+    if (m < m1) {
+      const __m512i wm = _mm512_loadu_si512(w + 2 * m);
+      TSERVE_KW_DP(a0, wm, bcast(r0 + 4 * m));
+      TSERVE_KW_DP(a1, wm, bcast(r1 + 4 * m));
+      TSERVE_KW_DP(a2, wm, bcast(r2 + 4 * m));
+      TSERVE_KW_DP(a3, wm, bcast(r3 + 4 * m));
+      TSERVE_KW_DP(a4, wm, bcast(r4 + 4 * m));
+      TSERVE_KW_DP(a5, wm, bcast(r5 + 4 * m));
+      TSERVE_KW_DP(a6, wm, bcast(r6 + 4 * m));
+      TSERVE_KW_DP(a7, wm, bcast(r7 + 4 * m));
+    }
+  }
+  out[0] = _mm256_add_epi32(out[0], kw_fold(_mm512_add_epi32(a0, c0)));
+  out[1] = _mm256_add_epi32(out[1], kw_fold(_mm512_add_epi32(a1, c1)));
+  out[2] = _mm256_add_epi32(out[2], kw_fold(_mm512_add_epi32(a2, c2)));
+  out[3] = _mm256_add_epi32(out[3], kw_fold(_mm512_add_epi32(a3, c3)));
+  out[4] = _mm256_add_epi32(out[4], kw_fold(_mm512_add_epi32(a4, c4)));
+  out[5] = _mm256_add_epi32(out[5], kw_fold(_mm512_add_epi32(a5, c5)));
+  out[6] = _mm256_add_epi32(out[6], kw_fold(_mm512_add_epi32(a6, c6)));
+  out[7] = _mm256_add_epi32(out[7], kw_fold(_mm512_add_epi32(a7, c7)));
+}
+
 TSERVE_TARGET_VNNI __attribute__((noinline)) void kw_dot1_vnni(const __m256i* __restrict w, int m0, int len, int runs, int stride,
                                                                 const int16_t* __restrict r0, __m256i* __restrict out) {
   __m512i a0 = _mm512_setzero_si512(), c0 = a0;
@@ -626,15 +682,19 @@ inline bool kw_vnni() {
 template <int R>
 TSERVE_KP_TARGET inline void kw_dot(const __m256i* w, int m0, int len, int runs, int stride, const int16_t* const* r,
                                     __m256i* out) {
-  static_assert(R == 1 || R == 4, "one or four rows");
+  static_assert(R == 1 || R == 4 || R == 8, "one, four or eight rows");
 #if defined(TSERVE_AVX512)
   if (kw_vnni()) {
-    if constexpr (R == 4) kw_dot4_vnni(w, m0, len, runs, stride, r[0], r[1], r[2], r[3], out);
+    if constexpr (R == 8) kw_dot8_vnni(w, m0, len, runs, stride, r, out);
+    else if constexpr (R == 4) kw_dot4_vnni(w, m0, len, runs, stride, r[0], r[1], r[2], r[3], out);
     else kw_dot1_vnni(w, m0, len, runs, stride, r[0], out);
     return;
   }
 #endif
-  if constexpr (R == 4) kw_dot4(w, m0, len, runs, stride, r[0], r[1], r[2], r[3], out);
+  if constexpr (R == 8) {  // not run: eight-row passes are VNNI's (kw_run); the same sums in two halves
+    kw_dot4(w, m0, len, runs, stride, r[0], r[1], r[2], r[3], out);
+    kw_dot4(w, m0, len, runs, stride, r[4], r[5], r[6], r[7], out + 4);
+  } else if constexpr (R == 4) kw_dot4(w, m0, len, runs, stride, r[0], r[1], r[2], r[3], out);
   else kw_dot1(w, m0, len, runs, stride, r[0], out);
 }
 
@@ -754,6 +814,14 @@ TSERVE_KP_TARGET void kw_run(const KqActs& a, int64_t B, int64_t k, const uint8_
         else if constexpr (T == KQ6_K) kw_widen_k6(blk, wide);
         else kw_widen32<T>(blk, wide);
         int64_t b = g0;
+        if (kw_vnni())
+          for (; b + 2 * KW_ROWS <= g1; b += 2 * KW_ROWS) {
+            float* s = sums.data() + (b - g0) * KP;
+            __m256 acc[2 * KW_ROWS];
+            for (int x = 0; x < 2 * KW_ROWS; ++x) acc[x] = _mm256_loadu_ps(s + x * KP);
+            kw_rows<T, 2 * KW_ROWS>(wide, blk, a, k, i, b, acc);
+            for (int x = 0; x < 2 * KW_ROWS; ++x) _mm256_storeu_ps(s + x * KP, acc[x]);
+          }
         for (; b + KW_ROWS <= g1; b += KW_ROWS) {
           float* s = sums.data() + (b - g0) * KP;
           __m256 acc[KW_ROWS];
