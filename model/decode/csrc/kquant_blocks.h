@@ -65,8 +65,9 @@ struct KqActs {
   std::vector<float> scale;
   std::vector<int32_t> sum16;
   // Blocks of 256 only: per block its 8 sums of 32 (A, at most 32 x 8,191 in magnitude) split as
-  // A = 32,768 hi + lo, lo in [0, 32,767], hi in [-8, 8): the 8 lo then the 8 hi, as int16, so
-  // the minima's integer (sum over sub-blocks of m A) is two madds of int16 pairs (kw_rows).
+  // A = 32,768 hi + lo, lo in [0, 32,767], hi in [-8, 8), as int16 in fours per pair of sub-blocks
+  // (lo_2q, lo_2q+1, hi_2q, hi_2q+1), so the minima's integer (sum over sub-blocks of m A) is
+  // madds of int16 pairs (kw_rows).
   std::vector<int16_t> split32;
   void size(int64_t B, int64_t K, int64_t block) {
     r.resize(B * K);
@@ -99,8 +100,8 @@ struct KqActs {
       if (block == 256)
         for (int64_t g = 0; g < 8; ++g) {
           const int32_t A = sum16[u * 16 + 2 * g] + sum16[u * 16 + 2 * g + 1];
-          split32[u * 16 + g] = static_cast<int16_t>(A & 32767);
-          split32[u * 16 + 8 + g] = static_cast<int16_t>(A >> 15);  // arithmetic: floor(A / 32,768)
+          split32[u * 16 + 4 * (g / 2) + g % 2] = static_cast<int16_t>(A & 32767);
+          split32[u * 16 + 4 * (g / 2) + 2 + g % 2] = static_cast<int16_t>(A >> 15);  // arithmetic: floor(A / 32,768)
         }
     }
   }

@@ -674,6 +674,31 @@ TSERVE_TARGET_VNNI __attribute__((noinline)) void kw_dot1_vnni(const __m256i* __
 #undef TSERVE_KW_DP
 #endif
 
+#if defined(TSERVE_AVX512)
+// The minima's integers of `rows` rows (kw_rows): each pair q of sub-blocks' (m_2q, m_2q+1) in
+// both dwords of an output's quadword, against a row's (lo pair, hi pair) broadcast to every
+// quadword: one vpdpwssd gives each output's lo sum (even dword) and hi sum (odd), then
+// lo + 2^15 hi per quadword, narrowed to the 8 outputs.
+TSERVE_TARGET_VNNI __attribute__((noinline)) void kw_minima_vnni(const __m256i* mp, const int16_t* const* sp, int rows,
+                                                                  __m256i* i1) {
+  const __m512i twice = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  const __m512i shift = _mm512_setr_epi32(0, 15, 0, 15, 0, 15, 0, 15, 0, 15, 0, 15, 0, 15, 0, 15);
+  __m512i m2[4];
+  for (int q = 0; q < 4; ++q) m2[q] = _mm512_permutexvar_epi32(twice, _mm512_castsi256_si512(mp[q]));
+  for (int x = 0; x < rows; ++x) {
+    __m512i s = _mm512_setzero_si512();
+    for (int q = 0; q < 4; ++q) {
+      int64_t v;
+      std::memcpy(&v, sp[x] + 4 * q, 8);
+      s = _mm512_dpwssd_epi32(s, m2[q], _mm512_set1_epi64(v));
+    }
+    s = _mm512_sllv_epi32(s, shift);
+    s = _mm512_add_epi32(s, _mm512_srli_epi64(s, 32));
+    i1[x] = _mm512_cvtepi64_epi32(s);
+  }
+}
+#endif
+
 inline bool kw_vnni() {
   static const bool on = cpu().avx512_vnni;
   return on;
@@ -747,19 +772,29 @@ TSERVE_KP_TARGET void kw_rows(const __m256i* w, const uint8_t* blk, const KqActs
       const __m128i f = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn + 16 * q + 8)));
       mp[q] = _mm256_set_m128i(_mm_unpackhi_epi16(e, f), _mm_unpacklo_epi16(e, f));
     }
-    for (int x = 0; x < R; ++x) {
-      const int16_t* sp = a.split32.data() + (b0 + x) * (k / 16) + i * 16;
-      __m256i lo = _mm256_setzero_si256(), hi = lo;
-      for (int q = 0; q < 4; ++q) {
-        int32_t l, h;
-        std::memcpy(&l, sp + 2 * q, 4);
-        std::memcpy(&h, sp + 8 + 2 * q, 4);
-        lo = _mm256_add_epi32(lo, _mm256_madd_epi16(mp[q], _mm256_set1_epi32(l)));
-        hi = _mm256_add_epi32(hi, _mm256_madd_epi16(mp[q], _mm256_set1_epi32(h)));
+    const int16_t* sp[R];
+    for (int x = 0; x < R; ++x) sp[x] = a.split32.data() + (b0 + x) * (k / 16) + i * 16;
+    __m256i i1[R];
+#if defined(TSERVE_AVX512)
+    if (kw_vnni()) {
+      kw_minima_vnni(mp, sp, R, i1);
+    } else
+#endif
+    {
+      for (int x = 0; x < R; ++x) {
+        __m256i lo = _mm256_setzero_si256(), hi = lo;
+        for (int q = 0; q < 4; ++q) {
+          int32_t l, h;
+          std::memcpy(&l, sp[x] + 4 * q, 4);
+          std::memcpy(&h, sp[x] + 4 * q + 2, 4);
+          lo = _mm256_add_epi32(lo, _mm256_madd_epi16(mp[q], _mm256_set1_epi32(l)));
+          hi = _mm256_add_epi32(hi, _mm256_madd_epi16(mp[q], _mm256_set1_epi32(h)));
+        }
+        i1[x] = _mm256_add_epi32(lo, _mm256_slli_epi32(hi, 15));
       }
-      const __m256i i1 = _mm256_add_epi32(lo, _mm256_slli_epi32(hi, 15));
-      acc[x] = _mm256_fnmadd_ps(_mm256_mul_ps(dm, sa[x]), _mm256_cvtepi32_ps(i1), acc[x]);
     }
+    for (int x = 0; x < R; ++x)
+      acc[x] = _mm256_fnmadd_ps(_mm256_mul_ps(dm, sa[x]), _mm256_cvtepi32_ps(i1[x]), acc[x]);
   } else if constexpr (T == KQ6_K) {
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 1664)));
     for (int h = 0; h < 2; ++h)
