@@ -554,6 +554,13 @@ TSERVE_TARGET_VNNI inline __m256i kw_fold(__m512i s) {
 // accumulator into a fresh register before each intrinsic and back after (two moves a product).
 #define TSERVE_KW_DP(acc, w, x) asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(w), "v"(x))
 
+// 4 activations (int16) of a row broadcast to every quadword
+TSERVE_TARGET_VNNI inline __m512i kw_bcast4(const int16_t* p) {
+  int64_t v;
+  std::memcpy(&v, p, 8);
+  return _mm512_set1_epi64(v);
+}
+
 // Two quads a pass, into two sets of accumulators (a vpdpwssd's latency is several cycles, and
 // four rows alone would wait on it); the sets are added at the end (exact integers).
 TSERVE_TARGET_VNNI __attribute__((noinline)) void kw_dot4_vnni(const __m256i* __restrict w, int m0, int len, int runs, int stride,
@@ -561,31 +568,26 @@ TSERVE_TARGET_VNNI __attribute__((noinline)) void kw_dot4_vnni(const __m256i* __
                                                                 const int16_t* __restrict r2, const int16_t* __restrict r3,
                                                                 __m256i* __restrict out) {
   __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;
-  auto bcast = [](const int16_t* p) {
-    int64_t v;
-    std::memcpy(&v, p, 8);
-    return _mm512_set1_epi64(v);
-  };
   for (int run = 0; run < runs; ++run) {
   const int m1 = m0 + run * stride + len;
   int m = m0 + run * stride;
   for (; m + 2 <= m1; m += 2) {
     const __m512i wm = _mm512_loadu_si512(w + 2 * m), wn = _mm512_loadu_si512(w + 2 * m + 2);
-    TSERVE_KW_DP(a0, wm, bcast(r0 + 4 * m));
-    TSERVE_KW_DP(a1, wm, bcast(r1 + 4 * m));
-    TSERVE_KW_DP(a2, wm, bcast(r2 + 4 * m));
-    TSERVE_KW_DP(a3, wm, bcast(r3 + 4 * m));
-    TSERVE_KW_DP(c0, wn, bcast(r0 + 4 * m + 4));
-    TSERVE_KW_DP(c1, wn, bcast(r1 + 4 * m + 4));
-    TSERVE_KW_DP(c2, wn, bcast(r2 + 4 * m + 4));
-    TSERVE_KW_DP(c3, wn, bcast(r3 + 4 * m + 4));
+    TSERVE_KW_DP(a0, wm, kw_bcast4(r0 + 4 * m));
+    TSERVE_KW_DP(a1, wm, kw_bcast4(r1 + 4 * m));
+    TSERVE_KW_DP(a2, wm, kw_bcast4(r2 + 4 * m));
+    TSERVE_KW_DP(a3, wm, kw_bcast4(r3 + 4 * m));
+    TSERVE_KW_DP(c0, wn, kw_bcast4(r0 + 4 * m + 4));
+    TSERVE_KW_DP(c1, wn, kw_bcast4(r1 + 4 * m + 4));
+    TSERVE_KW_DP(c2, wn, kw_bcast4(r2 + 4 * m + 4));
+    TSERVE_KW_DP(c3, wn, kw_bcast4(r3 + 4 * m + 4));
   }
   if (m < m1) {
     const __m512i wm = _mm512_loadu_si512(w + 2 * m);
-    TSERVE_KW_DP(a0, wm, bcast(r0 + 4 * m));
-    TSERVE_KW_DP(a1, wm, bcast(r1 + 4 * m));
-    TSERVE_KW_DP(a2, wm, bcast(r2 + 4 * m));
-    TSERVE_KW_DP(a3, wm, bcast(r3 + 4 * m));
+    TSERVE_KW_DP(a0, wm, kw_bcast4(r0 + 4 * m));
+    TSERVE_KW_DP(a1, wm, kw_bcast4(r1 + 4 * m));
+    TSERVE_KW_DP(a2, wm, kw_bcast4(r2 + 4 * m));
+    TSERVE_KW_DP(a3, wm, kw_bcast4(r3 + 4 * m));
   }
   }
   out[0] = _mm256_add_epi32(out[0], kw_fold(_mm512_add_epi32(a0, c0)));
@@ -601,43 +603,38 @@ TSERVE_TARGET_VNNI __attribute__((noinline)) void kw_dot8_vnni(const __m256i* __
   const int16_t *r0 = r[0], *r1 = r[1], *r2 = r[2], *r3 = r[3], *r4 = r[4], *r5 = r[5], *r6 = r[6], *r7 = r[7];
   __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
   __m512i c0 = a0, c1 = a0, c2 = a0, c3 = a0, c4 = a0, c5 = a0, c6 = a0, c7 = a0;
-  auto bcast = [](const int16_t* p) {
-    int64_t v;
-    std::memcpy(&v, p, 8);
-    return _mm512_set1_epi64(v);
-  };
   for (int run = 0; run < runs; ++run) {
     const int m1 = m0 + run * stride + len;
     int m = m0 + run * stride;
     for (; m + 2 <= m1; m += 2) {
       const __m512i wm = _mm512_loadu_si512(w + 2 * m), wn = _mm512_loadu_si512(w + 2 * m + 2);
-      TSERVE_KW_DP(a0, wm, bcast(r0 + 4 * m));
-      TSERVE_KW_DP(a1, wm, bcast(r1 + 4 * m));
-      TSERVE_KW_DP(a2, wm, bcast(r2 + 4 * m));
-      TSERVE_KW_DP(a3, wm, bcast(r3 + 4 * m));
-      TSERVE_KW_DP(a4, wm, bcast(r4 + 4 * m));
-      TSERVE_KW_DP(a5, wm, bcast(r5 + 4 * m));
-      TSERVE_KW_DP(a6, wm, bcast(r6 + 4 * m));
-      TSERVE_KW_DP(a7, wm, bcast(r7 + 4 * m));
-      TSERVE_KW_DP(c0, wn, bcast(r0 + 4 * m + 4));
-      TSERVE_KW_DP(c1, wn, bcast(r1 + 4 * m + 4));
-      TSERVE_KW_DP(c2, wn, bcast(r2 + 4 * m + 4));
-      TSERVE_KW_DP(c3, wn, bcast(r3 + 4 * m + 4));
-      TSERVE_KW_DP(c4, wn, bcast(r4 + 4 * m + 4));
-      TSERVE_KW_DP(c5, wn, bcast(r5 + 4 * m + 4));
-      TSERVE_KW_DP(c6, wn, bcast(r6 + 4 * m + 4));
-      TSERVE_KW_DP(c7, wn, bcast(r7 + 4 * m + 4));
+      TSERVE_KW_DP(a0, wm, kw_bcast4(r0 + 4 * m));
+      TSERVE_KW_DP(a1, wm, kw_bcast4(r1 + 4 * m));
+      TSERVE_KW_DP(a2, wm, kw_bcast4(r2 + 4 * m));
+      TSERVE_KW_DP(a3, wm, kw_bcast4(r3 + 4 * m));
+      TSERVE_KW_DP(a4, wm, kw_bcast4(r4 + 4 * m));
+      TSERVE_KW_DP(a5, wm, kw_bcast4(r5 + 4 * m));
+      TSERVE_KW_DP(a6, wm, kw_bcast4(r6 + 4 * m));
+      TSERVE_KW_DP(a7, wm, kw_bcast4(r7 + 4 * m));
+      TSERVE_KW_DP(c0, wn, kw_bcast4(r0 + 4 * m + 4));
+      TSERVE_KW_DP(c1, wn, kw_bcast4(r1 + 4 * m + 4));
+      TSERVE_KW_DP(c2, wn, kw_bcast4(r2 + 4 * m + 4));
+      TSERVE_KW_DP(c3, wn, kw_bcast4(r3 + 4 * m + 4));
+      TSERVE_KW_DP(c4, wn, kw_bcast4(r4 + 4 * m + 4));
+      TSERVE_KW_DP(c5, wn, kw_bcast4(r5 + 4 * m + 4));
+      TSERVE_KW_DP(c6, wn, kw_bcast4(r6 + 4 * m + 4));
+      TSERVE_KW_DP(c7, wn, kw_bcast4(r7 + 4 * m + 4));
     }
     if (m < m1) {
       const __m512i wm = _mm512_loadu_si512(w + 2 * m);
-      TSERVE_KW_DP(a0, wm, bcast(r0 + 4 * m));
-      TSERVE_KW_DP(a1, wm, bcast(r1 + 4 * m));
-      TSERVE_KW_DP(a2, wm, bcast(r2 + 4 * m));
-      TSERVE_KW_DP(a3, wm, bcast(r3 + 4 * m));
-      TSERVE_KW_DP(a4, wm, bcast(r4 + 4 * m));
-      TSERVE_KW_DP(a5, wm, bcast(r5 + 4 * m));
-      TSERVE_KW_DP(a6, wm, bcast(r6 + 4 * m));
-      TSERVE_KW_DP(a7, wm, bcast(r7 + 4 * m));
+      TSERVE_KW_DP(a0, wm, kw_bcast4(r0 + 4 * m));
+      TSERVE_KW_DP(a1, wm, kw_bcast4(r1 + 4 * m));
+      TSERVE_KW_DP(a2, wm, kw_bcast4(r2 + 4 * m));
+      TSERVE_KW_DP(a3, wm, kw_bcast4(r3 + 4 * m));
+      TSERVE_KW_DP(a4, wm, kw_bcast4(r4 + 4 * m));
+      TSERVE_KW_DP(a5, wm, kw_bcast4(r5 + 4 * m));
+      TSERVE_KW_DP(a6, wm, kw_bcast4(r6 + 4 * m));
+      TSERVE_KW_DP(a7, wm, kw_bcast4(r7 + 4 * m));
     }
   }
   out[0] = _mm256_add_epi32(out[0], kw_fold(_mm512_add_epi32(a0, c0)));
