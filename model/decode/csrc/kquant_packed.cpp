@@ -493,32 +493,35 @@ TSERVE_KP_TARGET void kw_widen32(const uint8_t* blk, __m256i* w) {
   }
 }
 
-// Rows' integer over `runs` runs of `len` quads of a widened block, run u from quad m0 + u stride (Q6_K's
-// groups are 4 runs of 4): the 8 outputs' lane sums (R rows at r[x] + 4 m), added to out. Written out for one and four rows with named registers: with arrays the
-// compiler kept the row pointers and weights on the stack inside the loop (a third the speed).
+// Rows' integer over `runs` runs of `len` quads of a widened block, run u from quad m0 + u stride
+// (Q6_K's groups are 4 runs of 4): the 8 outputs' lane sums (R rows at r[x] + 4 m), added to out.
+// Written out for one and four rows with named registers: with arrays the compiler kept the row
+// pointers and weights on the stack inside the loop (a third the speed).
 TSERVE_KP_TARGET __attribute__((noinline)) void kw_dot4(const __m256i* __restrict w, int m0, int len, int runs, int stride,
                                                          const int16_t* __restrict r0, const int16_t* __restrict r1,
                                                          const int16_t* __restrict r2, const int16_t* __restrict r3,
                                                          __m256i* __restrict out) {
   __m256i a0 = _mm256_setzero_si256(), b0 = a0, a1 = a0, b1 = a0, a2 = a0, b2 = a0, a3 = a0, b3 = a0;
-  for (int run = 0; run < runs; ++run)
-  for (int m = m0 + run * stride; m < m0 + run * stride + len; ++m) {
-    const __m256i wa = _mm256_loadu_si256(w + 2 * m), wb = _mm256_loadu_si256(w + 2 * m + 1);
-    int64_t v0, v1, v2, v3;
-    std::memcpy(&v0, r0 + 4 * m, 8);
-    std::memcpy(&v1, r1 + 4 * m, 8);
-    std::memcpy(&v2, r2 + 4 * m, 8);
-    std::memcpy(&v3, r3 + 4 * m, 8);
-    const __m256i x0 = _mm256_set1_epi64x(v0), x1 = _mm256_set1_epi64x(v1);
-    const __m256i x2 = _mm256_set1_epi64x(v2), x3 = _mm256_set1_epi64x(v3);
-    a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(wa, x0));
-    b0 = _mm256_add_epi32(b0, _mm256_madd_epi16(wb, x0));
-    a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(wa, x1));
-    b1 = _mm256_add_epi32(b1, _mm256_madd_epi16(wb, x1));
-    a2 = _mm256_add_epi32(a2, _mm256_madd_epi16(wa, x2));
-    b2 = _mm256_add_epi32(b2, _mm256_madd_epi16(wb, x2));
-    a3 = _mm256_add_epi32(a3, _mm256_madd_epi16(wa, x3));
-    b3 = _mm256_add_epi32(b3, _mm256_madd_epi16(wb, x3));
+  for (int run = 0; run < runs; ++run) {
+    const int end = m0 + run * stride + len;
+    for (int m = m0 + run * stride; m < end; ++m) {
+      const __m256i wa = _mm256_loadu_si256(w + 2 * m), wb = _mm256_loadu_si256(w + 2 * m + 1);
+      int64_t v0, v1, v2, v3;
+      std::memcpy(&v0, r0 + 4 * m, 8);
+      std::memcpy(&v1, r1 + 4 * m, 8);
+      std::memcpy(&v2, r2 + 4 * m, 8);
+      std::memcpy(&v3, r3 + 4 * m, 8);
+      const __m256i x0 = _mm256_set1_epi64x(v0), x1 = _mm256_set1_epi64x(v1);
+      const __m256i x2 = _mm256_set1_epi64x(v2), x3 = _mm256_set1_epi64x(v3);
+      a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(wa, x0));
+      b0 = _mm256_add_epi32(b0, _mm256_madd_epi16(wb, x0));
+      a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(wa, x1));
+      b1 = _mm256_add_epi32(b1, _mm256_madd_epi16(wb, x1));
+      a2 = _mm256_add_epi32(a2, _mm256_madd_epi16(wa, x2));
+      b2 = _mm256_add_epi32(b2, _mm256_madd_epi16(wb, x2));
+      a3 = _mm256_add_epi32(a3, _mm256_madd_epi16(wa, x3));
+      b3 = _mm256_add_epi32(b3, _mm256_madd_epi16(wb, x3));
+    }
   }
   out[0] = _mm256_add_epi32(out[0], _mm256_hadd_epi32(a0, b0));
   out[1] = _mm256_add_epi32(out[1], _mm256_hadd_epi32(a1, b1));
@@ -529,13 +532,15 @@ TSERVE_KP_TARGET __attribute__((noinline)) void kw_dot4(const __m256i* __restric
 TSERVE_KP_TARGET __attribute__((noinline)) void kw_dot1(const __m256i* __restrict w, int m0, int len, int runs, int stride,
                                                          const int16_t* __restrict r0, __m256i* __restrict out) {
   __m256i a0 = _mm256_setzero_si256(), b0 = a0;
-  for (int run = 0; run < runs; ++run)
-  for (int m = m0 + run * stride; m < m0 + run * stride + len; ++m) {
-    int64_t v0;
-    std::memcpy(&v0, r0 + 4 * m, 8);
-    const __m256i x0 = _mm256_set1_epi64x(v0);
-    a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(_mm256_loadu_si256(w + 2 * m), x0));
-    b0 = _mm256_add_epi32(b0, _mm256_madd_epi16(_mm256_loadu_si256(w + 2 * m + 1), x0));
+  for (int run = 0; run < runs; ++run) {
+    const int end = m0 + run * stride + len;
+    for (int m = m0 + run * stride; m < end; ++m) {
+      int64_t v0;
+      std::memcpy(&v0, r0 + 4 * m, 8);
+      const __m256i x0 = _mm256_set1_epi64x(v0);
+      a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(_mm256_loadu_si256(w + 2 * m), x0));
+      b0 = _mm256_add_epi32(b0, _mm256_madd_epi16(_mm256_loadu_si256(w + 2 * m + 1), x0));
+    }
   }
   out[0] = _mm256_add_epi32(out[0], _mm256_hadd_epi32(a0, b0));
 }
@@ -569,26 +574,26 @@ TSERVE_TARGET_VNNI __attribute__((noinline)) void kw_dot4_vnni(const __m256i* __
                                                                 __m256i* __restrict out) {
   __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;
   for (int run = 0; run < runs; ++run) {
-  const int m1 = m0 + run * stride + len;
-  int m = m0 + run * stride;
-  for (; m + 2 <= m1; m += 2) {
-    const __m512i wm = _mm512_loadu_si512(w + 2 * m), wn = _mm512_loadu_si512(w + 2 * m + 2);
-    TSERVE_KW_DP(a0, wm, kw_bcast4(r0 + 4 * m));
-    TSERVE_KW_DP(a1, wm, kw_bcast4(r1 + 4 * m));
-    TSERVE_KW_DP(a2, wm, kw_bcast4(r2 + 4 * m));
-    TSERVE_KW_DP(a3, wm, kw_bcast4(r3 + 4 * m));
-    TSERVE_KW_DP(c0, wn, kw_bcast4(r0 + 4 * m + 4));
-    TSERVE_KW_DP(c1, wn, kw_bcast4(r1 + 4 * m + 4));
-    TSERVE_KW_DP(c2, wn, kw_bcast4(r2 + 4 * m + 4));
-    TSERVE_KW_DP(c3, wn, kw_bcast4(r3 + 4 * m + 4));
-  }
-  if (m < m1) {
-    const __m512i wm = _mm512_loadu_si512(w + 2 * m);
-    TSERVE_KW_DP(a0, wm, kw_bcast4(r0 + 4 * m));
-    TSERVE_KW_DP(a1, wm, kw_bcast4(r1 + 4 * m));
-    TSERVE_KW_DP(a2, wm, kw_bcast4(r2 + 4 * m));
-    TSERVE_KW_DP(a3, wm, kw_bcast4(r3 + 4 * m));
-  }
+    const int m1 = m0 + run * stride + len;
+    int m = m0 + run * stride;
+    for (; m + 2 <= m1; m += 2) {
+      const __m512i wm = _mm512_loadu_si512(w + 2 * m), wn = _mm512_loadu_si512(w + 2 * m + 2);
+      TSERVE_KW_DP(a0, wm, kw_bcast4(r0 + 4 * m));
+      TSERVE_KW_DP(a1, wm, kw_bcast4(r1 + 4 * m));
+      TSERVE_KW_DP(a2, wm, kw_bcast4(r2 + 4 * m));
+      TSERVE_KW_DP(a3, wm, kw_bcast4(r3 + 4 * m));
+      TSERVE_KW_DP(c0, wn, kw_bcast4(r0 + 4 * m + 4));
+      TSERVE_KW_DP(c1, wn, kw_bcast4(r1 + 4 * m + 4));
+      TSERVE_KW_DP(c2, wn, kw_bcast4(r2 + 4 * m + 4));
+      TSERVE_KW_DP(c3, wn, kw_bcast4(r3 + 4 * m + 4));
+    }
+    if (m < m1) {
+      const __m512i wm = _mm512_loadu_si512(w + 2 * m);
+      TSERVE_KW_DP(a0, wm, kw_bcast4(r0 + 4 * m));
+      TSERVE_KW_DP(a1, wm, kw_bcast4(r1 + 4 * m));
+      TSERVE_KW_DP(a2, wm, kw_bcast4(r2 + 4 * m));
+      TSERVE_KW_DP(a3, wm, kw_bcast4(r3 + 4 * m));
+    }
   }
   out[0] = _mm256_add_epi32(out[0], kw_fold(_mm512_add_epi32(a0, c0)));
   out[1] = _mm256_add_epi32(out[1], kw_fold(_mm512_add_epi32(a1, c1)));
@@ -651,20 +656,15 @@ TSERVE_TARGET_VNNI __attribute__((noinline)) void kw_dot1_vnni(const __m256i* __
                                                                 const int16_t* __restrict r0, __m256i* __restrict out) {
   __m512i a0 = _mm512_setzero_si512(), c0 = a0;
   for (int run = 0; run < runs; ++run) {
-  const int m1 = m0 + run * stride + len;
-  int m = m0 + run * stride;
-  for (; m + 2 <= m1; m += 2) {
-    int64_t v0, v1;
-    std::memcpy(&v0, r0 + 4 * m, 8);
-    std::memcpy(&v1, r0 + 4 * m + 4, 8);
-    TSERVE_KW_DP(a0, _mm512_loadu_si512(w + 2 * m), _mm512_set1_epi64(v0));
-    TSERVE_KW_DP(c0, _mm512_loadu_si512(w + 2 * m + 2), _mm512_set1_epi64(v1));
-  }
-  if (m < m1) {
-    int64_t v0;
-    std::memcpy(&v0, r0 + 4 * m, 8);
-    TSERVE_KW_DP(a0, _mm512_loadu_si512(w + 2 * m), _mm512_set1_epi64(v0));
-  }
+    const int m1 = m0 + run * stride + len;
+    int m = m0 + run * stride;
+    for (; m + 2 <= m1; m += 2) {
+      TSERVE_KW_DP(a0, _mm512_loadu_si512(w + 2 * m), kw_bcast4(r0 + 4 * m));
+      TSERVE_KW_DP(c0, _mm512_loadu_si512(w + 2 * m + 2), kw_bcast4(r0 + 4 * m + 4));
+    }
+    if (m < m1) {
+      TSERVE_KW_DP(a0, _mm512_loadu_si512(w + 2 * m), kw_bcast4(r0 + 4 * m));
+    }
   }
   out[0] = _mm256_add_epi32(out[0], kw_fold(_mm512_add_epi32(a0, c0)));
 }

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -265,6 +266,9 @@ def test_repacked_once_gives_the_scalar_bits_at_any_batch(kernel, name, n, fresh
                 assert torch.equal(alone[0].view(torch.int32), packed[b].view(torch.int32)), (rows, b)
 
 
+SEED_ISA = 4141
+
+
 def packed_products(out: str) -> None:
     """The packed loops' products for every packed type at 1, 4 and 33 rows, saved to ``out`` (run
     here and in a child with other vector units turned off)."""
@@ -281,8 +285,6 @@ def packed_products(out: str) -> None:
     torch.save(results, out)
 
 
-SEED_ISA = 4141
-
 
 def test_the_avx512_vnni_loops_give_the_avx2_loops_bits(tmp_path):
     """Where the CPU has AVX512-VNNI, the widened blocks meet 4 rows at a time through vpdpwssd
@@ -293,7 +295,7 @@ def test_the_avx512_vnni_loops_give_the_avx2_loops_bits(tmp_path):
         pytest.skip("this CPU has no AVX2 + FMA + F16C")
     here, avx2 = tmp_path / "here.pt", tmp_path / "avx2.pt"
     packed_products(str(here))
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    root = Path(__file__).resolve().parents[3]
     code = f"from tests.model.quant.test_kquant import packed_products; packed_products({str(avx2)!r})"
     env = {**os.environ, "TSERVE_NATIVE_ISA": "avx2"}
     done = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=600)
