@@ -364,6 +364,156 @@ void kp_pack32(const uint8_t* w, int64_t n, int64_t k, uint8_t* out) {
   });
 }
 
+#if defined(TSERVE_AVX512)
+// --- one row with AVX512-VNNI (256-bit vectors) ----------------------------------------------------
+// The loops above take a row's 14-bit activations as two bytes (hi, lo) through maddubs, sum the
+// int16 pairs of a sub-block and madd them by its scale: per 4 values x 8 outputs, two maddubs and
+// two int16 adds for each of hi and lo. vpdpbusd (unsigned weight bytes times signed activation
+// bytes, four products into each int32 lane) does each half in one instruction, so a sub-block's
+// hi sum H and lo sum L come straight out as int32 lanes and its part of the block's integer is
+// sc (128 H + L), one 32-bit multiply a sub-block. The integers are kquant.h's exact ones (int32
+// sums wrap the same whatever the order), so the float combination, the same operations in the
+// same order, gives the AVX2 loops' bits. Eight accumulators a pair of sub-blocks (the even and
+// odd vectors apart), since a vpdpbusd's latency is several cycles and a single row has no other
+// independent work.
+#define TSERVE_KP_TARGET_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+#define TSERVE_KP_DB(acc, u, s) asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s))
+
+// The one-row VNNI loops run where the CPU has AVX512-VNNI on 256-bit vectors (and not under
+// TSERVE_NATIVE_ISA=avx2 or scalar).
+inline bool kp_row_vnni() {
+  static const bool on = cpu().avx512_vnni && __builtin_cpu_supports("avx512vl");
+  return on;
+}
+
+// 8 scale bytes (one per output) as int32 lanes
+template <bool SIGNED>
+TSERVE_KP_TARGET_VNNI inline __m256i kp_lanes(const uint8_t* p) {
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return SIGNED ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b);
+}
+
+// sc (128 H + L) for the lanes of one sub-block
+TSERVE_KP_TARGET_VNNI inline __m256i kp_scaled(__m256i h, __m256i l, __m256i sc) {
+  return _mm256_mullo_epi32(_mm256_add_epi32(_mm256_slli_epi32(h, 7), l), sc);
+}
+
+// Row b against one tile of Q4_K (FIVE: Q5_K): kp_rows<1, FIVE>'s result.
+template <bool FIVE>
+TSERVE_KP_TARGET_VNNI __attribute__((noinline)) void kp_row_k4_vnni(const uint8_t* tile, int64_t blocks, const KqActs& a,
+                                                                    int64_t k, int64_t b, float* out) {
+  constexpr int64_t BB = FIVE ? KP5_BLOCK : KP_BLOCK;
+  const __m256i low = _mm256_set1_epi8(15);
+  const int8_t* hr = a.hi.data() + b * k;
+  const uint8_t* lr = a.lo.data() + b * k;
+  const int32_t* s16 = a.sum16.data() + b * (k / 16);
+  const float* sr = a.scale.data() + b * blocks;
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < blocks; ++i) {
+    const uint8_t* blk = tile + i * BB;
+    const uint8_t* sc = blk + 1024;
+    const uint8_t* mn = sc + 64;
+    const uint8_t* qh = blk + KP_BLOCK;
+    __m256i i0 = _mm256_setzero_si256(), part = i0;
+    for (int c = 0; c < 4; ++c) {  // values 64c .. 64c + 63: sub-blocks 2c (low nibbles), 2c + 1 (high)
+      __m256i h0 = _mm256_setzero_si256(), l0 = h0, h1 = h0, l1 = h0, g0 = h0, m0 = h0, g1 = h0, m1 = h0;
+      const int64_t o0 = i * 256 + 64 * c;
+      for (int t = 0; t < 8; t += 2) {
+        _mm_prefetch(reinterpret_cast<const char*>(blk + KP_PREFETCH + 32 * (8 * c + t)), _MM_HINT_T0);
+        const __m256i q = loadu(blk + 32 * (8 * c + t)), p = loadu(blk + 32 * (8 * c + t + 1));
+        __m256i qlo = _mm256_and_si256(q, low), qhi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+        __m256i plo = _mm256_and_si256(p, low), phi = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
+        if constexpr (FIVE) {
+          kp_fifth_k(loadu(qh + 32 * t), c, qlo, qhi);
+          kp_fifth_k(loadu(qh + 32 * (t + 1)), c, plo, phi);
+        }
+        const int64_t o = o0 + 4 * t;
+        TSERVE_KP_DB(h0, qlo, kp_bcast(hr + o));
+        TSERVE_KP_DB(l0, qlo, kp_bcast(lr + o));
+        TSERVE_KP_DB(h1, qhi, kp_bcast(hr + o + 32));
+        TSERVE_KP_DB(l1, qhi, kp_bcast(lr + o + 32));
+        TSERVE_KP_DB(g0, plo, kp_bcast(hr + o + 4));
+        TSERVE_KP_DB(m0, plo, kp_bcast(lr + o + 4));
+        TSERVE_KP_DB(g1, phi, kp_bcast(hr + o + 36));
+        TSERVE_KP_DB(m1, phi, kp_bcast(lr + o + 36));
+      }
+      i0 = _mm256_add_epi32(i0, kp_scaled(_mm256_add_epi32(h0, g0), _mm256_add_epi32(l0, m0), kp_lanes<false>(sc + 16 * c)));
+      i0 = _mm256_add_epi32(i0, kp_scaled(_mm256_add_epi32(h1, g1), _mm256_add_epi32(l1, m1), kp_lanes<false>(sc + 16 * c + 8)));
+      if constexpr (FIVE) {  // Q5_K's i0 in two halves: sub-blocks 0-3, then 4-7
+        if (c == 1) {
+          part = i0;
+          i0 = _mm256_setzero_si256();
+        }
+      }
+    }
+    for (int64_t line = 1024; line < BB; line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(blk + KP_PREFETCH + line), _MM_HINT_T0);
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 1152)));
+    const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 1168)));
+    __m256i i1 = _mm256_setzero_si256();  // sum_s m_s (sum r)_s
+    for (int s = 0; s < 8; ++s)
+      i1 = _mm256_add_epi32(i1, _mm256_mullo_epi32(kp_lanes<false>(mn + 8 * s), _mm256_set1_epi32(s16[i * 16 + 2 * s] + s16[i * 16 + 2 * s + 1])));
+    const __m256 sa = _mm256_set1_ps(sr[i]), dd = _mm256_mul_ps(d, sa);
+    if constexpr (FIVE) acc = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(part), acc);
+    acc = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(i0), acc);
+    acc = _mm256_fnmadd_ps(_mm256_mul_ps(dm, sa), _mm256_cvtepi32_ps(i1), acc);
+  }
+  _mm256_storeu_ps(out, acc);
+}
+#endif
+
+#if defined(TSERVE_AVX512)
+// Row b against one tile of Q6_K: kp_rows6<1>'s result. A group's four sub-blocks each take their
+// hi and lo sums over the group's four vectors (16 values) before one multiply by the signed scale.
+TSERVE_KP_TARGET_VNNI __attribute__((noinline)) void kp_row6_vnni(const uint8_t* tile, int64_t blocks, const KqActs& a,
+                                                                  int64_t k, int64_t b, float* out) {
+  const int8_t* hr = a.hi.data() + b * k;
+  const uint8_t* lr = a.lo.data() + b * k;
+  const int32_t* s16 = a.sum16.data() + b * (k / 16);
+  const float* sr = a.scale.data() + b * blocks;
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < blocks; ++i) {
+    const uint8_t* blk = tile + i * KP6_BLOCK;
+    const uint8_t* sc = blk + 1536;
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 1664)));
+    const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(sr[i]));
+    for (int h = 0; h < 2; ++h)
+      for (int o = 0; o < 2; ++o) {  // group 2h + o: bytes l = 16o .. 16o + 15 of the half, sub-blocks 8h + o + 2w
+        __m256i H0 = _mm256_setzero_si256(), H1 = H0, H2 = H0, H3 = H0, L0 = H0, L1 = H0, L2 = H0, L3 = H0;
+        for (int u = 4 * o; u < 4 * o + 4; ++u) {
+          _mm_prefetch(reinterpret_cast<const char*>(blk + 2 * KP6_BLOCK + 128 * (8 * h + u)), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(blk + 2 * KP6_BLOCK + 128 * (8 * h + u) + 64), _MM_HINT_T0);
+          __m256i v[4];
+          kp_q6(blk, h, u, v);
+          const int64_t at = i * 256 + 128 * h + 4 * u;
+          TSERVE_KP_DB(H0, v[0], kp_bcast(hr + at));
+          TSERVE_KP_DB(L0, v[0], kp_bcast(lr + at));
+          TSERVE_KP_DB(H1, v[1], kp_bcast(hr + at + 32));
+          TSERVE_KP_DB(L1, v[1], kp_bcast(lr + at + 32));
+          TSERVE_KP_DB(H2, v[2], kp_bcast(hr + at + 64));
+          TSERVE_KP_DB(L2, v[2], kp_bcast(lr + at + 64));
+          TSERVE_KP_DB(H3, v[3], kp_bcast(hr + at + 96));
+          TSERVE_KP_DB(L3, v[3], kp_bcast(lr + at + 96));
+        }
+        const uint8_t* g = sc + 8 * (8 * h + o);  // sub-block 8h + o + 2w at g + 16 w
+        __m256i i0 = kp_scaled(H0, L0, kp_lanes<true>(g));
+        i0 = _mm256_add_epi32(i0, kp_scaled(H1, L1, kp_lanes<true>(g + 16)));
+        i0 = _mm256_add_epi32(i0, kp_scaled(H2, L2, kp_lanes<true>(g + 32)));
+        i0 = _mm256_add_epi32(i0, kp_scaled(H3, L3, kp_lanes<true>(g + 48)));
+        __m256i off = _mm256_setzero_si256();  // sum_s sc_s (sum r)_s over the group's sub-blocks
+        for (int w = 0; w < 4; ++w) {
+          const int s = 8 * h + o + 2 * w;
+          off = _mm256_add_epi32(off, _mm256_mullo_epi32(kp_lanes<true>(sc + 8 * s), _mm256_set1_epi32(s16[i * 16 + s])));
+        }
+        const __m256i q = _mm256_sub_epi32(i0, _mm256_slli_epi32(off, 5));
+        acc = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(q), acc);
+      }
+  }
+  _mm256_storeu_ps(out, acc);
+}
+#undef TSERVE_KP_DB
+#endif
+
 // Outputs [j0, j1) of every row (fewer than KW_MIN): each tile from `tile(t0)` (its first output
 // t0) against the rows one by one through rows1.
 template <class Rows1, class Tile>
@@ -951,7 +1101,12 @@ void kq_packed_rows(const KqActs& a, int64_t B, int64_t k, const uint8_t* packed
     case KQ6_K: {
       const int64_t blocks = k / 256;
       return kp_walk(B, j0, j1, [&](int64_t t0) { return packed + t0 / KP * blocks * KP6_BLOCK; },
-                     [&](const uint8_t* t, int64_t b, float (*out)[KP]) { kp_rows6<1>(t, blocks, a, k, b, out); },
+                     [&](const uint8_t* t, int64_t b, float (*out)[KP]) {
+#if defined(TSERVE_AVX512)
+                       if (kp_row_vnni()) return kp_row6_vnni(t, blocks, a, k, b, out[0]);
+#endif
+                       kp_rows6<1>(t, blocks, a, k, b, out);
+                     },
                      bias, y, stride);
     }
     default: break;
@@ -959,10 +1114,20 @@ void kq_packed_rows(const KqActs& a, int64_t B, int64_t k, const uint8_t* packed
   const int64_t blocks = k / 256;
   if (qtype == KQ5_K)
     return kp_walk(B, j0, j1, [&](int64_t t0) { return packed + t0 / KP * blocks * KP5_BLOCK; },
-                   [&](const uint8_t* t, int64_t b, float (*out)[KP]) { kp_rows<1, true>(t, blocks, a, k, b, out); },
+                   [&](const uint8_t* t, int64_t b, float (*out)[KP]) {
+#if defined(TSERVE_AVX512)
+                     if (kp_row_vnni()) return kp_row_k4_vnni<true>(t, blocks, a, k, b, out[0]);
+#endif
+                     kp_rows<1, true>(t, blocks, a, k, b, out);
+                   },
                    bias, y, stride);
   kp_walk(B, j0, j1, [&](int64_t t0) { return packed + t0 / KP * blocks * KP_BLOCK; },
-          [&](const uint8_t* t, int64_t b, float (*out)[KP]) { kp_rows<1, false>(t, blocks, a, k, b, out); },
+          [&](const uint8_t* t, int64_t b, float (*out)[KP]) {
+#if defined(TSERVE_AVX512)
+            if (kp_row_vnni()) return kp_row_k4_vnni<false>(t, blocks, a, k, b, out[0]);
+#endif
+            kp_rows<1, false>(t, blocks, a, k, b, out);
+          },
           bias, y, stride);
 }
 
