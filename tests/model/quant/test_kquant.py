@@ -293,6 +293,7 @@ def test_the_avx512_vnni_loops_give_the_avx2_loops_bits(tmp_path):
     other types and from KB_MAX rows (70); a child with ``TSERVE_NATIVE_ISA=avx2`` runs the AVX2
     loops on the same inputs, and every product has the same bits (on a CPU without VNNI both sides
     run the AVX2 loops, and this checks only that the switch is harmless)."""
+    native.build()
     if torch.ops.tserve_native.kquant_isa(kquant.PACKED) != kquant.PACKED:
         pytest.skip("this CPU has no AVX2 + FMA + F16C")
     here, avx2 = tmp_path / "here.pt", tmp_path / "avx2.pt"
