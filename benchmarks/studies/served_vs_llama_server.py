@@ -3,7 +3,7 @@ on the same GGUF file, the same cores, the same requests.
 
     python -m benchmarks.studies.served_vs_llama_server [--models smollm2-135m-instruct gemma3-270m]
         [--streams 1 8 32] [--tokens 128] [--reps 3] [--llama-server PATH]
-        [--speculation off ngram] [--long-prompt 2000] [--floor]
+        [--speculation off ngram] [--long-prompt 2000] [--floor] [--peer-flag='--load-mode none']
 
 For each model, each server is started alone (never both at once: they would share the cores)
 with its defaults but the port and thread count (ours: ``TSERVE_TORCH_THREADS``; llama-server:
@@ -26,6 +26,11 @@ bandwidth at 1 and 2 threads (a float32 sum over 512 MiB, best of 5) before any 
 reports each batch-1 rate as a share of the bandwidth floor: the weight bytes a token reads (every
 weight tensor of the GGUF as stored, the token table only where it is also the head) over the
 bandwidth, against the measured time per token.
+
+``--peer-flag`` (repeatable; split at spaces) adds flags to every llama-server start:
+``--peer-flag='--load-mode none'`` reads its weights into its own memory, as ours are, where a
+host reclaims cold file pages of mapped files (a VM whose DAMON pages out the page cache between
+workloads slows a mapped peer's first requests; the report says which flags ran).
 
 ``llama-server`` is found on PATH or at ``--llama-server``; ``--build`` builds it from the
 llama.cpp sources vendored in the llama-cpp-python sdist on PyPI (cmake + ninja + a C++
@@ -173,6 +178,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="speculation settings to run on both sides (default: each side's own default only)")
     parser.add_argument("--long-prompt", type=int, default=0, help="TTFT of one prompt of about N tokens")
     parser.add_argument("--floor", action="store_true", help="batch-1 rates as a share of the bandwidth floor")
+    parser.add_argument("--peer-flag", action="append", default=[],
+                        help="flags for every llama-server start (repeatable, split at spaces; "
+                        "e.g. --peer-flag='--load-mode none')")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     binary = args.llama_server or (Path(shutil.which("llama-server")) if shutil.which("llama-server") else None)
@@ -181,7 +189,8 @@ def main(argv: list[str] | None = None) -> None:
         if not args.build:
             raise SystemExit("no llama-server: pass --llama-server PATH or --build")
         binary, how = build_llama_server(), f"built from {SDIST}'s vendored llama.cpp"
-    print(f"peer: {binary} ({how}); {args.threads} threads each, served one at a time", flush=True)
+    print(f"peer: {binary} ({how}); {args.threads} threads each, served one at a time"
+          + (f"; peer flags {' '.join(args.peer_flag)}" if args.peer_flag else ""), flush=True)
     logs = REPO_ROOT / "build" / "served_vs_llama_server"
     logs.mkdir(parents=True, exist_ok=True)
     report: dict = {"peer": str(binary), "peer_how": how, "threads": args.threads, "rows": {}}
@@ -198,6 +207,7 @@ def main(argv: list[str] | None = None) -> None:
             for setting in settings:
                 for side in ("ours", "llama-server"):
                     env, flags = SPECULATION[setting] if setting else ({}, [])
+                    flags = [*flags, *(f for extra in args.peer_flag for f in extra.split())]
                     tag = setting or "defaults"
                     log = logs / f"{model}-{side}-{tag}-{rep}.log"
                     server = (ours(model, args.threads, log, env) if side == "ours" else
