@@ -11,16 +11,22 @@ short: this measures the projections, not attention over a long context). Printe
 the steps after the first two. Run the revisions alternately, more than once each: a shared or
 virtual host moves by tens of percent between minutes, so only ratios of alternated runs mean
 anything. With 2 threads under a passive OpenMP wait policy (``OMP_WAIT_POLICY=PASSIVE``, what the
-service sets) a step of a few rows runs on one intra-op thread and its partner thread.
+service sets, and what this study sets unless the environment says otherwise) a step of a few rows
+runs on one intra-op thread and its partner thread; without it the step has no partner (one row
+took ~1.8x the time on a 2-core Xeon).
 """
 
 from __future__ import annotations
 
-import argparse
-import statistics
-import time
+import os
 
-import torch
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as service/__main__.py: before OpenMP starts
+
+import argparse  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
 
 
 def step_times(path: str, batches: list[int], steps: int, threads: int) -> dict[int, float]:
