@@ -404,10 +404,7 @@ TSERVE_KP_TARGET_VNNI __attribute__((noinline)) void kp_row_k4_vnni(const uint8_
                                                                     int64_t k, int64_t b, float* out) {
   constexpr int64_t BB = FIVE ? KP5_BLOCK : KP_BLOCK;
   const __m256i low = _mm256_set1_epi8(15);
-  const int8_t* hr = a.hi.data() + b * k;
-  const uint8_t* lr = a.lo.data() + b * k;
-  const int32_t* s16 = a.sum16.data() + b * (k / 16);
-  const float* sr = a.scale.data() + b * blocks;
+  const KqRowViews<1> row(a, k, b, blocks);
   __m256 acc = _mm256_setzero_ps();
   for (int64_t i = 0; i < blocks; ++i) {
     const uint8_t* blk = tile + i * BB;
@@ -428,14 +425,14 @@ TSERVE_KP_TARGET_VNNI __attribute__((noinline)) void kp_row_k4_vnni(const uint8_
           kp_fifth_k(loadu(qh + 32 * (t + 1)), c, plo, phi);
         }
         const int64_t o = o0 + 4 * t;
-        TSERVE_KP_DB(h0, qlo, kp_bcast(hr + o));
-        TSERVE_KP_DB(l0, qlo, kp_bcast(lr + o));
-        TSERVE_KP_DB(h1, qhi, kp_bcast(hr + o + 32));
-        TSERVE_KP_DB(l1, qhi, kp_bcast(lr + o + 32));
-        TSERVE_KP_DB(g0, plo, kp_bcast(hr + o + 4));
-        TSERVE_KP_DB(m0, plo, kp_bcast(lr + o + 4));
-        TSERVE_KP_DB(g1, phi, kp_bcast(hr + o + 36));
-        TSERVE_KP_DB(m1, phi, kp_bcast(lr + o + 36));
+        TSERVE_KP_DB(h0, qlo, kp_bcast(row.hi[0] + o));
+        TSERVE_KP_DB(l0, qlo, kp_bcast(row.lo[0] + o));
+        TSERVE_KP_DB(h1, qhi, kp_bcast(row.hi[0] + o + 32));
+        TSERVE_KP_DB(l1, qhi, kp_bcast(row.lo[0] + o + 32));
+        TSERVE_KP_DB(g0, plo, kp_bcast(row.hi[0] + o + 4));
+        TSERVE_KP_DB(m0, plo, kp_bcast(row.lo[0] + o + 4));
+        TSERVE_KP_DB(g1, phi, kp_bcast(row.hi[0] + o + 36));
+        TSERVE_KP_DB(m1, phi, kp_bcast(row.lo[0] + o + 36));
       }
       i0 = _mm256_add_epi32(i0, kp_scaled(_mm256_add_epi32(h0, g0), _mm256_add_epi32(l0, m0), kp_lanes<false>(sc + 16 * c)));
       i0 = _mm256_add_epi32(i0, kp_scaled(_mm256_add_epi32(h1, g1), _mm256_add_epi32(l1, m1), kp_lanes<false>(sc + 16 * c + 8)));
@@ -452,8 +449,8 @@ TSERVE_KP_TARGET_VNNI __attribute__((noinline)) void kp_row_k4_vnni(const uint8_
     const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 1168)));
     __m256i i1 = _mm256_setzero_si256();  // sum_s m_s (sum r)_s
     for (int s = 0; s < 8; ++s)
-      i1 = _mm256_add_epi32(i1, _mm256_mullo_epi32(kp_lanes<false>(mn + 8 * s), _mm256_set1_epi32(s16[i * 16 + 2 * s] + s16[i * 16 + 2 * s + 1])));
-    const __m256 sa = _mm256_set1_ps(sr[i]), dd = _mm256_mul_ps(d, sa);
+      i1 = _mm256_add_epi32(i1, _mm256_mullo_epi32(kp_lanes<false>(mn + 8 * s), _mm256_set1_epi32(row.sum16[0][i * 16 + 2 * s] + row.sum16[0][i * 16 + 2 * s + 1])));
+    const __m256 sa = _mm256_set1_ps(row.scale[0][i]), dd = _mm256_mul_ps(d, sa);
     if constexpr (FIVE) acc = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(part), acc);
     acc = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(i0), acc);
     acc = _mm256_fnmadd_ps(_mm256_mul_ps(dm, sa), _mm256_cvtepi32_ps(i1), acc);
@@ -467,16 +464,13 @@ TSERVE_KP_TARGET_VNNI __attribute__((noinline)) void kp_row_k4_vnni(const uint8_
 // hi and lo sums over the group's four vectors (16 values) before one multiply by the signed scale.
 TSERVE_KP_TARGET_VNNI __attribute__((noinline)) void kp_row6_vnni(const uint8_t* tile, int64_t blocks, const KqActs& a,
                                                                   int64_t k, int64_t b, float* out) {
-  const int8_t* hr = a.hi.data() + b * k;
-  const uint8_t* lr = a.lo.data() + b * k;
-  const int32_t* s16 = a.sum16.data() + b * (k / 16);
-  const float* sr = a.scale.data() + b * blocks;
+  const KqRowViews<1> row(a, k, b, blocks);
   __m256 acc = _mm256_setzero_ps();
   for (int64_t i = 0; i < blocks; ++i) {
     const uint8_t* blk = tile + i * KP6_BLOCK;
     const uint8_t* sc = blk + 1536;
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 1664)));
-    const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(sr[i]));
+    const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(row.scale[0][i]));
     for (int h = 0; h < 2; ++h)
       for (int o = 0; o < 2; ++o) {  // group 2h + o: bytes l = 16o .. 16o + 15 of the half, sub-blocks 8h + o + 2w
         __m256i H0 = _mm256_setzero_si256(), H1 = H0, H2 = H0, H3 = H0, L0 = H0, L1 = H0, L2 = H0, L3 = H0;
@@ -486,14 +480,14 @@ TSERVE_KP_TARGET_VNNI __attribute__((noinline)) void kp_row6_vnni(const uint8_t*
           __m256i v[4];
           kp_q6(blk, h, u, v);
           const int64_t at = i * 256 + 128 * h + 4 * u;
-          TSERVE_KP_DB(H0, v[0], kp_bcast(hr + at));
-          TSERVE_KP_DB(L0, v[0], kp_bcast(lr + at));
-          TSERVE_KP_DB(H1, v[1], kp_bcast(hr + at + 32));
-          TSERVE_KP_DB(L1, v[1], kp_bcast(lr + at + 32));
-          TSERVE_KP_DB(H2, v[2], kp_bcast(hr + at + 64));
-          TSERVE_KP_DB(L2, v[2], kp_bcast(lr + at + 64));
-          TSERVE_KP_DB(H3, v[3], kp_bcast(hr + at + 96));
-          TSERVE_KP_DB(L3, v[3], kp_bcast(lr + at + 96));
+          TSERVE_KP_DB(H0, v[0], kp_bcast(row.hi[0] + at));
+          TSERVE_KP_DB(L0, v[0], kp_bcast(row.lo[0] + at));
+          TSERVE_KP_DB(H1, v[1], kp_bcast(row.hi[0] + at + 32));
+          TSERVE_KP_DB(L1, v[1], kp_bcast(row.lo[0] + at + 32));
+          TSERVE_KP_DB(H2, v[2], kp_bcast(row.hi[0] + at + 64));
+          TSERVE_KP_DB(L2, v[2], kp_bcast(row.lo[0] + at + 64));
+          TSERVE_KP_DB(H3, v[3], kp_bcast(row.hi[0] + at + 96));
+          TSERVE_KP_DB(L3, v[3], kp_bcast(row.lo[0] + at + 96));
         }
         const uint8_t* g = sc + 8 * (8 * h + o);  // sub-block 8h + o + 2w at g + 16 w
         __m256i i0 = kp_scaled(H0, L0, kp_lanes<true>(g));
@@ -503,7 +497,7 @@ TSERVE_KP_TARGET_VNNI __attribute__((noinline)) void kp_row6_vnni(const uint8_t*
         __m256i off = _mm256_setzero_si256();  // sum_s sc_s (sum r)_s over the group's sub-blocks
         for (int w = 0; w < 4; ++w) {
           const int s = 8 * h + o + 2 * w;
-          off = _mm256_add_epi32(off, _mm256_mullo_epi32(kp_lanes<true>(sc + 8 * s), _mm256_set1_epi32(s16[i * 16 + s])));
+          off = _mm256_add_epi32(off, _mm256_mullo_epi32(kp_lanes<true>(sc + 8 * s), _mm256_set1_epi32(row.sum16[0][i * 16 + s])));
         }
         const __m256i q = _mm256_sub_epi32(i0, _mm256_slli_epi32(off, 5));
         acc = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(q), acc);
@@ -538,6 +532,34 @@ void kp_run32(const KqActs& a, int64_t B, int64_t k, const uint8_t* packed, int6
   kp_walk(B, j0, j1, [&](int64_t t0) { return packed + t0 / KP * blocks * kp_block32(T); },
           [&](const uint8_t* t, int64_t b, float (*out)[KP]) { kp_rows32<T, 1>(t, blocks, a, k, b, out); },
           bias, y, stride);
+}
+
+// Rows [b0, b1)'s sums of one tile (KP floats a row, from `sums`) into y's outputs [j0, j1) of the
+// tile at t0, plus the bias
+inline void kp_store(const float* sums, int64_t b0, int64_t b1, int64_t t0, int64_t j0, int64_t j1, const float* bias,
+                     float* y, int64_t stride) {
+  for (int64_t b = b0; b < b1; ++b)
+    for (int64_t j = std::max(t0, j0); j < std::min(t0 + KP, j1); ++j) {
+      const float v = sums[(b - b0) * KP + (j - t0)];
+      y[b * stride + j] = bias == nullptr ? v : v + bias[j];
+    }
+}
+
+// Q4_K / Q5_K: the minima of a packed block (mn: byte 8s + j) as pairs of sub-blocks, mp[q] holding
+// (m_2q, m_2q+1) for each output as int16, for madd or vpdpwssd against a row's split sums
+TSERVE_KP_TARGET inline void kw_minima_pairs(const uint8_t* mn, __m256i* mp) {
+  for (int q = 0; q < 4; ++q) {
+    const __m128i e = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn + 16 * q)));
+    const __m128i f = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn + 16 * q + 8)));
+    mp[q] = _mm256_set_m128i(_mm_unpackhi_epi16(e, f), _mm_unpacklo_epi16(e, f));
+  }
+}
+
+// The block two ahead of blk (`bytes` each; a projection's tiles are contiguous): a loop that
+// prepares each block before its rows would otherwise wait on memory there.
+inline void kp_prefetch_ahead(const uint8_t* blk, int64_t bytes) {
+  for (int64_t line = 0; line < bytes; line += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(blk + 2 * bytes + line), _MM_HINT_T0);
 }
 
 // --- many rows: each tile's block widened once to int16 -------------------------------------------
@@ -916,13 +938,8 @@ TSERVE_KP_TARGET void kw_rows(const __m256i* w, const uint8_t* blk, const KqActs
     kw_add<R>(d, sa, p, acc);
     // i1 = sum_s m_s A_s per output, as pairs of sub-blocks: mp[q] holds (m_2q, m_2q+1) per output,
     // and a row's A split in int16 halves (KqActs::split32) meets it in two madds a pair.
-    const uint8_t* mn = blk + 1088;
     __m256i mp[4];
-    for (int q = 0; q < 4; ++q) {
-      const __m128i e = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn + 16 * q)));
-      const __m128i f = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn + 16 * q + 8)));
-      mp[q] = _mm256_set_m128i(_mm_unpackhi_epi16(e, f), _mm_unpacklo_epi16(e, f));
-    }
+    kw_minima_pairs(blk + 1088, mp);
     const int16_t* sp[R];
     for (int x = 0; x < R; ++x) sp[x] = a.split32.data() + (b0 + x) * (k / 16) + i * 16;
     __m256i i1[R];
@@ -993,9 +1010,7 @@ TSERVE_KP_TARGET void kw_run(const KqActs& a, int64_t B, int64_t k, const uint8_
       std::fill(sums.begin(), sums.end(), 0.0f);
       for (int64_t i = 0; i < blocks; ++i) {
         const uint8_t* blk = tile + i * block_bytes;
-        // the block two ahead (tiles are contiguous): the widening would otherwise wait on memory
-        for (int64_t line = 0; line < block_bytes; line += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(blk + 2 * block_bytes + line), _MM_HINT_T0);
+        kp_prefetch_ahead(blk, block_bytes);
         if constexpr (T == KQ4_K || T == KQ5_K) kw_widen_k4<T == KQ5_K>(blk, wide);
         else if constexpr (T == KQ6_K) kw_widen_k6(blk, wide);
         else kw_widen32<T>(blk, wide);
@@ -1022,11 +1037,7 @@ TSERVE_KP_TARGET void kw_run(const KqActs& a, int64_t B, int64_t k, const uint8_
           _mm256_storeu_ps(s, acc[0]);
         }
       }
-      for (int64_t b = g0; b < g1; ++b)
-        for (int64_t j = std::max(t0, j0); j < std::min(t0 + KP, j1); ++j) {
-          const float v = sums[(b - g0) * KP + (j - t0)];
-          y[b * stride + j] = bias == nullptr ? v : v + bias[j];
-        }
+      kp_store(sums.data(), g0, g1, t0, j0, j1, bias, y, stride);
     }
   }
 }
@@ -1126,15 +1137,10 @@ TSERVE_KP_TARGET_VNNI void kb_run_k4(const KqActs& a, int64_t B, int64_t k, cons
     std::fill(sums.begin(), sums.end(), 0.0f);
     for (int64_t i = 0; i < blocks; ++i) {
       const uint8_t* blk = tile + i * KP_BLOCK;
-      for (int64_t line = 0; line < KP_BLOCK; line += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(blk + 2 * KP_BLOCK + line), _MM_HINT_T0);
+      kp_prefetch_ahead(blk, KP_BLOCK);
       kb_prep_k4(blk, z, sc);
-      __m256i mp[4];  // (m_2q, m_2q+1) per output, as kw_rows
-      for (int q = 0; q < 4; ++q) {
-        const __m128i e = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 1088 + 16 * q)));
-        const __m128i f = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 1088 + 16 * q + 8)));
-        mp[q] = _mm256_set_m128i(_mm_unpackhi_epi16(e, f), _mm_unpacklo_epi16(e, f));
-      }
+      __m256i mp[4];
+      kw_minima_pairs(blk + 1088, mp);
       int64_t b = 0;
       for (; b + 8 <= B; b += 8) {
         __m256 acc[8];
@@ -1154,11 +1160,7 @@ TSERVE_KP_TARGET_VNNI void kb_run_k4(const KqActs& a, int64_t B, int64_t k, cons
         _mm256_storeu_ps(sums.data() + b * KP, acc[0]);
       }
     }
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t j = std::max(t0, j0); j < std::min(t0 + KP, j1); ++j) {
-        const float v = sums[b * KP + (j - t0)];
-        y[b * stride + j] = bias == nullptr ? v : v + bias[j];
-      }
+    kp_store(sums.data(), 0, B, t0, j0, j1, bias, y, stride);
   }
 }
 #undef TSERVE_KB_DB
