@@ -30,9 +30,9 @@ namespace tserve_native {
 // where TSERVE_NATIVE_ISA=scalar is set when the library is first used), 0 scalar, 1 AVX2 a row
 // at a time, 3 the AVX2 loops over every type repacked once (kquant_packed.cpp; what the native
 // step's projections take where AVX2 is the default; kquant_linear packs on each call, for tests).
-// Within 3, a CPU with AVX512-VNNI takes vpdpbusd loops for one row at a time and for Q4_K's 4-63
-// rows, and vpdpwssd loops over the widened blocks for the rest from 4 rows on (the same exact
-// integers; TSERVE_NATIVE_ISA=avx2 turns them off). (2 was AVX512-VNNI over 8-bit
+// Within 3, a CPU with AVX512-VNNI takes vpdpbusd loops for one row at a time and for Q4_K's 4-15
+// rows, and vpdpwssd loops over the widened blocks for the rest from 4 rows on, eight rows against
+// two tiles a pass (the same exact integers; TSERVE_NATIVE_ISA=avx2 turns them off). (2 was AVX512-VNNI over 8-bit
 // activations, removed with them.)
 constexpr int64_t KQ_AUTO = -1, KQ_SCALAR = 0, KQ_AVX2 = 1, KQ_PACKED = 3;
 

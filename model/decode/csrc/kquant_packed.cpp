@@ -576,9 +576,10 @@ inline void kp_prefetch_ahead(const uint8_t* blk, int64_t bytes) {
 constexpr int64_t KW_MIN = 4;
 constexpr int KW_ROWS = 4;
 // Q4_K from KW_MIN rows up to KB_MAX through the byte loops (kb_run_k4) where the CPU has VNNI:
-// in-process on the 1.5B (2 threads, alternated) 4 rows 0.82-0.85x the widened path's time,
-// 8-32 rows 0.95-0.97x, 64 rows the same; prompts keep the widened path and its row groups.
-constexpr int64_t KB_MAX = 64;
+// in-process on the 1.5B (2 threads, alternated) 4 rows 0.82-0.85x the one-tile widened path's time,
+// 8 rows ~0.95x; from 16 rows the widened path with two tiles a pass (kw_dot8x2_vnni) is as fast or
+// faster (32 rows 0.90-0.98x the byte loops' time); prompts keep the widened path and its row groups.
+constexpr int64_t KB_MAX = 16;
 constexpr int64_t KW_L2_BYTES = 192 * 1024;  // the activations a group of rows may hold (a core's L2: 512 KB here)
 
 // 8 scale bytes (one per output) as the int16 factors of W[2m] and W[2m + 1]
@@ -844,6 +845,37 @@ TSERVE_TARGET_VNNI __attribute__((noinline)) void kw_dot1_vnni(const __m256i* __
   }
   out[0] = _mm256_add_epi32(out[0], kw_fold(_mm512_add_epi32(a0, c0)));
 }
+// Eight rows against two tiles (w, v) in one pass: each row's broadcast serves both tiles, so a
+// pass loads 10 vectors for 16 products where kw_dot8_vnni loads 18 (on this CPU's L1-resident
+// loop, 5.4 against 4.4 G products a second). Tile w's sums to out[0, 8), tile v's to out[8, 16).
+TSERVE_TARGET_VNNI __attribute__((noinline)) void kw_dot8x2_vnni(const __m256i* __restrict w, const __m256i* __restrict v,
+                                                                  int m0, int len, int runs, int stride,
+                                                                  const int16_t* const* __restrict r, __m256i* __restrict out) {
+  const int16_t *r0 = r[0], *r1 = r[1], *r2 = r[2], *r3 = r[3], *r4 = r[4], *r5 = r[5], *r6 = r[6], *r7 = r[7];
+  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+  __m512i c0 = a0, c1 = a0, c2 = a0, c3 = a0, c4 = a0, c5 = a0, c6 = a0, c7 = a0;
+  for (int run = 0; run < runs; ++run) {
+    const int m1 = m0 + run * stride + len;
+    for (int m = m0 + run * stride; m < m1; ++m) {
+      const __m512i wm = _mm512_loadu_si512(w + 2 * m), vm = _mm512_loadu_si512(v + 2 * m);
+      // row n's broadcast against both tiles
+#define TSERVE_KW_TWO(n)                  \
+  {                                       \
+    const __m512i x = kw_bcast4(r##n + 4 * m); \
+    TSERVE_KW_DP(a##n, wm, x);            \
+    TSERVE_KW_DP(c##n, vm, x);            \
+  }
+      TSERVE_KW_TWO(0) TSERVE_KW_TWO(1) TSERVE_KW_TWO(2) TSERVE_KW_TWO(3)
+      TSERVE_KW_TWO(4) TSERVE_KW_TWO(5) TSERVE_KW_TWO(6) TSERVE_KW_TWO(7)
+#undef TSERVE_KW_TWO
+    }
+  }
+  const __m512i A[8] = {a0, a1, a2, a3, a4, a5, a6, a7}, C[8] = {c0, c1, c2, c3, c4, c5, c6, c7};
+  for (int x = 0; x < 8; ++x) {
+    out[x] = _mm256_add_epi32(out[x], kw_fold(A[x]));
+    out[8 + x] = _mm256_add_epi32(out[8 + x], kw_fold(C[x]));
+  }
+}
 #undef TSERVE_KW_DP
 #endif
 
@@ -907,12 +939,33 @@ TSERVE_KP_TARGET inline void kw_add(__m256 d, const __m256* sa, const __m256i* p
   for (int x = 0; x < R; ++x) acc[x] = _mm256_fmadd_ps(_mm256_mul_ps(d, sa[x]), _mm256_cvtepi32_ps(p[x]), acc[x]);
 }
 
-// Rows [b0, b0 + R) of one block i against its widened weights: acc[x] (8 outputs, row b0 + x)
-// takes the block's terms, in kquant.h's order.
-template <int64_t T, int R>
-TSERVE_KP_TARGET void kw_rows(const __m256i* w, const uint8_t* blk, const KqActs& a, int64_t k, int64_t i, int64_t b0,
-                              __m256* acc) {
+// The widened blocks' dot products of R rows for TILES tiles (p: tile u's rows at p + u R)
+template <int R, int TILES>
+TSERVE_KP_TARGET inline void kw_dotn(const __m256i* const* w, int m0, int len, int runs, int stride,
+                                     const int16_t* const* r, __m256i* p) {
+#if defined(TSERVE_AVX512)
+  if constexpr (TILES == 2) {
+    if (kw_vnni()) return kw_dot8x2_vnni(w[0], w[1], m0, len, runs, stride, r, p);
+  }
+#endif
+  for (int u = 0; u < TILES; ++u) kw_dot<R>(w[u], m0, len, runs, stride, r, p + u * R);
+}
+
+// acc[u R + x] += (d_u s_a) p[u R + x] for each tile u
+template <int R, int TILES>
+TSERVE_KP_TARGET inline void kw_add_all(const __m256* d, const __m256* sa, const __m256i* p, __m256* acc) {
+  for (int u = 0; u < TILES; ++u) kw_add<R>(d[u], sa, p + u * R, acc + u * R);
+}
+
+// Rows [b0, b0 + R) of one block i against its widened weights, for TILES tiles (w[u], blk[u]):
+// acc[u R + x] (8 outputs of tile u, row b0 + x) takes the block's terms, in kquant.h's order.
+// Two tiles share each row's activation broadcasts (kw_dot8x2_vnni): eight rows only, VNNI only.
+template <int64_t T, int R, int TILES = 1>
+TSERVE_KP_TARGET void kw_rows(const __m256i* const* w, const uint8_t* const* blk, const KqActs& a, int64_t k, int64_t i,
+                              int64_t b0, __m256* acc) {
+  static_assert(TILES == 1 || R == 8, "two tiles a pass take eight rows");
   constexpr int64_t V = T == KQ4_K || T == KQ5_K || T == KQ6_K ? 256 : 32;
+  constexpr int N = TILES * R;
   const int64_t blocks = k / V;
   const int16_t* r[R];
   const int32_t* s16[R];
@@ -922,66 +975,72 @@ TSERVE_KP_TARGET void kw_rows(const __m256i* w, const uint8_t* blk, const KqActs
     s16[x] = a.sum16.data() + (b0 + x) * (k / 16) + i * (V / 16);
     sa[x] = _mm256_set1_ps(a.scale[(b0 + x) * blocks + i]);
   }
-  __m256i p[R];
+  __m256 d[TILES];
+  __m256i p[N];
   if constexpr (T == KQ4_K || T == KQ5_K) {
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 1152)));
-    const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 1168)));
-    kw_clear<R>(p);
+    for (int u = 0; u < TILES; ++u) d[u] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk[u] + 1152)));
+    kw_clear<N>(p);
     if constexpr (T == KQ5_K) {
-      kw_dot<R>(w, 0, 32, 1, 0, r, p);
-      kw_add<R>(d, sa, p, acc);
-      kw_clear<R>(p);
-      kw_dot<R>(w, 32, 32, 1, 0, r, p);
+      kw_dotn<R, TILES>(w, 0, 32, 1, 0, r, p);
+      kw_add_all<R, TILES>(d, sa, p, acc);
+      kw_clear<N>(p);
+      kw_dotn<R, TILES>(w, 32, 32, 1, 0, r, p);
     } else {
-      kw_dot<R>(w, 0, 64, 1, 0, r, p);
+      kw_dotn<R, TILES>(w, 0, 64, 1, 0, r, p);
     }
-    kw_add<R>(d, sa, p, acc);
+    kw_add_all<R, TILES>(d, sa, p, acc);
     // i1 = sum_s m_s A_s per output, as pairs of sub-blocks: mp[q] holds (m_2q, m_2q+1) per output,
     // and a row's A split in int16 halves (KqActs::split32) meets it in two madds a pair.
-    __m256i mp[4];
-    kw_minima_pairs(blk + 1088, mp);
     const int16_t* sp[R];
     for (int x = 0; x < R; ++x) sp[x] = a.split32.data() + (b0 + x) * (k / 16) + i * 16;
-    __m256i i1[R];
+    for (int u = 0; u < TILES; ++u) {
+      const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk[u] + 1168)));
+      __m256i mp[4];
+      kw_minima_pairs(blk[u] + 1088, mp);
+      __m256i i1[R];
 #if defined(TSERVE_AVX512)
-    if (kw_vnni()) {
-      kw_minima_vnni(mp, sp, R, i1);
-    } else
+      if (kw_vnni()) {
+        kw_minima_vnni(mp, sp, R, i1);
+      } else
 #endif
-    {
-      for (int x = 0; x < R; ++x) {
-        __m256i lo = _mm256_setzero_si256(), hi = lo;
-        for (int q = 0; q < 4; ++q) {
-          int32_t l, h;
-          std::memcpy(&l, sp[x] + 4 * q, 4);
-          std::memcpy(&h, sp[x] + 4 * q + 2, 4);
-          lo = _mm256_add_epi32(lo, _mm256_madd_epi16(mp[q], _mm256_set1_epi32(l)));
-          hi = _mm256_add_epi32(hi, _mm256_madd_epi16(mp[q], _mm256_set1_epi32(h)));
+      {
+        for (int x = 0; x < R; ++x) {
+          __m256i lo = _mm256_setzero_si256(), hi = lo;
+          for (int q = 0; q < 4; ++q) {
+            int32_t l, h;
+            std::memcpy(&l, sp[x] + 4 * q, 4);
+            std::memcpy(&h, sp[x] + 4 * q + 2, 4);
+            lo = _mm256_add_epi32(lo, _mm256_madd_epi16(mp[q], _mm256_set1_epi32(l)));
+            hi = _mm256_add_epi32(hi, _mm256_madd_epi16(mp[q], _mm256_set1_epi32(h)));
+          }
+          i1[x] = _mm256_add_epi32(lo, _mm256_slli_epi32(hi, 15));
         }
-        i1[x] = _mm256_add_epi32(lo, _mm256_slli_epi32(hi, 15));
       }
+      for (int x = 0; x < R; ++x)
+        acc[u * R + x] = _mm256_fnmadd_ps(_mm256_mul_ps(dm, sa[x]), _mm256_cvtepi32_ps(i1[x]), acc[u * R + x]);
     }
-    for (int x = 0; x < R; ++x)
-      acc[x] = _mm256_fnmadd_ps(_mm256_mul_ps(dm, sa[x]), _mm256_cvtepi32_ps(i1[x]), acc[x]);
   } else if constexpr (T == KQ6_K) {
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 1664)));
+    for (int u = 0; u < TILES; ++u) d[u] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk[u] + 1664)));
     for (int h = 0; h < 2; ++h)
       for (int o = 0; o < 2; ++o) {  // group 2h + o: values 128h + 32c + 16o .. + 15, c = 0-3
-        kw_clear<R>(p);
-        kw_dot<R>(w, 32 * h + 4 * o, 4, 4, 8, r, p);  // quads 32h + 8c + 4o .. + 3, c = 0-3
-        kw_add<R>(d, sa, p, acc);
+        kw_clear<N>(p);
+        kw_dotn<R, TILES>(w, 32 * h + 4 * o, 4, 4, 8, r, p);  // quads 32h + 8c + 4o .. + 3, c = 0-3
+        kw_add_all<R, TILES>(d, sa, p, acc);
       }
   } else {
     constexpr int64_t VB = T == KQ8_0 ? 256 : 128;
-    const uint8_t* halves = blk + VB + (kp_five(T) ? 32 : 0);
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(halves)));
-    kw_clear<R>(p);
-    kw_dot<R>(w, 0, 8, 1, 0, r, p);
-    kw_add<R>(d, sa, p, acc);
+    constexpr int64_t HALVES = VB + (kp_five(T) ? 32 : 0);
+    for (int u = 0; u < TILES; ++u) d[u] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk[u] + HALVES)));
+    kw_clear<N>(p);
+    kw_dotn<R, TILES>(w, 0, 8, 1, 0, r, p);
+    kw_add_all<R, TILES>(d, sa, p, acc);
     if constexpr (kp_min(T)) {
-      const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(halves + 16)));
-      for (int x = 0; x < R; ++x)
-        acc[x] = _mm256_fmadd_ps(_mm256_mul_ps(m, sa[x]), _mm256_set1_ps(static_cast<float>(s16[x][0] + s16[x][1])), acc[x]);
+      for (int u = 0; u < TILES; ++u) {
+        const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk[u] + HALVES + 16)));
+        for (int x = 0; x < R; ++x)
+          acc[u * R + x] = _mm256_fmadd_ps(_mm256_mul_ps(m, sa[x]), _mm256_set1_ps(static_cast<float>(s16[x][0] + s16[x][1])),
+                                           acc[u * R + x]);
+      }
     }
   }
 }
@@ -998,52 +1057,73 @@ TSERVE_KP_TARGET void kw_run(const KqActs& a, int64_t B, int64_t k, const uint8_
   // 8 outputs (the 1.5B's 2,000-token prompt took 76 s, in-process ~1.8x the int8 loops). Each
   // group widens the tile's blocks again (~0.2 us a block), so at least 16 rows a group.
   const int64_t group = std::max<int64_t>(16, std::min<int64_t>(256, KW_L2_BYTES / (2 * k)) / KW_ROWS * KW_ROWS);
-  thread_local std::vector<int16_t> wide_buf;  // the widened block: 2 V / 4 vectors (loadu / storeu)
-  thread_local std::vector<float> sums;
-  wide_buf.resize(2 * V / 4 * 16);
-  sums.resize(std::min(B, group) * KP);
-  __m256i* wide = reinterpret_cast<__m256i*>(wide_buf.data());
+  thread_local std::vector<int16_t> wide_buf;  // two tiles' widened blocks: 2 V / 4 vectors each (loadu / storeu)
+  thread_local std::vector<float> sums;        // two tiles' sums, `per_tile` floats each
+  const int64_t vectors = 2 * V / 4, per_tile = std::min(B, group) * KP;
+  wide_buf.resize(2 * vectors * 16);
+  sums.resize(2 * per_tile);
+  __m256i* const wide[2] = {reinterpret_cast<__m256i*>(wide_buf.data()),
+                            reinterpret_cast<__m256i*>(wide_buf.data()) + vectors};
   for (int64_t g0 = 0; g0 < B; g0 += group) {
     const int64_t g1 = std::min(B, g0 + group);
-    for (int64_t t0 = j0 / KP * KP; t0 < j1; t0 += KP) {
-      const uint8_t* tile = packed + t0 / KP * blocks * block_bytes;
+    // two tiles a pass where eight-row passes run (VNNI): each row's broadcasts serve both
+    for (int64_t t0 = j0 / KP * KP, tiles; t0 < j1; t0 += tiles * KP) {
+      tiles = kw_vnni() && g1 - g0 >= 2 * KW_ROWS && t0 + KP < j1 ? 2 : 1;
+      const uint8_t* blk[2];
       std::fill(sums.begin(), sums.end(), 0.0f);
       for (int64_t i = 0; i < blocks; ++i) {
-        const uint8_t* blk = tile + i * block_bytes;
-        kp_prefetch_ahead(blk, block_bytes);
-        if constexpr (T == KQ4_K || T == KQ5_K) kw_widen_k4<T == KQ5_K>(blk, wide);
-        else if constexpr (T == KQ6_K) kw_widen_k6(blk, wide);
-        else kw_widen32<T>(blk, wide);
-        int64_t b = g0;
-        if (kw_vnni())
-          for (; b + 2 * KW_ROWS <= g1; b += 2 * KW_ROWS) {
-            float* s = sums.data() + (b - g0) * KP;
-            __m256 acc[2 * KW_ROWS];
-            for (int x = 0; x < 2 * KW_ROWS; ++x) acc[x] = _mm256_loadu_ps(s + x * KP);
-            kw_rows<T, 2 * KW_ROWS>(wide, blk, a, k, i, b, acc);
-            for (int x = 0; x < 2 * KW_ROWS; ++x) _mm256_storeu_ps(s + x * KP, acc[x]);
-          }
-        for (; b + KW_ROWS <= g1; b += KW_ROWS) {
-          float* s = sums.data() + (b - g0) * KP;
-          __m256 acc[KW_ROWS];
-          for (int x = 0; x < KW_ROWS; ++x) acc[x] = _mm256_loadu_ps(s + x * KP);
-          kw_rows<T, KW_ROWS>(wide, blk, a, k, i, b, acc);
-          for (int x = 0; x < KW_ROWS; ++x) _mm256_storeu_ps(s + x * KP, acc[x]);
+        for (int u = 0; u < tiles; ++u) {
+          blk[u] = packed + (t0 / KP + u) * blocks * block_bytes + i * block_bytes;
+          kp_prefetch_ahead(blk[u], block_bytes);
+          if constexpr (T == KQ4_K || T == KQ5_K) kw_widen_k4<T == KQ5_K>(blk[u], wide[u]);
+          else if constexpr (T == KQ6_K) kw_widen_k6(blk[u], wide[u]);
+          else kw_widen32<T>(blk[u], wide[u]);
         }
-        for (; b < g1; ++b) {
-          float* s = sums.data() + (b - g0) * KP;
-          __m256 acc[1] = {_mm256_loadu_ps(s)};
-          kw_rows<T, 1>(wide, blk, a, k, i, b, acc);
-          _mm256_storeu_ps(s, acc[0]);
+        int64_t b = g0;
+        if (tiles == 2)
+          for (; b + 2 * KW_ROWS <= g1; b += 2 * KW_ROWS) {
+            __m256 acc[4 * KW_ROWS];
+            for (int u = 0; u < 2; ++u)
+              for (int x = 0; x < 2 * KW_ROWS; ++x)
+                acc[u * 2 * KW_ROWS + x] = _mm256_loadu_ps(sums.data() + u * per_tile + (b - g0 + x) * KP);
+            kw_rows<T, 2 * KW_ROWS, 2>(wide, blk, a, k, i, b, acc);
+            for (int u = 0; u < 2; ++u)
+              for (int x = 0; x < 2 * KW_ROWS; ++x)
+                _mm256_storeu_ps(sums.data() + u * per_tile + (b - g0 + x) * KP, acc[u * 2 * KW_ROWS + x]);
+          }
+        for (int u = 0; u < tiles; ++u) {
+          float* const su = sums.data() + u * per_tile;
+          int64_t c = b;
+          if (kw_vnni())
+            for (; c + 2 * KW_ROWS <= g1; c += 2 * KW_ROWS) {
+              float* s = su + (c - g0) * KP;
+              __m256 acc[2 * KW_ROWS];
+              for (int x = 0; x < 2 * KW_ROWS; ++x) acc[x] = _mm256_loadu_ps(s + x * KP);
+              kw_rows<T, 2 * KW_ROWS>(&wide[u], &blk[u], a, k, i, c, acc);
+              for (int x = 0; x < 2 * KW_ROWS; ++x) _mm256_storeu_ps(s + x * KP, acc[x]);
+            }
+          for (; c + KW_ROWS <= g1; c += KW_ROWS) {
+            float* s = su + (c - g0) * KP;
+            __m256 acc[KW_ROWS];
+            for (int x = 0; x < KW_ROWS; ++x) acc[x] = _mm256_loadu_ps(s + x * KP);
+            kw_rows<T, KW_ROWS>(&wide[u], &blk[u], a, k, i, c, acc);
+            for (int x = 0; x < KW_ROWS; ++x) _mm256_storeu_ps(s + x * KP, acc[x]);
+          }
+          for (; c < g1; ++c) {
+            float* s = su + (c - g0) * KP;
+            __m256 acc[1] = {_mm256_loadu_ps(s)};
+            kw_rows<T, 1>(&wide[u], &blk[u], a, k, i, c, acc);
+            _mm256_storeu_ps(s, acc[0]);
+          }
         }
       }
-      kp_store(sums.data(), g0, g1, t0, j0, j1, bias, y, stride);
+      for (int u = 0; u < tiles; ++u) kp_store(sums.data() + u * per_tile, g0, g1, t0 + u * KP, j0, j1, bias, y, stride);
     }
   }
 }
 
 #if defined(TSERVE_AVX512)
-// --- a few rows with AVX512-VNNI: the blocks as bytes, no widening -------------------------------
+// --- a few rows (4-15) with AVX512-VNNI: the blocks as bytes, no widening -------------------------------
 // The widened path above pays for each (tile, block) once per call: 128 int16 vectors, each value
 // times its scale (~1,300 instructions a Q4_K block), which at 8 rows cost more than the rows'
 // products themselves. Here a Q4_K block is only regrouped, once per call, into 32 vectors of

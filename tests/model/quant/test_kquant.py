@@ -270,7 +270,7 @@ SEED_ISA = 4141
 
 
 def packed_products(out: str) -> None:
-    """The packed loops' products for every packed type at 1, 4, 33 and 70 rows, saved to ``out``
+    """The packed loops' products for every packed type at 1, 4, 13, 33 and 70 rows, saved to ``out``
     (run here and in a child with other vector units turned off)."""
     native.build()
     rng = np.random.default_rng(SEED_ISA)
@@ -278,7 +278,7 @@ def packed_products(out: str) -> None:
     results = {}
     for name in PACKED_TYPES:
         raw = torch.from_numpy(np.ascontiguousarray(_random_blocks(name, n, k, rng)))
-        for rows in (1, 4, 33, 70):
+        for rows in (1, 4, 13, 33, 70):
             x = _activations(SEED_ISA + rows, rows, k)
             results[f"{name} {rows}"] = torch.ops.tserve_native.kquant_linear(
                 x, raw, kquant.BY_NAME[name].code, n, k, None, kquant.PACKED)
@@ -289,8 +289,8 @@ def packed_products(out: str) -> None:
 def test_the_avx512_vnni_loops_give_the_avx2_loops_bits(tmp_path):
     """Where the CPU has AVX512-VNNI, its loops run (kquant_packed.cpp): one row at a time through
     vpdpbusd (kp_row_k4_vnni, kp_row6_vnni: 1 row, and the rows left over), Q4_K's byte loops from
-    4 rows below KB_MAX (kb_run_k4: 4 and 33 rows), the widened blocks through vpdpwssd for the
-    other types and from KB_MAX rows (70); a child with ``TSERVE_NATIVE_ISA=avx2`` runs the AVX2
+    4 rows below KB_MAX (kb_run_k4: 4 and 13 rows), the widened blocks through vpdpwssd for the
+    other types and from KB_MAX rows, eight rows against two tiles a pass (33 and 70); a child with ``TSERVE_NATIVE_ISA=avx2`` runs the AVX2
     loops on the same inputs, and every product has the same bits (on a CPU without VNNI both sides
     run the AVX2 loops, and this checks only that the switch is harmless)."""
     native.build()
