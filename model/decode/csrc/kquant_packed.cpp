@@ -744,38 +744,37 @@ TSERVE_TARGET_VNNI inline __m512i kw_bcast4(const int16_t* p) {
 }
 
 // Two quads a pass, into two sets of accumulators (a vpdpwssd's latency is several cycles, and
-// four rows alone would wait on it); the sets are added at the end (exact integers).
+// four rows alone would wait on it); the sets are added at the end (exact integers). Row n's
+// step: quad m into a_n, quad m + 1 into c_n; its last odd quad into a_n; its lane sums folded out.
+#define TSERVE_KW_STEP(n)                                 \
+  TSERVE_KW_DP(a##n, wm, kw_bcast4(r##n + 4 * m));        \
+  TSERVE_KW_DP(c##n, wn, kw_bcast4(r##n + 4 * m + 4));
+#define TSERVE_KW_LAST(n) TSERVE_KW_DP(a##n, wm, kw_bcast4(r##n + 4 * m));
+#define TSERVE_KW_FOLD(n) out[n] = _mm256_add_epi32(out[n], kw_fold(_mm512_add_epi32(a##n, c##n)));
+// The run loop of the one-tile passes, ROWS(X) applying X to each row
+#define TSERVE_KW_RUNS(ROWS)                                                                       \
+  for (int run = 0; run < runs; ++run) {                                                           \
+    const int m1 = m0 + run * stride + len;                                                        \
+    int m = m0 + run * stride;                                                                     \
+    for (; m + 2 <= m1; m += 2) {                                                                  \
+      const __m512i wm = _mm512_loadu_si512(w + 2 * m), wn = _mm512_loadu_si512(w + 2 * m + 2);    \
+      ROWS(TSERVE_KW_STEP)                                                                         \
+    }                                                                                              \
+    if (m < m1) {                                                                                  \
+      const __m512i wm = _mm512_loadu_si512(w + 2 * m);                                           \
+      ROWS(TSERVE_KW_LAST)                                                                         \
+    }                                                                                              \
+  }
+#define TSERVE_KW_ROWS4(X) X(0) X(1) X(2) X(3)
+#define TSERVE_KW_ROWS8(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+
 TSERVE_TARGET_VNNI __attribute__((noinline)) void kw_dot4_vnni(const __m256i* __restrict w, int m0, int len, int runs, int stride,
                                                                 const int16_t* __restrict r0, const int16_t* __restrict r1,
                                                                 const int16_t* __restrict r2, const int16_t* __restrict r3,
                                                                 __m256i* __restrict out) {
   __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;
-  for (int run = 0; run < runs; ++run) {
-    const int m1 = m0 + run * stride + len;
-    int m = m0 + run * stride;
-    for (; m + 2 <= m1; m += 2) {
-      const __m512i wm = _mm512_loadu_si512(w + 2 * m), wn = _mm512_loadu_si512(w + 2 * m + 2);
-      TSERVE_KW_DP(a0, wm, kw_bcast4(r0 + 4 * m));
-      TSERVE_KW_DP(a1, wm, kw_bcast4(r1 + 4 * m));
-      TSERVE_KW_DP(a2, wm, kw_bcast4(r2 + 4 * m));
-      TSERVE_KW_DP(a3, wm, kw_bcast4(r3 + 4 * m));
-      TSERVE_KW_DP(c0, wn, kw_bcast4(r0 + 4 * m + 4));
-      TSERVE_KW_DP(c1, wn, kw_bcast4(r1 + 4 * m + 4));
-      TSERVE_KW_DP(c2, wn, kw_bcast4(r2 + 4 * m + 4));
-      TSERVE_KW_DP(c3, wn, kw_bcast4(r3 + 4 * m + 4));
-    }
-    if (m < m1) {
-      const __m512i wm = _mm512_loadu_si512(w + 2 * m);
-      TSERVE_KW_DP(a0, wm, kw_bcast4(r0 + 4 * m));
-      TSERVE_KW_DP(a1, wm, kw_bcast4(r1 + 4 * m));
-      TSERVE_KW_DP(a2, wm, kw_bcast4(r2 + 4 * m));
-      TSERVE_KW_DP(a3, wm, kw_bcast4(r3 + 4 * m));
-    }
-  }
-  out[0] = _mm256_add_epi32(out[0], kw_fold(_mm512_add_epi32(a0, c0)));
-  out[1] = _mm256_add_epi32(out[1], kw_fold(_mm512_add_epi32(a1, c1)));
-  out[2] = _mm256_add_epi32(out[2], kw_fold(_mm512_add_epi32(a2, c2)));
-  out[3] = _mm256_add_epi32(out[3], kw_fold(_mm512_add_epi32(a3, c3)));
+  TSERVE_KW_RUNS(TSERVE_KW_ROWS4)
+  TSERVE_KW_ROWS4(TSERVE_KW_FOLD)
 }
 
 // Eight rows a pass (AVX-512 has 32 registers: 16 accumulators, the two weight vectors and the
@@ -785,65 +784,17 @@ TSERVE_TARGET_VNNI __attribute__((noinline)) void kw_dot8_vnni(const __m256i* __
   const int16_t *r0 = r[0], *r1 = r[1], *r2 = r[2], *r3 = r[3], *r4 = r[4], *r5 = r[5], *r6 = r[6], *r7 = r[7];
   __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
   __m512i c0 = a0, c1 = a0, c2 = a0, c3 = a0, c4 = a0, c5 = a0, c6 = a0, c7 = a0;
-  for (int run = 0; run < runs; ++run) {
-    const int m1 = m0 + run * stride + len;
-    int m = m0 + run * stride;
-    for (; m + 2 <= m1; m += 2) {
-      const __m512i wm = _mm512_loadu_si512(w + 2 * m), wn = _mm512_loadu_si512(w + 2 * m + 2);
-      TSERVE_KW_DP(a0, wm, kw_bcast4(r0 + 4 * m));
-      TSERVE_KW_DP(a1, wm, kw_bcast4(r1 + 4 * m));
-      TSERVE_KW_DP(a2, wm, kw_bcast4(r2 + 4 * m));
-      TSERVE_KW_DP(a3, wm, kw_bcast4(r3 + 4 * m));
-      TSERVE_KW_DP(a4, wm, kw_bcast4(r4 + 4 * m));
-      TSERVE_KW_DP(a5, wm, kw_bcast4(r5 + 4 * m));
-      TSERVE_KW_DP(a6, wm, kw_bcast4(r6 + 4 * m));
-      TSERVE_KW_DP(a7, wm, kw_bcast4(r7 + 4 * m));
-      TSERVE_KW_DP(c0, wn, kw_bcast4(r0 + 4 * m + 4));
-      TSERVE_KW_DP(c1, wn, kw_bcast4(r1 + 4 * m + 4));
-      TSERVE_KW_DP(c2, wn, kw_bcast4(r2 + 4 * m + 4));
-      TSERVE_KW_DP(c3, wn, kw_bcast4(r3 + 4 * m + 4));
-      TSERVE_KW_DP(c4, wn, kw_bcast4(r4 + 4 * m + 4));
-      TSERVE_KW_DP(c5, wn, kw_bcast4(r5 + 4 * m + 4));
-      TSERVE_KW_DP(c6, wn, kw_bcast4(r6 + 4 * m + 4));
-      TSERVE_KW_DP(c7, wn, kw_bcast4(r7 + 4 * m + 4));
-    }
-    if (m < m1) {
-      const __m512i wm = _mm512_loadu_si512(w + 2 * m);
-      TSERVE_KW_DP(a0, wm, kw_bcast4(r0 + 4 * m));
-      TSERVE_KW_DP(a1, wm, kw_bcast4(r1 + 4 * m));
-      TSERVE_KW_DP(a2, wm, kw_bcast4(r2 + 4 * m));
-      TSERVE_KW_DP(a3, wm, kw_bcast4(r3 + 4 * m));
-      TSERVE_KW_DP(a4, wm, kw_bcast4(r4 + 4 * m));
-      TSERVE_KW_DP(a5, wm, kw_bcast4(r5 + 4 * m));
-      TSERVE_KW_DP(a6, wm, kw_bcast4(r6 + 4 * m));
-      TSERVE_KW_DP(a7, wm, kw_bcast4(r7 + 4 * m));
-    }
-  }
-  out[0] = _mm256_add_epi32(out[0], kw_fold(_mm512_add_epi32(a0, c0)));
-  out[1] = _mm256_add_epi32(out[1], kw_fold(_mm512_add_epi32(a1, c1)));
-  out[2] = _mm256_add_epi32(out[2], kw_fold(_mm512_add_epi32(a2, c2)));
-  out[3] = _mm256_add_epi32(out[3], kw_fold(_mm512_add_epi32(a3, c3)));
-  out[4] = _mm256_add_epi32(out[4], kw_fold(_mm512_add_epi32(a4, c4)));
-  out[5] = _mm256_add_epi32(out[5], kw_fold(_mm512_add_epi32(a5, c5)));
-  out[6] = _mm256_add_epi32(out[6], kw_fold(_mm512_add_epi32(a6, c6)));
-  out[7] = _mm256_add_epi32(out[7], kw_fold(_mm512_add_epi32(a7, c7)));
+  TSERVE_KW_RUNS(TSERVE_KW_ROWS8)
+  TSERVE_KW_ROWS8(TSERVE_KW_FOLD)
 }
 
 TSERVE_TARGET_VNNI __attribute__((noinline)) void kw_dot1_vnni(const __m256i* __restrict w, int m0, int len, int runs, int stride,
                                                                 const int16_t* __restrict r0, __m256i* __restrict out) {
   __m512i a0 = _mm512_setzero_si512(), c0 = a0;
-  for (int run = 0; run < runs; ++run) {
-    const int m1 = m0 + run * stride + len;
-    int m = m0 + run * stride;
-    for (; m + 2 <= m1; m += 2) {
-      TSERVE_KW_DP(a0, _mm512_loadu_si512(w + 2 * m), kw_bcast4(r0 + 4 * m));
-      TSERVE_KW_DP(c0, _mm512_loadu_si512(w + 2 * m + 2), kw_bcast4(r0 + 4 * m + 4));
-    }
-    if (m < m1) {
-      TSERVE_KW_DP(a0, _mm512_loadu_si512(w + 2 * m), kw_bcast4(r0 + 4 * m));
-    }
-  }
-  out[0] = _mm256_add_epi32(out[0], kw_fold(_mm512_add_epi32(a0, c0)));
+#define TSERVE_KW_ROWS1(X) X(0)
+  TSERVE_KW_RUNS(TSERVE_KW_ROWS1)
+  TSERVE_KW_ROWS1(TSERVE_KW_FOLD)
+#undef TSERVE_KW_ROWS1
 }
 // Eight rows against two tiles (w, v) in one pass: each row's broadcast serves both tiles, so a
 // pass loads 10 vectors for 16 products where kw_dot8_vnni loads 18 (on this CPU's L1-resident
@@ -865,17 +816,22 @@ TSERVE_TARGET_VNNI __attribute__((noinline)) void kw_dot8x2_vnni(const __m256i* 
     TSERVE_KW_DP(a##n, wm, x);            \
     TSERVE_KW_DP(c##n, vm, x);            \
   }
-      TSERVE_KW_TWO(0) TSERVE_KW_TWO(1) TSERVE_KW_TWO(2) TSERVE_KW_TWO(3)
-      TSERVE_KW_TWO(4) TSERVE_KW_TWO(5) TSERVE_KW_TWO(6) TSERVE_KW_TWO(7)
+      TSERVE_KW_ROWS8(TSERVE_KW_TWO)
 #undef TSERVE_KW_TWO
     }
   }
-  const __m512i A[8] = {a0, a1, a2, a3, a4, a5, a6, a7}, C[8] = {c0, c1, c2, c3, c4, c5, c6, c7};
-  for (int x = 0; x < 8; ++x) {
-    out[x] = _mm256_add_epi32(out[x], kw_fold(A[x]));
-    out[8 + x] = _mm256_add_epi32(out[8 + x], kw_fold(C[x]));
-  }
+#define TSERVE_KW_FOLD2(n)                                  \
+  out[n] = _mm256_add_epi32(out[n], kw_fold(a##n));         \
+  out[8 + n] = _mm256_add_epi32(out[8 + n], kw_fold(c##n));
+  TSERVE_KW_ROWS8(TSERVE_KW_FOLD2)
+#undef TSERVE_KW_FOLD2
 }
+#undef TSERVE_KW_STEP
+#undef TSERVE_KW_LAST
+#undef TSERVE_KW_FOLD
+#undef TSERVE_KW_RUNS
+#undef TSERVE_KW_ROWS4
+#undef TSERVE_KW_ROWS8
 #undef TSERVE_KW_DP
 #endif
 
