@@ -290,9 +290,10 @@ def test_the_avx512_vnni_loops_give_the_avx2_loops_bits(tmp_path):
     """Where the CPU has AVX512-VNNI, its loops run (kquant_packed.cpp): one row at a time through
     vpdpbusd (kp_row_k4_vnni, kp_row6_vnni: 1 row, and the rows left over), Q4_K's byte loops from
     4 rows below KB_MAX (kb_run_k4: 4 and 13 rows), the widened blocks through vpdpwssd for the
-    other types and from KB_MAX rows, eight rows against two tiles a pass (33 and 70); a child with ``TSERVE_NATIVE_ISA=avx2`` runs the AVX2
-    loops on the same inputs, and every product has the same bits (on a CPU without VNNI both sides
-    run the AVX2 loops, and this checks only that the switch is harmless)."""
+    other types and from KB_MAX rows, eight rows against two tiles a pass (33 and 70); a child
+    with ``TSERVE_NATIVE_ISA=avx2`` runs the AVX2 loops on the same inputs, and every product has
+    the same bits (on a CPU without VNNI both sides run the AVX2 loops, and this checks only that
+    the switch is harmless)."""
     native.build()
     if torch.ops.tserve_native.kquant_isa(kquant.PACKED) != kquant.PACKED:
         pytest.skip("this CPU has no AVX2 + FMA + F16C")
