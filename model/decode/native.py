@@ -81,8 +81,12 @@ def default_library() -> str:
 # compiler fuses no multiply and add the source does not (it would where the build targets FMA,
 # and not in a portable build), so the plain loops give the same bits in every build and the
 # vector kernels, which fuse exactly where the plain loops call std::fma, give them too.
-NATIVE_FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-DNDEBUG"]
-PORTABLE_FLAGS = ["-O3", "-ffp-contract=off", "-DNDEBUG"]
+# -fno-trapping-math: no program of ours reads floating-point exception flags, and without it GCC
+# keeps the activation loops (act_row: std::floor inside fast_exp) scalar, a value at a time (4 %
+# of a 2,000-token prompt, ~9 % of a 32-row step). It changes no value: no operation is added,
+# removed, reordered or fused (that would take -ffast-math's other parts, which stay off).
+NATIVE_FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-trapping-math", "-DNDEBUG"]
+PORTABLE_FLAGS = ["-O3", "-ffp-contract=off", "-fno-trapping-math", "-DNDEBUG"]
 
 
 def build(library: str | Path | None = None) -> float:

@@ -80,25 +80,9 @@ TSERVE_TARGET_AVX2 inline __m256 load8(const uint16_t* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
 }
 
-// Four keys' 16-lane dot products with q, summed through the first three levels of tree16:
-// -> [a0 a1 c0 c1 | b0 b1 d0 d1], each the sum of lanes j, j + 2 (mod 4) ... of its key.
-template <typename T>
-TSERVE_TARGET_AVX2 inline __m256 dot4_partial(const float* q, const T* const* k, int64_t hs) {
-  __m256 lo[4], hi[4];
-  const __m256 q0 = _mm256_loadu_ps(q), q1 = _mm256_loadu_ps(q + 8);
-  for (int i = 0; i < 4; ++i) {
-    lo[i] = _mm256_mul_ps(q0, load8(k[i]));
-    hi[i] = _mm256_mul_ps(q1, load8(k[i] + 8));
-  }
-  for (int64_t c = 16; c < hs; c += 16) {
-    const __m256 a = _mm256_loadu_ps(q + c), b = _mm256_loadu_ps(q + c + 8);
-    for (int i = 0; i < 4; ++i) {
-      lo[i] = _mm256_fmadd_ps(a, load8(k[i] + c), lo[i]);
-      hi[i] = _mm256_fmadd_ps(b, load8(k[i] + c + 8), hi[i]);
-    }
-  }
-  __m256 s[4];
-  for (int i = 0; i < 4; ++i) s[i] = _mm256_add_ps(lo[i], hi[i]);  // j + 8
+// Four keys' 16-lane sums, each already folded once (s[i], lanes j + 8), through the next two
+// levels of tree16: -> [a0 a1 c0 c1 | b0 b1 d0 d1], each the sum of lanes j, j + 2 (mod 4) ... of its key.
+TSERVE_TARGET_AVX2 inline __m256 fold4(const __m256* s) {
   const __m256 ab = _mm256_add_ps(_mm256_permute2f128_ps(s[0], s[1], 0x20),
                                   _mm256_permute2f128_ps(s[0], s[1], 0x31));  // j + 4: [a0..3 | b0..3]
   const __m256 cd = _mm256_add_ps(_mm256_permute2f128_ps(s[2], s[3], 0x20), _mm256_permute2f128_ps(s[2], s[3], 0x31));
@@ -106,14 +90,56 @@ TSERVE_TARGET_AVX2 inline __m256 dot4_partial(const float* q, const T* const* k,
                        _mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));  // j + 2
 }
 
-// Eight keys' scores (q . k) * scale into out[0..8), in key order.
-template <typename T>
-TSERVE_TARGET_AVX2 inline void scores8_avx2(const float* q, const T* const* k, int64_t hs, float scale, float* out) {
-  const __m256 u = dot4_partial(q, k, hs), v = dot4_partial(q, k + 4, hs);  // [a a c c | b b d d], [e e g g | f f h h]
+// Eight keys' 16-lane sums, each folded once (j + 8: s[i]), in key order into out[0..8) times
+// scale: the rest of tree16 for each.
+TSERVE_TARGET_AVX2 inline void scores8_store(const __m256* s, float scale, float* out) {
+  const __m256 u = fold4(s), v = fold4(s + 4);  // [a a c c | b b d d], [e e g g | f f h h]
   const __m256 sum = _mm256_add_ps(_mm256_shuffle_ps(u, v, _MM_SHUFFLE(2, 0, 2, 0)),
                                    _mm256_shuffle_ps(u, v, _MM_SHUFFLE(3, 1, 3, 1)));  // j + 1: [a c e g | b d f h]
   const __m256 ordered = _mm256_permutevar8x32_ps(sum, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
   _mm256_storeu_ps(out, _mm256_mul_ps(ordered, _mm256_set1_ps(scale)));
+}
+
+// Eight keys' scores (q . k) * scale into out[0..8), in key order: per key, lane j (of 16) sums
+// q[c + j] k[c + j] over c in order (a product, then fused multiply-adds), lanes 0-7 and 8-15 in
+// two registers, then tree16.
+template <typename T>
+TSERVE_TARGET_AVX2 inline void scores8_avx2(const float* q, const T* const* k, int64_t hs, float scale, float* out) {
+  __m256 s[8];
+  for (int g = 0; g < 8; g += 4) {  // four keys at a time: 8 accumulators
+    __m256 lo[4], hi[4];
+    const __m256 q0 = _mm256_loadu_ps(q), q1 = _mm256_loadu_ps(q + 8);
+    for (int i = 0; i < 4; ++i) {
+      lo[i] = _mm256_mul_ps(q0, load8(k[g + i]));
+      hi[i] = _mm256_mul_ps(q1, load8(k[g + i] + 8));
+    }
+    for (int64_t c = 16; c < hs; c += 16) {
+      const __m256 a = _mm256_loadu_ps(q + c), b = _mm256_loadu_ps(q + c + 8);
+      for (int i = 0; i < 4; ++i) {
+        lo[i] = _mm256_fmadd_ps(a, load8(k[g + i] + c), lo[i]);
+        hi[i] = _mm256_fmadd_ps(b, load8(k[g + i] + c + 8), hi[i]);
+      }
+    }
+    for (int i = 0; i < 4; ++i) s[g + i] = _mm256_add_ps(lo[i], hi[i]);  // j + 8
+  }
+  scores8_store(s, scale, out);
+}
+
+// The same sums with AVX-512F: a key's 16 lanes are one register (lanes 0-7 and 8-15 the two
+// above), so half the instructions, the same operations per lane in the same order: the same bits.
+template <typename T>
+TSERVE_TARGET_AVX512_FMA inline void scores8_avx512(const float* q, const T* const* k, int64_t hs, float scale, float* out) {
+  __m512 a[8];
+  const __m512 q0 = _mm512_loadu_ps(q);
+  for (int i = 0; i < 8; ++i) a[i] = _mm512_mul_ps(q0, load16(k[i]));
+  for (int64_t c = 16; c < hs; c += 16) {
+    const __m512 qc = _mm512_loadu_ps(q + c);
+    for (int i = 0; i < 8; ++i) a[i] = _mm512_fmadd_ps(qc, load16(k[i] + c), a[i]);
+  }
+  __m256 s[8];
+  for (int i = 0; i < 8; ++i)  // j + 8
+    s[i] = _mm256_add_ps(_mm512_castps512_ps256(a[i]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[i]), 1)));
+  scores8_store(s, scale, out);
 }
 
 TSERVE_TARGET_AVX2 inline __m256 exp_canonical8(__m256 x) {
@@ -186,6 +212,24 @@ TSERVE_TARGET_AVX2 void weigh_avx2(const float* p, const PagedRows<T>& values, i
     for (int64_t i = 0; i < w; ++i) _mm256_storeu_ps(acc + c + 8 * i, a[i]);
   }
 }
+
+// The same with AVX-512F: 128 elements of the accumulator at a time (8 registers), so a head of
+// 128 takes one pass over the keys, not two; each element's fused multiply-adds are the same.
+template <typename T>
+TSERVE_TARGET_AVX512_FMA void weigh_avx512(const float* p, const PagedRows<T>& values, int64_t t0, int64_t t1, int64_t hs,
+                                           float* acc) {
+  for (int64_t c = 0; c < hs; c += 128) {
+    const int64_t w = std::min<int64_t>(128, hs - c) / 16;
+    __m512 a[8];
+    for (int64_t i = 0; i < w; ++i) a[i] = _mm512_loadu_ps(acc + c + 16 * i);
+    for (int64_t t = t0; t < t1; ++t) {
+      const __m512 e = _mm512_set1_ps(p[t]);
+      const T* v = values.row(t) + c;
+      for (int64_t i = 0; i < w; ++i) a[i] = _mm512_fmadd_ps(e, load16(v + 16 * i), a[i]);
+    }
+    for (int64_t i = 0; i < w; ++i) _mm512_storeu_ps(acc + c + 16 * i, a[i]);
+  }
+}
 #endif
 
 // One query vector of an item: keys [off, off + n) of the item's keys, the result (hs) to `out`.
@@ -208,7 +252,7 @@ void attend_queries(const Query* qs, int64_t nq, const PagedRows<T>& keys, const
     hi = std::max(hi, qs[i].off + qs[i].n);
   }
 #if defined(TSERVE_AVX512)
-  const bool vec = cpu().avx2 && hs % 16 == 0;
+  const bool vec = cpu().avx2 && hs % 16 == 0, wide = vec && cpu().avx512;
 #else
   const bool vec = false;
 #endif
@@ -225,13 +269,13 @@ void attend_queries(const Query* qs, int64_t nq, const PagedRows<T>& keys, const
         for (; t + 8 <= b; t += 8) {
           const T* k[8];
           for (int j = 0; j < 8; ++j) k[j] = keys.row(t + j);
-          scores8_avx2(Q.q, k, hs, scale, s + t);
+          wide ? scores8_avx512(Q.q, k, hs, scale, s + t) : scores8_avx2(Q.q, k, hs, scale, s + t);
         }
         if (t < b) {  // the last few keys, padded with the last one (its extra scores dropped)
           const T* k[8];
           float tail[8];
           for (int j = 0; j < 8; ++j) k[j] = keys.row(std::min(t + j, b - 1));
-          scores8_avx2(Q.q, k, hs, scale, tail);
+          wide ? scores8_avx512(Q.q, k, hs, scale, tail) : scores8_avx2(Q.q, k, hs, scale, tail);
           std::copy(tail, tail + (b - t), s + t);
           t = b;
         }
@@ -260,7 +304,7 @@ void attend_queries(const Query* qs, int64_t nq, const PagedRows<T>& keys, const
       float* out = acc + i * hs;
 #if defined(TSERVE_AVX512)
       if (vec) {
-        weigh_avx2(p, values, a, b, hs, out);
+        wide ? weigh_avx512(p, values, a, b, hs, out) : weigh_avx2(p, values, a, b, hs, out);
         continue;
       }
 #endif

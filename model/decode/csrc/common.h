@@ -40,6 +40,7 @@
 #define TSERVE_AVX512 1
 #define TSERVE_TARGET_AVX2 __attribute__((target("avx2,fma")))
 #define TSERVE_TARGET_AVX512 __attribute__((target("avx512f")))
+#define TSERVE_TARGET_AVX512_FMA __attribute__((target("avx512f,avx2,fma")))
 #define TSERVE_TARGET_VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
 #define TSERVE_TARGET_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 #endif

@@ -80,17 +80,33 @@ struct KqActs {
   bool empty() const { return r.empty(); }
   void quantize(const float* x, int64_t b0, int64_t b1, int64_t K, int64_t block) {
     for (int64_t u = b0 * K / block; u < b1 * K / block; ++u) {  // rows are whole blocks
-      const float* xs = x + u * block;
+      const float* __restrict xs = x + u * block;
+      // max |x| in 16 lanes (GCC vectors: one running maximum was a chain of dependent scalar
+      // maxima), then across them: the same value in any order, a NaN skipped either way (a
+      // lane keeps its value unless it is less than the new one, as std::max(lane, v) does)
+      typedef float f16 __attribute__((vector_size(64)));
+      typedef int32_t i16 __attribute__((vector_size(64)));
+      f16 lanes = {};
+      for (int64_t i = 0; i < block; i += 16) {
+        i16 bits;
+        std::memcpy(&bits, xs + i, sizeof(bits));
+        const f16 v = reinterpret_cast<f16>(bits & 0x7fffffff);  // |x|, exactly std::fabs's bits
+        lanes = lanes < v ? v : lanes;
+      }
       float top = 0.0f;
-      for (int64_t i = 0; i < block; ++i) top = std::max(top, std::fabs(xs[i]));
+      for (int j = 0; j < 16; ++j) top = std::max(top, lanes[j]);
       const float inv = top > 0.0f ? static_cast<float>(KQ_LEVELS) / top : 0.0f;
       scale[u] = top / static_cast<float>(KQ_LEVELS);
-      int16_t* rs = r.data() + u * block;
+      // the block's own pointers: written through the vectors' members, every store could move
+      // their data pointers, and the loop ran a value at a time
+      int16_t* __restrict rs = r.data() + u * block;
+      int8_t* __restrict hs = hi.data() + u * block;
+      uint8_t* __restrict ls = lo.data() + u * block;
       for (int64_t i = 0; i < block; ++i) {
         const int32_t v = std::max(-KQ_LEVELS, std::min(KQ_LEVELS, static_cast<int32_t>(std::nearbyint(xs[i] * inv))));
         rs[i] = static_cast<int16_t>(v);
-        hi[u * block + i] = static_cast<int8_t>(v >> 7);  // arithmetic shift: floor(v / 128)
-        lo[u * block + i] = static_cast<uint8_t>(v & 127);
+        hs[i] = static_cast<int8_t>(v >> 7);  // arithmetic shift: floor(v / 128)
+        ls[i] = static_cast<uint8_t>(v & 127);
       }
       for (int64_t g = 0; g < block / 16; ++g) {
         int32_t s = 0;
