@@ -277,7 +277,7 @@ IntsFn ints_for(int64_t isa) {
 // inside them (MADV_HUGEPAGE before the first write: transparent huge pages in "madvise" mode or
 // "always"; where that fails or they are off, nothing changes). A decode step streams every byte
 // once a token (1 GB on the 1.5B), and on 4 KB pages that is a page walk every 4 KB: in-process
-// the 1.5B's one-row step took 0.87-0.91x the time (docs/benchmarks.md; ~70 % of its bytes
+// the 1.5B's one-row step took 0.85-0.91x the time (docs/benchmarks.md; ~70 % of its bytes
 // on 2 MB pages: a projection under 4 MB may have no whole span). The same bytes and memory.
 Tensor packed_buffer(int64_t bytes, const at::TensorOptions& options) {
   Tensor t = at::empty({bytes}, options);
