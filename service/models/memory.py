@@ -69,7 +69,10 @@ def weights_bytes(model: nn.Module) -> int:
     return sum(seen.values())
 
 
-_UNFREEZE_AT_EXIT: list = []  # registered once
+# release_memory freezes what the collector keeps; at exit it is unfrozen again, so that the
+# interpreter's last collection still finalizes it (native libraries such as xgrammar's report
+# objects they never saw destroyed). Unfreezing with nothing frozen does nothing.
+atexit.register(gc.unfreeze)
 
 
 def release_memory() -> bool:
@@ -81,14 +84,10 @@ def release_memory() -> bool:
     tokenizers' vocabularies, the app. The collector's full passes walked all of it again while
     requests ran (1-2.5 % of a 1.5B decode step's time, in-process). Each call unfreezes first,
     so the collection still finds an unloaded model's cycles; objects freed by their reference
-    counts go as before, frozen or not. At exit the process unfreezes (atexit), so that its last
-    collection still finalizes them (native libraries such as xgrammar's report objects they
-    never saw destroyed)."""
+    counts go as before, frozen or not (and at exit all is unfrozen: above)."""
     gc.unfreeze()
     gc.collect()
     gc.freeze()
-    if not _UNFREEZE_AT_EXIT:
-        _UNFREEZE_AT_EXIT.append(atexit.register(gc.unfreeze))
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     name = ctypes.util.find_library("c")

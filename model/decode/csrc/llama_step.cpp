@@ -41,15 +41,15 @@ void rope_row(float* x, const float* cos, const float* sin, int64_t heads, int64
   }
 }
 
-// g[j] = act(g[j]) * u[j] * s[j] over one row. tanh GELU through tanh(z) = 1 - 2 / (1 + e^{2z})
-// (at the extremes e^{2z} saturates and tanh goes to -1 or 1).
-// (Without a scale the product skips it: the bits of x * 1.0f.) One loop per variant, which the
-// compiler vectorizes.
 // Rows of a prompt through the feed-forward at a time: a multiple of the projections' row groups
 // (kquant_packed.cpp), small enough that a chunk's gate and up outputs (2 x 256 x 4 x features
 // bytes: 18 MB at 8,960) come from reused heap, not fresh pages.
 constexpr int64_t kFeedForwardRows = 256;
 
+// g[j] = act(g[j]) * u[j] * s[j] over one row. tanh GELU through tanh(z) = 1 - 2 / (1 + e^{2z})
+// (at the extremes e^{2z} saturates and tanh goes to -1 or 1).
+// (Without a scale the product skips it: the bits of x * 1.0f.) One loop per variant, which the
+// compiler vectorizes.
 template <int64_t kAct, bool kScaled>
 void act_row(float* g, const float* u, const float* s, int64_t ff) {
   for (int64_t j = 0; j < ff; ++j) {
@@ -297,6 +297,8 @@ Tensor LlamaDecoder::run(const Tensor& tokens, const Tensor& k_cache, const Tens
     };
     with_kv_bits(k_cache, v_cache, [&](auto* k, auto* v) { cache_layer(k + layer_at, v + layer_at); });
     add_output(xs, L.o(y, prompt), L.post_attn_norm, B);
+    // act(gate) * up, scaled for the down projection where it is smoothed
+    const float* down_scale = L.down.inv_scale.empty() ? nullptr : L.down.inv_scale.data();
     // The feed-forward a chunk of rows at a time (each row's arithmetic is its own, so the bits
     // are those of all rows at once): a 2,000-token prompt's gate and up outputs were 72 MB each
     // on the 1.5B (8,960 features), fresh pages every layer, written and read back from memory.
@@ -311,8 +313,6 @@ Tensor LlamaDecoder::run(const Tensor& tokens, const Tensor& k_cache, const Tens
       const int64_t ff = g.size(1);
       float* gs = g.data_ptr<float>();
       const float* us = u.data_ptr<float>();
-      // act(gate) * up, scaled for the down projection where it is smoothed
-      const float* down_scale = L.down.inv_scale.empty() ? nullptr : L.down.inv_scale.data();
       over_rows(partner_.get(), rn, ff, [&](int64_t b0, int64_t b1) {
         for (int64_t b = b0; b < b1; ++b) {
           float* row = gs + b * ff;
