@@ -102,7 +102,8 @@ def test_the_native_step_is_batch_invariant(fresh_seed):
 def test_int8_cached_decoding_equals_recomputation(fresh_seed):
     """Every projection row-wise int8, so a row's projections do not depend on how many rows
     go in: the teacher-forced full pass over the generated tokens gives the cached steps'
-    logits (up to the attention kernels' float rounding)."""
+    tokens, and their log-probabilities up to what the attention kernels' float rounding can do
+    downstream of an int8 rounding (below)."""
     model = _int8_translator("marian")
     source = _sources(model, fresh_seed, (11,))[0]
     params = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True, logprobs=0)
@@ -112,7 +113,12 @@ def test_int8_cached_decoding_equals_recomputation(fresh_seed):
         full = torch.log_softmax(model(torch.tensor([source]), tgt).float(), -1)[0]
     assert full.argmax(-1).tolist() == out.token_ids
     chosen = full.gather(1, torch.tensor(out.token_ids)[:, None])[:, 0]
-    torch.testing.assert_close(chosen, torch.tensor(out.logprobs), atol=1e-4, rtol=0)
+    # PyTorch's attention and the step's differ by float rounding (~1e-7). Most seeds agree to
+    # 5e-7; about 1 in 100 sees an activation moved across an int8 rounding boundary in a
+    # row-wise projection, one quantum of that row, which moves the later log-probabilities by up
+    # to ~1e-3 (7.2e-4 over 300 seeds). The bound is the batch-invariance test's, for the same
+    # reason; a wrong cache (a token attending to the wrong keys) moves them by whole units.
+    torch.testing.assert_close(chosen, torch.tensor(out.logprobs), atol=1e-2, rtol=0)
 
 
 def test_prepare_chooses_the_native_step_where_it_can_run():
