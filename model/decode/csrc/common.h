@@ -36,7 +36,12 @@
 // chosen at run time by what the CPU supports (cpu() below), so a portable build (the
 // container's) still uses them on a CPU that has them.
 #if defined(__GNUC__) && defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #define TSERVE_AVX512 1
 #define TSERVE_TARGET_AVX2 __attribute__((target("avx2,fma")))
 #define TSERVE_TARGET_AVX512 __attribute__((target("avx512f")))
@@ -54,13 +59,64 @@ using at::Tensor;
 // TSERVE_NATIVE_ISA=scalar turns them all off (the plain loops only), so a test can compare: every
 // vector kernel computes the plain loops' bits (the build's own auto-vectorized loops do too, as
 // it never reassociates and -ffp-contract=off fuses nothing the source does not).
-// TSERVE_NATIVE_ISA=avx2 turns the AVX-512 ones off, so a CPU that has them checks the AVX2 ones too.
+// TSERVE_NATIVE_ISA=avx2 turns the AVX-512 ones off, so a CPU that has them checks the AVX2 ones too;
+// TSERVE_NATIVE_ISA=avx512 turns AMX off, likewise.
 struct CpuFeatures {
   bool avx2 = false;  // AVX2 and FMA: attention (attention.cpp)
   bool avx512 = false;  // AVX-512F: decode attention, the int8 row passes
   bool avx512_vnni = false;  // and AVX512-BW, VNNI: the 4-bit kernel
   bool avx512_bf16 = false;  // and AVX512-BW, BF16: prompt attention over a bfloat16 cache
+  bool amx_int8 = false;  // and AMX tiles with int8 products, granted by the kernel: K-quant prompts
 };
+
+#if defined(TSERVE_AVX512)
+// AMX: the CPU says it has the tiles and int8 products (CPUID 7.0 EDX bits 24, 25), the OS
+// saves their state (XCR0 bits 17, 18), this process is granted it (Linux's
+// ARCH_REQ_XCOMP_PERM for XTILEDATA), and a tile instruction runs: a virtual machine may
+// advertise AMX and still fault on it, so one configuration load and one zeroing run under a
+// SIGILL handler first (on the thread that asks first, once per process).
+namespace amx_probe {
+inline sigjmp_buf& jump() {
+  static sigjmp_buf j;
+  return j;
+}
+inline void on_sigill(int) { siglongjmp(jump(), 1); }
+__attribute__((target("amx-tile"), noinline)) inline void touch_tiles() {
+  struct alignas(64) {
+    uint8_t b[64];
+  } config = {};
+  config.b[0] = 1;  // palette 1
+  config.b[16] = 64;  // tile 0: 64 bytes a row
+  config.b[48] = 1;  // tile 0: one row
+  // as asm reading the whole 64 bytes: GCC 12 takes _tile_loadconfig for a read of none of
+  // them and drops the stores above
+  asm volatile("ldtilecfg %0" : : "m"(config));
+  _tile_zero(0);
+  _tile_release();
+}
+}  // namespace amx_probe
+
+inline bool amx_usable() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || ((d >> 24) & 3u) != 3u) return false;
+  if (!__builtin_cpu_supports("osxsave")) return false;
+  unsigned lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  if (((lo >> 17) & 3u) != 3u) return false;
+  if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) != 0) return false;
+  struct sigaction mine = {}, before = {};
+  mine.sa_handler = amx_probe::on_sigill;
+  sigemptyset(&mine.sa_mask);
+  if (sigaction(SIGILL, &mine, &before) != 0) return false;
+  bool ran = false;
+  if (sigsetjmp(amx_probe::jump(), 1) == 0) {
+    amx_probe::touch_tiles();
+    ran = true;
+  }
+  sigaction(SIGILL, &before, nullptr);
+  return ran;
+}
+#endif
 
 // An IEEE half to float, bit by bit (exact; subnormals normalised): GGUF's block scales and q4's.
 inline float half_to_float(uint16_t h) {
@@ -98,6 +154,8 @@ inline const CpuFeatures& cpu() {
     f.avx512 = __builtin_cpu_supports("avx512f");
     f.avx512_vnni = f.avx512 && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
     f.avx512_bf16 = f.avx512 && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16");
+    if (isa != nullptr && std::strcmp(isa, "avx512") == 0) return f;  // AMX off (to compare)
+    f.amx_int8 = f.avx512_vnni && amx_usable();
 #endif
     return f;
   }();

@@ -1001,11 +1001,11 @@ TSERVE_KP_TARGET void kw_rows(const __m256i* const* w, const uint8_t* const* blk
   }
 }
 
-// Outputs [j0, j1) of every row (B >= KW_MIN) through the widened blocks: per tile, each block
+// Outputs [j0, j1) of rows [b_first, B) through the widened blocks: per tile, each block
 // widened once, then every row against it, rows' sums kept in order per (row, output).
 template <int64_t T>
 TSERVE_KP_TARGET void kw_run(const KqActs& a, int64_t B, int64_t k, const uint8_t* packed, int64_t block_bytes, int64_t j0, int64_t j1,
-            const float* bias, float* y, int64_t stride) {
+            const float* bias, float* y, int64_t stride, int64_t b_first = 0) {
   constexpr int64_t V = T == KQ4_K || T == KQ5_K || T == KQ6_K ? 256 : 32;
   const int64_t blocks = k / V;
   // Rows in groups whose int16 activations (2 k bytes a row) stay in a core's L2 across the
@@ -1015,12 +1015,12 @@ TSERVE_KP_TARGET void kw_run(const KqActs& a, int64_t B, int64_t k, const uint8_
   const int64_t group = std::max<int64_t>(16, std::min<int64_t>(256, KW_L2_BYTES / (2 * k)) / KW_ROWS * KW_ROWS);
   thread_local std::vector<int16_t> wide_buf;  // two tiles' widened blocks: 2 V / 4 vectors each (loadu / storeu)
   thread_local std::vector<float> sums;        // two tiles' sums, `per_tile` floats each
-  const int64_t vectors = 2 * V / 4, per_tile = std::min(B, group) * KP;
+  const int64_t vectors = 2 * V / 4, per_tile = std::min(B - b_first, group) * KP;
   wide_buf.resize(2 * vectors * 16);
   sums.resize(2 * per_tile);
   __m256i* const wide[2] = {reinterpret_cast<__m256i*>(wide_buf.data()),
                             reinterpret_cast<__m256i*>(wide_buf.data()) + vectors};
-  for (int64_t g0 = 0; g0 < B; g0 += group) {
+  for (int64_t g0 = b_first; g0 < B; g0 += group) {  // rows [b_first, B)
     const int64_t g1 = std::min(B, g0 + group);
     // two tiles a pass where eight-row passes run (VNNI): each row's broadcasts serve both
     for (int64_t t0 = j0 / KP * KP, tiles; t0 < j1; t0 += tiles * KP) {
@@ -1202,6 +1202,178 @@ TSERVE_KP_TARGET_VNNI void kb_run_k4(const KqActs& a, int64_t B, int64_t k, cons
 #undef TSERVE_KB_DB
 #endif
 
+#if defined(TSERVE_AVX512)
+// --- prompts and large batches through AMX tiles (Q4_K) ---------------------------------------------
+// Where the CPU has AMX with int8 products (and the kernel grants it: common.h), a 16-row by
+// 16-output tile of a block's integer i0 = sum_v sc_s(v) q_v r_v is a handful of tile products
+// rather than 2,048 vpdpwssd. The weights of a pair of packed tiles (16 outputs) are prepared once
+// per block and row group: w = sc q (at most 63 x 15 = 945) split as w = 32 w1 + w0, w1 in [0, 29],
+// w0 in [0, 31], bytes; a row's r = 128 hi + lo as its two bytes, as ever. Then per 64 values,
+// hi x w1, lo x w1, hi x w0, lo x w0 (tdpbsud for the signed hi, tdpbuud for lo) into four int32
+// tiles, and after the block's four chunks i0 = 32 (128 C1H + C1L) + 128 C0H + C0L: the exact
+// integer of kquant.h, so the float combination (kw_rows<KQ4_K>'s operations in its order) gives
+// every row the scalar loops' bits. A B-tile row holds, for each of the 16 outputs, 4 consecutive
+// values; packus puts the pair's outputs in the order kKaOrder (columns of the C tiles), undone
+// when the sums are stored. Tiles: 0-3 C (1H, 1L, 0H, 0L), 4 A hi, 5 A lo, 6 B1, 7 B0.
+#define TSERVE_KA_TARGET \
+  __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")))
+
+constexpr int64_t KA_MIN = 32;  // rows from which Q4_K takes the tiles
+constexpr int64_t KA_L2_BYTES = 1280 * 1024;  // a row group's activation bytes (hi and lo), in a core's L2
+constexpr int kKaOrder[16] = {0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15};  // column -> output of the pair
+
+inline bool ka_amx() {
+  static const bool on = cpu().amx_int8;
+  return on;
+}
+
+struct alignas(64) KaConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+TSERVE_KA_TARGET inline void ka_configure() {
+  KaConfig c;
+  for (int t = 0; t < 8; ++t) {
+    c.rows[t] = 16;
+    c.colsb[t] = 64;
+  }
+  asm volatile("ldtilecfg %0" : : "m"(c));  // not _tile_loadconfig: see common.h's touch_tiles
+}
+
+// Sub-block s's scale of every output of the pair as the int16 factor of its 4 values (words
+// 4j .. 4j + 3 of tile u's vector)
+TSERVE_KA_TARGET inline __m512i ka_factor(const uint8_t* sc) {
+  const __m512i spread = _mm512_set_epi16(7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5, 5, 4, 4, 4, 4, 3, 3, 3, 3, 2, 2, 2, 2, 1, 1,
+                                          1, 1, 0, 0, 0, 0);
+  const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc));
+  return _mm512_permutexvar_epi16(spread, _mm512_castsi256_si512(_mm256_cvtepu8_epi16(raw)));
+}
+
+// One block of a pair of Q4_K tiles (blk[1] may be the zero tile) -> the B tiles: bw + 2048 c
+// holds chunk c's w1 (16 rows of 64 bytes), bw + 2048 c + 1024 its w0. Row t of chunk c: values
+// 64c + 4t .. (low nibbles of vector 8c + t, sub-block 2c); row 8 + t: values 64c + 32 + 4t ..
+// (high nibbles, sub-block 2c + 1).
+TSERVE_KA_TARGET void ka_prep_k4(const uint8_t* const* blk, uint8_t* bw) {
+  const __m256i low = _mm256_set1_epi8(15);
+  const __m512i five = _mm512_set1_epi16(31);
+  for (int c = 0; c < 4; ++c)
+    for (int half = 0; half < 2; ++half) {
+      const int s = 2 * c + half;
+      const __m512i fa = ka_factor(blk[0] + 1024 + 8 * s), fb = ka_factor(blk[1] + 1024 + 8 * s);
+      for (int t = 0; t < 8; ++t) {
+        __m256i qa = loadu(blk[0] + 32 * (8 * c + t)), qb = loadu(blk[1] + 32 * (8 * c + t));
+        if (half) {
+          qa = _mm256_srli_epi16(qa, 4);
+          qb = _mm256_srli_epi16(qb, 4);
+        }
+        const __m512i wa = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(_mm256_and_si256(qa, low)), fa);
+        const __m512i wb = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(_mm256_and_si256(qb, low)), fb);
+        uint8_t* row = bw + 2048 * c + 64 * (8 * half + t);
+        _mm512_store_si512(row, _mm512_packus_epi16(_mm512_srli_epi16(wa, 5), _mm512_srli_epi16(wb, 5)));
+        _mm512_store_si512(row + 1024, _mm512_packus_epi16(_mm512_and_si512(wa, five), _mm512_and_si512(wb, five)));
+      }
+    }
+}
+
+// A pair's d (or dmin) halves as 16 floats in column order
+TSERVE_KA_TARGET inline __m512 ka_halves(const uint8_t* const* blk, int64_t at) {
+  const __m512i order = _mm512_setr_epi32(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
+  const __m256i h = _mm256_inserti128_si256(
+      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk[0] + at))),
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk[1] + at)), 1);
+  return _mm512_permutexvar_ps(order, _mm512_cvtph_ps(h));
+}
+
+// Rows [b, b + 16) of block i against the prepared pair: acc (16 rows of 16 floats, column order)
+// takes the block's terms. C tiles through `ct` (4 x 16 x 16 int32).
+TSERVE_KA_TARGET void ka_rows16(const uint8_t* bw, const uint8_t* const* blk, const KqActs& a, int64_t k, int64_t i,
+                                int64_t b, int32_t* ct, float* acc) {
+  const int64_t blocks = k / 256;
+  const int8_t* h = a.hi.data() + b * k + i * 256;
+  const uint8_t* l = a.lo.data() + b * k + i * 256;
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int c = 0; c < 4; ++c) {
+    _tile_loadd(4, h + 64 * c, k);
+    _tile_loadd(5, l + 64 * c, k);
+    _tile_loadd(6, bw + 2048 * c, 64);
+    _tile_loadd(7, bw + 2048 * c + 1024, 64);
+    _tile_dpbsud(0, 4, 6);
+    _tile_dpbuud(1, 5, 6);
+    _tile_dpbsud(2, 4, 7);
+    _tile_dpbuud(3, 5, 7);
+  }
+  _tile_stored(0, ct, 64);
+  _tile_stored(1, ct + 256, 64);
+  _tile_stored(2, ct + 512, 64);
+  _tile_stored(3, ct + 768, 64);
+  // the minima's integers of each tile (natural order), then into column order
+  const __m512i order = _mm512_setr_epi32(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
+  __m256i mp0[4], mp1[4], i1a[16], i1b[16];
+  kw_minima_pairs(blk[0] + 1088, mp0);
+  kw_minima_pairs(blk[1] + 1088, mp1);
+  const int16_t* sp[16];
+  for (int x = 0; x < 16; ++x) sp[x] = a.split32.data() + (b + x) * (k / 16) + i * 16;
+  kw_minima_vnni(mp0, sp, 16, i1a);
+  kw_minima_vnni(mp1, sp, 16, i1b);
+  const __m512 d = ka_halves(blk, 1152), dm = ka_halves(blk, 1168);
+  for (int x = 0; x < 16; ++x) {
+    const __m512i c1h = _mm512_load_si512(ct + 16 * x), c1l = _mm512_load_si512(ct + 256 + 16 * x);
+    const __m512i c0h = _mm512_load_si512(ct + 512 + 16 * x), c0l = _mm512_load_si512(ct + 768 + 16 * x);
+    const __m512i w1 = _mm512_add_epi32(_mm512_slli_epi32(c1h, 7), c1l);
+    const __m512i i0 = _mm512_add_epi32(_mm512_slli_epi32(w1, 5), _mm512_add_epi32(_mm512_slli_epi32(c0h, 7), c0l));
+    const __m512i i1 = _mm512_permutexvar_epi32(order, _mm512_inserti64x4(_mm512_castsi256_si512(i1a[x]), i1b[x], 1));
+    const __m512 sa = _mm512_set1_ps(a.scale[(b + x) * blocks + i]);
+    __m512 v = _mm512_loadu_ps(acc + 16 * x);
+    v = _mm512_fmadd_ps(_mm512_mul_ps(d, sa), _mm512_cvtepi32_ps(i0), v);
+    v = _mm512_fnmadd_ps(_mm512_mul_ps(dm, sa), _mm512_cvtepi32_ps(i1), v);
+    _mm512_storeu_ps(acc + 16 * x, v);
+  }
+}
+
+// Outputs [j0, j1) of rows [0, B / 16 * 16) of Q4_K through the tiles, by pairs of packed tiles;
+// returns the first output of a last tile left alone (j1 where none is), which the caller runs
+// otherwise, as it does the rows past the last sixteen.
+TSERVE_KA_TARGET int64_t ka_run_k4(const KqActs& a, int64_t B, int64_t k, const uint8_t* packed, int64_t j0, int64_t j1,
+                                   const float* bias, float* y, int64_t stride) {
+  const int64_t blocks = k / 256, rows = B / 16 * 16;
+  const int64_t group = std::max<int64_t>(16, std::min<int64_t>(512, KA_L2_BYTES / (2 * k)) / 16 * 16);
+  thread_local std::vector<float> sums;
+  sums.resize(std::min(rows, group) * 16);
+  alignas(64) static thread_local uint8_t bw[8192];
+  alignas(64) static thread_local int32_t ct[1024];
+  ka_configure();
+  int64_t t0 = j0 / KP * KP;
+  for (; t0 + KP < j1; t0 += 2 * KP) {
+    for (int64_t g0 = 0; g0 < rows; g0 += group) {
+      const int64_t g1 = std::min(rows, g0 + group);
+      std::fill(sums.begin(), sums.end(), 0.0f);
+      for (int64_t i = 0; i < blocks; ++i) {
+        const uint8_t* blk[2] = {packed + (t0 / KP) * blocks * KP_BLOCK + i * KP_BLOCK,
+                                 packed + (t0 / KP + 1) * blocks * KP_BLOCK + i * KP_BLOCK};
+        kp_prefetch_ahead(blk[0], KP_BLOCK);
+        kp_prefetch_ahead(blk[1], KP_BLOCK);
+        ka_prep_k4(blk, bw);
+        for (int64_t b = g0; b < g1; b += 16) ka_rows16(bw, blk, a, k, i, b, ct, sums.data() + (b - g0) * 16);
+      }
+      for (int64_t b = g0; b < g1; ++b)
+        for (int col = 0; col < 16; ++col) {
+          const int64_t j = t0 + kKaOrder[col];
+          if (j < j0 || j >= j1) continue;
+          const float v = sums[(b - g0) * 16 + col];
+          y[b * stride + j] = bias == nullptr ? v : v + bias[j];
+        }
+    }
+  }
+  _tile_release();
+  return std::min(t0, j1);
+}
+#endif
+
 }  // namespace
 
 bool kq_packed_type(int64_t qtype) {
@@ -1255,6 +1427,13 @@ void kq_packed_rows(const KqActs& a, int64_t B, int64_t k, const uint8_t* packed
                     int64_t j1, const float* bias, float* y, int64_t stride) {
 #if defined(TSERVE_AVX512)
   if (qtype == KQ4_K && B >= KW_MIN && B < KB_MAX && kp_row_vnni()) return kb_run_k4(a, B, k, packed, j0, j1, bias, y, stride);
+  if (qtype == KQ4_K && B >= KA_MIN && ka_amx()) {
+    const int64_t rows = B / 16 * 16, alone = ka_run_k4(a, B, k, packed, j0, j1, bias, y, stride);
+    const int64_t bb = kq_packed_bytes(qtype, KP, 256);
+    if (alone < j1) kw_run<KQ4_K>(a, rows, k, packed, bb, alone, j1, bias, y, stride);
+    if (rows < B) kw_run<KQ4_K>(a, B, k, packed, bb, j0, j1, bias, y, stride, rows);
+    return;
+  }
 #endif
   if (B >= KW_MIN) {
     const int64_t bb = kq_packed_bytes(qtype, KP, kq_format(qtype).values);  // bytes per (tile, block)
