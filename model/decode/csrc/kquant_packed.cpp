@@ -1001,11 +1001,11 @@ TSERVE_KP_TARGET void kw_rows(const __m256i* const* w, const uint8_t* const* blk
   }
 }
 
-// Outputs [j0, j1) of rows [b_first, B) through the widened blocks: per tile, each block
+// Outputs [j0, j1) of every row (B >= KW_MIN) through the widened blocks: per tile, each block
 // widened once, then every row against it, rows' sums kept in order per (row, output).
 template <int64_t T>
 TSERVE_KP_TARGET void kw_run(const KqActs& a, int64_t B, int64_t k, const uint8_t* packed, int64_t block_bytes, int64_t j0, int64_t j1,
-            const float* bias, float* y, int64_t stride, int64_t b_first = 0) {
+            const float* bias, float* y, int64_t stride) {
   constexpr int64_t V = T == KQ4_K || T == KQ5_K || T == KQ6_K ? 256 : 32;
   const int64_t blocks = k / V;
   // Rows in groups whose int16 activations (2 k bytes a row) stay in a core's L2 across the
@@ -1015,12 +1015,12 @@ TSERVE_KP_TARGET void kw_run(const KqActs& a, int64_t B, int64_t k, const uint8_
   const int64_t group = std::max<int64_t>(16, std::min<int64_t>(256, KW_L2_BYTES / (2 * k)) / KW_ROWS * KW_ROWS);
   thread_local std::vector<int16_t> wide_buf;  // two tiles' widened blocks: 2 V / 4 vectors each (loadu / storeu)
   thread_local std::vector<float> sums;        // two tiles' sums, `per_tile` floats each
-  const int64_t vectors = 2 * V / 4, per_tile = std::min(B - b_first, group) * KP;
+  const int64_t vectors = 2 * V / 4, per_tile = std::min(B, group) * KP;
   wide_buf.resize(2 * vectors * 16);
   sums.resize(2 * per_tile);
   __m256i* const wide[2] = {reinterpret_cast<__m256i*>(wide_buf.data()),
                             reinterpret_cast<__m256i*>(wide_buf.data()) + vectors};
-  for (int64_t g0 = b_first; g0 < B; g0 += group) {  // rows [b_first, B)
+  for (int64_t g0 = 0; g0 < B; g0 += group) {
     const int64_t g1 = std::min(B, g0 + group);
     // two tiles a pass where eight-row passes run (VNNI): each row's broadcasts serve both
     for (int64_t t0 = j0 / KP * KP, tiles; t0 < j1; t0 += tiles * KP) {
@@ -1218,7 +1218,7 @@ TSERVE_KP_TARGET_VNNI void kb_run_k4(const KqActs& a, int64_t B, int64_t k, cons
 #define TSERVE_KA_TARGET \
   __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")))
 
-constexpr int64_t KA_MIN = 32;  // rows from which Q4_K takes the tiles
+constexpr int64_t KA_MIN = 16;  // rows from which Q4_K takes the tiles
 constexpr int64_t KA_L2_BYTES = 1280 * 1024;  // a row group's activation bytes (hi and lo), in a core's L2
 constexpr int kKaOrder[16] = {0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15};  // column -> output of the pair
 
@@ -1233,10 +1233,11 @@ struct alignas(64) KaConfig {
   uint8_t rows[16] = {};
 };
 
-TSERVE_KA_TARGET inline void ka_configure() {
+// Tiles 0-5 (C and A) of `rows` rows (1-16), the B tiles 16
+TSERVE_KA_TARGET inline void ka_configure(int rows) {
   KaConfig c;
   for (int t = 0; t < 8; ++t) {
-    c.rows[t] = 16;
+    c.rows[t] = static_cast<uint8_t>(t < 6 ? rows : 16);
     c.colsb[t] = 64;
   }
   asm volatile("ldtilecfg %0" : : "m"(c));  // not _tile_loadconfig: see common.h's touch_tiles
@@ -1251,7 +1252,14 @@ TSERVE_KA_TARGET inline __m512i ka_factor(const uint8_t* sc) {
   return _mm512_permutexvar_epi16(spread, _mm512_castsi256_si512(_mm256_cvtepu8_epi16(raw)));
 }
 
-// One block of a pair of Q4_K tiles (blk[1] may be the zero tile) -> the B tiles: bw + 2048 c
+TSERVE_KA_TARGET inline __m512i ka_factor_signed(const uint8_t* sc) {
+  const __m512i spread = _mm512_set_epi16(7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5, 5, 4, 4, 4, 4, 3, 3, 3, 3, 2, 2, 2, 2, 1, 1,
+                                          1, 1, 0, 0, 0, 0);
+  const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc));
+  return _mm512_permutexvar_epi16(spread, _mm512_castsi256_si512(_mm256_cvtepi8_epi16(raw)));
+}
+
+// One block of a pair of Q4_K tiles -> the B tiles: bw + 2048 c
 // holds chunk c's w1 (16 rows of 64 bytes), bw + 2048 c + 1024 its w0. Row t of chunk c: values
 // 64c + 4t .. (low nibbles of vector 8c + t, sub-block 2c); row 8 + t: values 64c + 32 + 4t ..
 // (high nibbles, sub-block 2c + 1).
@@ -1286,10 +1294,10 @@ TSERVE_KA_TARGET inline __m512 ka_halves(const uint8_t* const* blk, int64_t at) 
   return _mm512_permutexvar_ps(order, _mm512_cvtph_ps(h));
 }
 
-// Rows [b, b + 16) of block i against the prepared pair: acc (16 rows of 16 floats, column order)
-// takes the block's terms. C tiles through `ct` (4 x 16 x 16 int32).
+// Rows [b, b + R) (R <= 16, the tiles configured so) of block i against the prepared pair: acc (R
+// rows of 16 floats, column order) takes the block's terms. C tiles through `ct` (4 x 16 x 16 int32).
 TSERVE_KA_TARGET void ka_rows16(const uint8_t* bw, const uint8_t* const* blk, const KqActs& a, int64_t k, int64_t i,
-                                int64_t b, int32_t* ct, float* acc) {
+                                int64_t b, int R, int32_t* ct, float* acc) {
   const int64_t blocks = k / 256;
   const int8_t* h = a.hi.data() + b * k + i * 256;
   const uint8_t* l = a.lo.data() + b * k + i * 256;
@@ -1317,11 +1325,11 @@ TSERVE_KA_TARGET void ka_rows16(const uint8_t* bw, const uint8_t* const* blk, co
   kw_minima_pairs(blk[0] + 1088, mp0);
   kw_minima_pairs(blk[1] + 1088, mp1);
   const int16_t* sp[16];
-  for (int x = 0; x < 16; ++x) sp[x] = a.split32.data() + (b + x) * (k / 16) + i * 16;
-  kw_minima_vnni(mp0, sp, 16, i1a);
-  kw_minima_vnni(mp1, sp, 16, i1b);
+  for (int x = 0; x < R; ++x) sp[x] = a.split32.data() + (b + x) * (k / 16) + i * 16;
+  kw_minima_vnni(mp0, sp, R, i1a);
+  kw_minima_vnni(mp1, sp, R, i1b);
   const __m512 d = ka_halves(blk, 1152), dm = ka_halves(blk, 1168);
-  for (int x = 0; x < 16; ++x) {
+  for (int x = 0; x < R; ++x) {
     const __m512i c1h = _mm512_load_si512(ct + 16 * x), c1l = _mm512_load_si512(ct + 256 + 16 * x);
     const __m512i c0h = _mm512_load_si512(ct + 512 + 16 * x), c0l = _mm512_load_si512(ct + 768 + 16 * x);
     const __m512i w1 = _mm512_add_epi32(_mm512_slli_epi32(c1h, 7), c1l);
@@ -1335,30 +1343,118 @@ TSERVE_KA_TARGET void ka_rows16(const uint8_t* bw, const uint8_t* const* blk, co
   }
 }
 
-// Outputs [j0, j1) of rows [0, B / 16 * 16) of Q4_K through the tiles, by pairs of packed tiles;
-// returns the first output of a last tile left alone (j1 where none is), which the caller runs
-// otherwise, as it does the rows past the last sixteen.
-TSERVE_KA_TARGET int64_t ka_run_k4(const KqActs& a, int64_t B, int64_t k, const uint8_t* packed, int64_t j0, int64_t j1,
-                                   const float* bias, float* y, int64_t stride) {
-  const int64_t blocks = k / 256, rows = B / 16 * 16;
+// Q6_K the same way, with w = (q - 32) sc (signed, |w| <= 4,096) = 64 w1 + w0, w1 in [-64, 64]
+// (tdpbssd against hi, tdpbusd against lo), w0 in [0, 63]. Its block gives four integers, one a
+// group of four sub-blocks of 16 (kquant.h; group 2h + o: values 128h + 32c + 16o .., c = 0-3),
+// and a chunk of 64 values holds two groups' runs of 16 in turn: each group takes its own B
+// tiles over the two chunks of its half, with the other group's rows zero (twice the products
+// of Q4_K's, still a fraction of the widened path's time). bw6 + 8192 h + 4096 e + 2048 o: chunk
+// 2h + e's tiles of group o, w1 then w0 (1,024 bytes each); row 8 (c % 2) + u of chunk 2h + c / 2
+// holds values 128h + 32c + 4u .. of group u / 4.
+TSERVE_KA_TARGET void ka_prep_k6(const uint8_t* const* blk, uint8_t* bw6) {
+  const __m512i m32 = _mm512_set1_epi16(32), six = _mm512_set1_epi16(63);
+  for (int h = 0; h < 2; ++h)
+    for (int u = 0; u < 8; ++u) {
+      __m256i va[4], vb[4];
+      kp_q6(blk[0], h, u, va);
+      kp_q6(blk[1], h, u, vb);
+      const int o = u / 4;
+      for (int c = 0; c < 4; ++c) {
+        const int s = 8 * h + 2 * c + o;
+        const __m512i fa = ka_factor_signed(blk[0] + 1536 + 8 * s), fb = ka_factor_signed(blk[1] + 1536 + 8 * s);
+        const __m512i wa = _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_cvtepu8_epi16(va[c]), m32), fa);
+        const __m512i wb = _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_cvtepu8_epi16(vb[c]), m32), fb);
+        uint8_t* row = bw6 + 8192 * h + 4096 * (c / 2) + 2048 * o + 64 * (8 * (c % 2) + u);
+        _mm512_store_si512(row, _mm512_packs_epi16(_mm512_srai_epi16(wa, 6), _mm512_srai_epi16(wb, 6)));
+        _mm512_store_si512(row + 1024, _mm512_packus_epi16(_mm512_and_si512(wa, six), _mm512_and_si512(wb, six)));
+      }
+    }
+}
+
+TSERVE_KA_TARGET void ka_rows16_k6(const uint8_t* bw6, const uint8_t* const* blk, const KqActs& a, int64_t k, int64_t i,
+                                   int64_t b, int R, int32_t* ct, float* acc) {
+  const int64_t blocks = k / 256;
+  const int8_t* hp = a.hi.data() + b * k + i * 256;
+  const uint8_t* lp = a.lo.data() + b * k + i * 256;
+  const __m512 d = ka_halves(blk, 1664);
+  __m512 dd[16];
+  for (int x = 0; x < R; ++x) dd[x] = _mm512_mul_ps(d, _mm512_set1_ps(a.scale[(b + x) * blocks + i]));
+  for (int h = 0; h < 2; ++h)
+    for (int o = 0; o < 2; ++o) {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int e = 0; e < 2; ++e) {
+        const int64_t at = 128 * h + 64 * e;
+        const uint8_t* bt = bw6 + 8192 * h + 4096 * e + 2048 * o;
+        _tile_loadd(4, hp + at, k);
+        _tile_loadd(5, lp + at, k);
+        _tile_loadd(6, bt, 64);
+        _tile_loadd(7, bt + 1024, 64);
+        _tile_dpbssd(0, 4, 6);
+        _tile_dpbusd(1, 5, 6);
+        _tile_dpbsud(2, 4, 7);
+        _tile_dpbuud(3, 5, 7);
+      }
+      _tile_stored(0, ct, 64);
+      _tile_stored(1, ct + 256, 64);
+      _tile_stored(2, ct + 512, 64);
+      _tile_stored(3, ct + 768, 64);
+      for (int x = 0; x < R; ++x) {
+        const __m512i c1h = _mm512_load_si512(ct + 16 * x), c1l = _mm512_load_si512(ct + 256 + 16 * x);
+        const __m512i c0h = _mm512_load_si512(ct + 512 + 16 * x), c0l = _mm512_load_si512(ct + 768 + 16 * x);
+        const __m512i w1 = _mm512_add_epi32(_mm512_slli_epi32(c1h, 7), c1l);
+        const __m512i ig = _mm512_add_epi32(_mm512_slli_epi32(w1, 6), _mm512_add_epi32(_mm512_slli_epi32(c0h, 7), c0l));
+        _mm512_storeu_ps(acc + 16 * x, _mm512_fmadd_ps(dd[x], _mm512_cvtepi32_ps(ig), _mm512_loadu_ps(acc + 16 * x)));
+      }
+    }
+}
+
+// Outputs [j0, j1) of every row through the tiles, by pairs of packed tiles, sixteen rows at a time
+// and the rest in one shorter tile (configured for it in turn); returns the first output of a last
+// tile left alone (j1 where none is), which the caller runs otherwise.
+template <int64_t T>
+TSERVE_KA_TARGET int64_t ka_run(const KqActs& a, int64_t B, int64_t k, const uint8_t* packed, int64_t j0, int64_t j1,
+                                const float* bias, float* y, int64_t stride) {
+  constexpr int64_t BB = T == KQ6_K ? KP6_BLOCK : KP_BLOCK;
+  const int64_t blocks = k / 256, rows = B;
   const int64_t group = std::max<int64_t>(16, std::min<int64_t>(512, KA_L2_BYTES / (2 * k)) / 16 * 16);
   thread_local std::vector<float> sums;
   sums.resize(std::min(rows, group) * 16);
-  alignas(64) static thread_local uint8_t bw[8192];
+  alignas(64) static thread_local uint8_t bw[T == KQ6_K ? 16384 : 8192];  // Q6_K: the other group's rows stay zero
+  if constexpr (T == KQ6_K) std::memset(bw, 0, sizeof bw);
   alignas(64) static thread_local int32_t ct[1024];
-  ka_configure();
-  int64_t t0 = j0 / KP * KP;
-  for (; t0 + KP < j1; t0 += 2 * KP) {
-    for (int64_t g0 = 0; g0 < rows; g0 += group) {
-      const int64_t g1 = std::min(rows, g0 + group);
+  int configured = 0;
+  auto rows_of = [&](int R) {
+    if (R != configured) ka_configure(configured = R);
+  };
+  int64_t pairs_end = j0 / KP * KP;  // the tiles in pairs: [j0 / KP * KP, pairs_end)
+  while (pairs_end + KP < j1) pairs_end += 2 * KP;
+  // row groups outside: a group's activations stay in L2 across the chunk's tiles (at most 16)
+  for (int64_t g0 = 0; g0 < rows; g0 += group) {
+    const int64_t g1 = std::min(rows, g0 + group);
+    for (int64_t t0 = j0 / KP * KP; t0 < pairs_end; t0 += 2 * KP) {
       std::fill(sums.begin(), sums.end(), 0.0f);
       for (int64_t i = 0; i < blocks; ++i) {
-        const uint8_t* blk[2] = {packed + (t0 / KP) * blocks * KP_BLOCK + i * KP_BLOCK,
-                                 packed + (t0 / KP + 1) * blocks * KP_BLOCK + i * KP_BLOCK};
-        kp_prefetch_ahead(blk[0], KP_BLOCK);
-        kp_prefetch_ahead(blk[1], KP_BLOCK);
-        ka_prep_k4(blk, bw);
-        for (int64_t b = g0; b < g1; b += 16) ka_rows16(bw, blk, a, k, i, b, ct, sums.data() + (b - g0) * 16);
+        const uint8_t* blk[2] = {packed + (t0 / KP) * blocks * BB + i * BB, packed + (t0 / KP + 1) * blocks * BB + i * BB};
+        kp_prefetch_ahead(blk[0], BB);
+        kp_prefetch_ahead(blk[1], BB);
+        if constexpr (T == KQ6_K) {
+          ka_prep_k6(blk, bw);
+          for (int64_t b = g0; b < g1; b += 16) {
+            const int R = static_cast<int>(std::min<int64_t>(16, g1 - b));
+            rows_of(R);
+            ka_rows16_k6(bw, blk, a, k, i, b, R, ct, sums.data() + (b - g0) * 16);
+          }
+        } else {
+          ka_prep_k4(blk, bw);
+          for (int64_t b = g0; b < g1; b += 16) {
+            const int R = static_cast<int>(std::min<int64_t>(16, g1 - b));
+            rows_of(R);
+            ka_rows16(bw, blk, a, k, i, b, R, ct, sums.data() + (b - g0) * 16);
+          }
+        }
       }
       for (int64_t b = g0; b < g1; ++b)
         for (int col = 0; col < 16; ++col) {
@@ -1370,7 +1466,7 @@ TSERVE_KA_TARGET int64_t ka_run_k4(const KqActs& a, int64_t B, int64_t k, const 
     }
   }
   _tile_release();
-  return std::min(t0, j1);
+  return std::min(pairs_end, j1);
 }
 #endif
 
@@ -1426,14 +1522,16 @@ bool kq_packed_runs() {
 void kq_packed_rows(const KqActs& a, int64_t B, int64_t k, const uint8_t* packed, int64_t qtype, int64_t j0,
                     int64_t j1, const float* bias, float* y, int64_t stride) {
 #if defined(TSERVE_AVX512)
-  if (qtype == KQ4_K && B >= KW_MIN && B < KB_MAX && kp_row_vnni()) return kb_run_k4(a, B, k, packed, j0, j1, bias, y, stride);
-  if (qtype == KQ4_K && B >= KA_MIN && ka_amx()) {
-    const int64_t rows = B / 16 * 16, alone = ka_run_k4(a, B, k, packed, j0, j1, bias, y, stride);
+  if ((qtype == KQ4_K || qtype == KQ6_K) && B >= KA_MIN && ka_amx()) {
+    const bool six = qtype == KQ6_K;
     const int64_t bb = kq_packed_bytes(qtype, KP, 256);
-    if (alone < j1) kw_run<KQ4_K>(a, rows, k, packed, bb, alone, j1, bias, y, stride);
-    if (rows < B) kw_run<KQ4_K>(a, B, k, packed, bb, j0, j1, bias, y, stride, rows);
+    const int64_t alone = six ? ka_run<KQ6_K>(a, B, k, packed, j0, j1, bias, y, stride)
+                              : ka_run<KQ4_K>(a, B, k, packed, j0, j1, bias, y, stride);
+    if (alone < j1 && six) kw_run<KQ6_K>(a, B, k, packed, bb, alone, j1, bias, y, stride);  // a last tile without a pair
+    if (alone < j1 && !six) kw_run<KQ4_K>(a, B, k, packed, bb, alone, j1, bias, y, stride);
     return;
   }
+  if (qtype == KQ4_K && B >= KW_MIN && B < KB_MAX && kp_row_vnni()) return kb_run_k4(a, B, k, packed, j0, j1, bias, y, stride);
 #endif
   if (B >= KW_MIN) {
     const int64_t bb = kq_packed_bytes(qtype, KP, kq_format(qtype).values);  // bytes per (tile, block)

@@ -132,4 +132,15 @@ Tensor cross_decode_attention(Tensor q, Tensor k_mem, Tensor v_mem, Tensor slots
   return out;
 }
 
+std::vector<std::string> vector_units() {
+  const CpuFeatures& f = cpu();
+  std::vector<std::string> units;
+  if (f.avx2) units.emplace_back("avx2");
+  if (f.avx512) units.emplace_back("avx512");
+  if (f.avx512_vnni) units.emplace_back("avx512_vnni");
+  if (f.avx512_bf16) units.emplace_back("avx512_bf16");
+  if (f.amx_int8) units.emplace_back("amx_int8");
+  return units;
+}
+
 }  // namespace tserve_native

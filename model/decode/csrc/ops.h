@@ -23,4 +23,8 @@ Tensor paged_decode_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor tab
 // cross-attention). q (B, nh, hs) float32; k_mem, v_mem (slots, nh, S, hs); slots, lengths (B,) long.
 Tensor cross_decode_attention(Tensor q, Tensor k_mem, Tensor v_mem, Tensor slots, Tensor lengths, double scale);
 
+// The vector units the kernels use in this process (common.h's cpu(), after TSERVE_NATIVE_ISA):
+// any of "avx2", "avx512", "avx512_vnni", "avx512_bf16", "amx_int8".
+std::vector<std::string> vector_units();
+
 }  // namespace tserve_native

@@ -18,6 +18,7 @@ TORCH_LIBRARY(tserve_native, m) {
   m.def("kquant_isa", &kquant_isa);
   m.def("kquant_rows", &kquant_rows);
   m.def("paged_decode_attention", &paged_decode_attention);
+  m.def("vector_units", &vector_units);
   m.class_<Int8Linear>("Int8Linear")
       .def(torch::init<c10::IValue, c10::optional<Tensor>, bool>())
       .def("forward", &Int8Linear::forward)

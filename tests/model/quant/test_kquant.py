@@ -310,6 +310,46 @@ def test_the_avx512_vnni_loops_give_the_avx2_loops_bits(tmp_path):
         assert torch.equal(a[key].view(torch.int32), b[key].view(torch.int32)), key
 
 
+def amx_products(out: str) -> None:
+    """Q4_K's and Q6_K's packed products at the row counts the AMX tiles take (from 16: whole
+    tiles of 16 rows, a short last one, two row groups at 600 rows of 512 values), over 40
+    outputs (two pairs of tiles and one left alone), saved to ``out`` with this process's vector
+    units."""
+    native.build()
+    rng = np.random.default_rng(SEED_ISA)
+    k, n = 2 * 256, 40
+    results = {"units": torch.ops.tserve_native.vector_units()}
+    for name in ("Q4_K", "Q6_K"):
+        raw = torch.from_numpy(np.ascontiguousarray(_random_blocks(name, n, k, rng)))
+        for rows in (16, 17, 33, 600):
+            x = _activations(SEED_ISA + rows, rows, k)
+            results[f"{name} {rows}"] = torch.ops.tserve_native.kquant_linear(
+                x, raw, kquant.BY_NAME[name].code, n, k, None, kquant.PACKED)
+    torch.save(results, out)
+
+
+def test_the_amx_tiles_give_the_avx512_loops_bits(tmp_path):
+    """Where the CPU has AMX and the kernel grants it (common.h probes both), Q4_K and Q6_K take
+    the tiles from 16 rows (ka_run: the same exact integers, the same float combination); a child
+    with ``TSERVE_NATIVE_ISA=avx512`` runs the VNNI loops on the same inputs, and every product
+    has the same bits."""
+    native.build()
+    if "amx_int8" not in torch.ops.tserve_native.vector_units():
+        pytest.skip("no usable AMX on this CPU")
+    here, vnni = tmp_path / "here.pt", tmp_path / "vnni.pt"
+    amx_products(str(here))
+    root = Path(__file__).resolve().parents[3]
+    code = f"from tests.model.quant.test_kquant import amx_products; amx_products({str(vnni)!r})"
+    env = {**os.environ, "TSERVE_NATIVE_ISA": "avx512"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    a, b = torch.load(here), torch.load(vnni)
+    assert "amx_int8" in a.pop("units") and "amx_int8" not in b.pop("units")
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key].view(torch.int32), b[key].view(torch.int32)), key
+
+
 def test_kquant_linear_fuses_parts_of_several_types_native_or_reference(tiny_gguf, monkeypatch, fresh_seed):
     """A fused q/k/v whose parts differ in type (Gemma 3's Q4_K_M file: Q5_0 and Q8_0): the
     native forward and the reference one (the weights dequantized per call) agree within the
