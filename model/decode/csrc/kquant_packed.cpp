@@ -1411,6 +1411,122 @@ TSERVE_KA_TARGET void ka_rows16_k6(const uint8_t* bw6, const uint8_t* const* blk
     }
 }
 
+// The 32-value types without a minimum (Q8_0, Q5_0, Q4_0) the same way, more simply: a block's
+// weights minus their offset are signed bytes already (Q5_0: q - 16 in [-16, 15]), so a pair of
+// tiles' block is 8 B-tile rows of 64 bytes (row t: values 4t .. 4t + 3 of the 16 outputs in
+// order), prepared for every block of the pair at once; a block of 32 values is one chunk (hi x w
+// through tdpbssd, lo x w through tdpbusd), its integer i0 = 128 C_H + C_L, Q5_0's and Q4_0's
+// equal to the loops' i0 - zero (sum r). A row tile keeps its 16 rows' sums in registers over
+// the blocks. Tiles: 0 C_H, 1 C_L, 4 A hi, 5 A lo (R rows of 32 bytes), 6 B (8 rows of 64).
+TSERVE_KA_TARGET inline void ka_configure32(int rows) {
+  KaConfig c;
+  c.rows[0] = c.rows[1] = static_cast<uint8_t>(rows);
+  c.colsb[0] = c.colsb[1] = 64;
+  c.rows[4] = c.rows[5] = static_cast<uint8_t>(rows);
+  c.colsb[4] = c.colsb[5] = 32;
+  c.rows[6] = 8;
+  c.colsb[6] = 64;
+  asm volatile("ldtilecfg %0" : : "m"(c));
+}
+
+template <int64_t T>
+TSERVE_KA_TARGET void ka_prep32(const uint8_t* const* blk, uint8_t* bw) {
+  if constexpr (T == KQ8_0) {
+    for (int t = 0; t < 8; ++t)
+      for (int u = 0; u < 2; ++u) _mm256_store_si256(reinterpret_cast<__m256i*>(bw + 64 * t + 32 * u), loadu(blk[u] + 32 * t));
+  } else {
+    const __m256i low = _mm256_set1_epi8(15), zero = _mm256_set1_epi8(T == KQ5_0 ? 16 : 8);
+    for (int u = 0; u < 2; ++u) {
+      const __m256i qh = kp_five(T) ? loadu(blk[u] + 128) : _mm256_setzero_si256();
+      for (int t = 0; t < 4; ++t) {
+        const __m256i q = loadu(blk[u] + 32 * t);
+        __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+        if constexpr (kp_five(T)) {
+          lo = _mm256_or_si256(lo, kp_fifth(qh, t));
+          hi = _mm256_or_si256(hi, kp_fifth(qh, 4 + t));
+        }
+        _mm256_store_si256(reinterpret_cast<__m256i*>(bw + 64 * t + 32 * u), _mm256_sub_epi8(lo, zero));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(bw + 64 * (4 + t) + 32 * u), _mm256_sub_epi8(hi, zero));
+      }
+    }
+  }
+}
+
+// Rows [b, b + R) against a prepared pair (all its blocks), into y's outputs [j0, j1) of the pair at t0
+template <int64_t T>
+TSERVE_KA_TARGET void ka_rows32(const uint8_t* bw, const uint8_t* tiles, const KqActs& a, int64_t k, int64_t b, int R,
+                                int32_t* ct, int64_t t0, int64_t j0, int64_t j1, const float* bias, float* y,
+                                int64_t stride) {
+  constexpr int64_t BB = kp_block32(T), HALVES = (T == KQ8_0 ? 256 : 128) + (kp_five(T) ? 32 : 0);
+  const int64_t blocks = k / 32, pair_stride = blocks * BB;  // tile t0 + 8's blocks follow tile t0's
+  __m512 acc[16];
+  for (int x = 0; x < 16; ++x) acc[x] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < blocks; ++i) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_loadd(4, a.hi.data() + b * k + 32 * i, k);
+    _tile_loadd(5, a.lo.data() + b * k + 32 * i, k);
+    _tile_loadd(6, bw + 512 * i, 64);
+    _tile_dpbssd(0, 4, 6);
+    _tile_dpbusd(1, 5, 6);
+    _tile_stored(0, ct, 64);
+    _tile_stored(1, ct + 256, 64);
+    const uint8_t* blk = tiles + i * BB;
+    const __m256i h = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + HALVES))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + pair_stride + HALVES)), 1);
+    const __m512 d = _mm512_cvtph_ps(h);
+    for (int x = 0; x < R; ++x) {
+      const __m512i i0 = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(ct + 16 * x), 7), _mm512_load_si512(ct + 256 + 16 * x));
+      const __m512 sa = _mm512_set1_ps(a.scale[(b + x) * blocks + i]);
+      acc[x] = _mm512_fmadd_ps(_mm512_mul_ps(d, sa), _mm512_cvtepi32_ps(i0), acc[x]);
+    }
+  }
+  alignas(64) float out[16];
+  for (int x = 0; x < R; ++x) {
+    _mm512_store_ps(out, acc[x]);
+    for (int col = 0; col < 16; ++col) {
+      const int64_t j = t0 + col;
+      if (j < j0 || j >= j1) continue;
+      y[(b + x) * stride + j] = bias == nullptr ? out[col] : out[col] + bias[j];
+    }
+  }
+}
+
+// Outputs [j0, j1) of every row of a 32-value type through the tiles (ka_run's shape); returns
+// the first output of a last tile left alone
+template <int64_t T>
+TSERVE_KA_TARGET int64_t ka_run32(const KqActs& a, int64_t B, int64_t k, const uint8_t* packed, int64_t j0, int64_t j1,
+                                  const float* bias, float* y, int64_t stride) {
+  constexpr int64_t BB = kp_block32(T);
+  const int64_t blocks = k / 32;
+  const int64_t group = std::max<int64_t>(16, std::min<int64_t>(512, KA_L2_BYTES / (2 * k)) / 16 * 16);
+  thread_local std::vector<__m512i> prepared;  // 64-byte aligned (C++17's aligned new)
+  prepared.resize(8 * blocks);
+  uint8_t* const bw = reinterpret_cast<uint8_t*>(prepared.data());
+  alignas(64) static thread_local int32_t ct[512];
+  int64_t pairs_end = j0 / KP * KP;
+  while (pairs_end + KP < j1) pairs_end += 2 * KP;
+  int configured = 0;
+  for (int64_t g0 = 0; g0 < B; g0 += group) {
+    const int64_t g1 = std::min(B, g0 + group);
+    for (int64_t t0 = j0 / KP * KP; t0 < pairs_end; t0 += 2 * KP) {
+      const uint8_t* tiles = packed + (t0 / KP) * blocks * BB;
+      for (int64_t i = 0; i < blocks; ++i) {
+        const uint8_t* blk[2] = {tiles + i * BB, tiles + blocks * BB + i * BB};
+        ka_prep32<T>(blk, bw + 512 * i);
+      }
+      for (int64_t b = g0; b < g1; b += 16) {
+        const int R = static_cast<int>(std::min<int64_t>(16, g1 - b));
+        if (R != configured) ka_configure32(configured = R);
+        ka_rows32<T>(bw, tiles, a, k, b, R, ct, t0, j0, j1, bias, y, stride);
+      }
+    }
+  }
+  _tile_release();
+  return std::min(pairs_end, j1);
+}
+
 // Outputs [j0, j1) of every row through the tiles, by pairs of packed tiles, sixteen rows at a time
 // and the rest in one shorter tile (configured for it in turn); returns the first output of a last
 // tile left alone (j1 where none is), which the caller runs otherwise.
@@ -1530,6 +1646,26 @@ void kq_packed_rows(const KqActs& a, int64_t B, int64_t k, const uint8_t* packed
     if (alone < j1 && six) kw_run<KQ6_K>(a, B, k, packed, bb, alone, j1, bias, y, stride);  // a last tile without a pair
     if (alone < j1 && !six) kw_run<KQ4_K>(a, B, k, packed, bb, alone, j1, bias, y, stride);
     return;
+  }
+  if ((qtype == KQ8_0 || qtype == KQ5_0 || qtype == KQ4_0) && B >= KA_MIN && ka_amx()) {
+    const int64_t bb = kq_packed_bytes(qtype, KP, 32);
+    switch (qtype) {
+      case KQ8_0: {
+        const int64_t alone = ka_run32<KQ8_0>(a, B, k, packed, j0, j1, bias, y, stride);
+        if (alone < j1) kw_run<KQ8_0>(a, B, k, packed, bb, alone, j1, bias, y, stride);
+        return;
+      }
+      case KQ5_0: {
+        const int64_t alone = ka_run32<KQ5_0>(a, B, k, packed, j0, j1, bias, y, stride);
+        if (alone < j1) kw_run<KQ5_0>(a, B, k, packed, bb, alone, j1, bias, y, stride);
+        return;
+      }
+      default: {
+        const int64_t alone = ka_run32<KQ4_0>(a, B, k, packed, j0, j1, bias, y, stride);
+        if (alone < j1) kw_run<KQ4_0>(a, B, k, packed, bb, alone, j1, bias, y, stride);
+        return;
+      }
+    }
   }
   if (qtype == KQ4_K && B >= KW_MIN && B < KB_MAX && kp_row_vnni()) return kb_run_k4(a, B, k, packed, j0, j1, bias, y, stride);
 #endif

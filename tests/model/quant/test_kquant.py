@@ -311,7 +311,8 @@ def test_the_avx512_vnni_loops_give_the_avx2_loops_bits(tmp_path):
 
 
 def amx_products(out: str) -> None:
-    """Q4_K's and Q6_K's packed products at the row counts the AMX tiles take (from 16: whole
+    """The packed products of the types the AMX tiles take (Q4_K, Q6_K, Q8_0, Q5_0, Q4_0) at the
+    row counts they take them (from 16: whole
     tiles of 16 rows, a short last one, two row groups at 600 rows of 512 values), over 40
     outputs (two pairs of tiles and one left alone), saved to ``out`` with this process's vector
     units."""
@@ -319,7 +320,7 @@ def amx_products(out: str) -> None:
     rng = np.random.default_rng(SEED_ISA)
     k, n = 2 * 256, 40
     results = {"units": torch.ops.tserve_native.vector_units()}
-    for name in ("Q4_K", "Q6_K"):
+    for name in ("Q4_K", "Q6_K", "Q8_0", "Q5_0", "Q4_0"):
         raw = torch.from_numpy(np.ascontiguousarray(_random_blocks(name, n, k, rng)))
         for rows in (16, 17, 33, 600):
             x = _activations(SEED_ISA + rows, rows, k)
@@ -329,8 +330,9 @@ def amx_products(out: str) -> None:
 
 
 def test_the_amx_tiles_give_the_avx512_loops_bits(tmp_path):
-    """Where the CPU has AMX and the kernel grants it (common.h probes both), Q4_K and Q6_K take
-    the tiles from 16 rows (ka_run: the same exact integers, the same float combination); a child
+    """Where the CPU has AMX and the kernel grants it (common.h probes both), Q4_K, Q6_K and the
+    32-value types without a minimum take the tiles from 16 rows (ka_run, ka_run32: the same exact
+    integers, the same float combination); a child
     with ``TSERVE_NATIVE_ISA=avx512`` runs the VNNI loops on the same inputs, and every product
     has the same bits."""
     native.build()
