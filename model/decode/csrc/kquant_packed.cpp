@@ -1218,7 +1218,12 @@ TSERVE_KP_TARGET_VNNI void kb_run_k4(const KqActs& a, int64_t B, int64_t k, cons
 #define TSERVE_KA_TARGET \
   __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")))
 
-constexpr int64_t KA_MIN = 16;  // rows from which Q4_K takes the tiles
+// Rows from which the tiles run (in-process, the Qwen2.5-Coder files, 2 threads, alternated): Q4_K
+// and Q6_K from 16 (16 rows 0.88x the VNNI loops' time; 8 rows 1.1-1.16x, their weights' preparation
+// costing more than the products it saves), the 32-value types from 3 (whose preparation is a few
+// byte operations: 3 rows 0.93x, 4 rows 0.89x, 8 rows 0.83x; 2 rows 1.16x).
+constexpr int64_t KA_MIN = 16;
+constexpr int64_t KA32_MIN = 3;
 constexpr int64_t KA_L2_BYTES = 1280 * 1024;  // a row group's activation bytes (hi and lo), in a core's L2
 constexpr int kKaOrder[16] = {0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15};  // column -> output of the pair
 
@@ -1647,7 +1652,7 @@ void kq_packed_rows(const KqActs& a, int64_t B, int64_t k, const uint8_t* packed
     if (alone < j1 && !six) kw_run<KQ4_K>(a, B, k, packed, bb, alone, j1, bias, y, stride);
     return;
   }
-  if ((qtype == KQ8_0 || qtype == KQ5_0 || qtype == KQ4_0) && B >= KA_MIN && ka_amx()) {
+  if ((qtype == KQ8_0 || qtype == KQ5_0 || qtype == KQ4_0) && B >= KA32_MIN && ka_amx()) {
     const int64_t bb = kq_packed_bytes(qtype, KP, 32);
     switch (qtype) {
       case KQ8_0: {

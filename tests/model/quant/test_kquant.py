@@ -312,17 +312,16 @@ def test_the_avx512_vnni_loops_give_the_avx2_loops_bits(tmp_path):
 
 def amx_products(out: str) -> None:
     """The packed products of the types the AMX tiles take (Q4_K, Q6_K, Q8_0, Q5_0, Q4_0) at the
-    row counts they take them (from 16: whole
-    tiles of 16 rows, a short last one, two row groups at 600 rows of 512 values), over 40
-    outputs (two pairs of tiles and one left alone), saved to ``out`` with this process's vector
-    units."""
+    row counts they take them (the 32-value types from 3 rows, the K-quants from 16: whole tiles
+    of 16 rows, a short last one, two row groups at 600 rows of 512 values), over 40 outputs (two
+    pairs of tiles and one left alone), saved to ``out`` with this process's vector units."""
     native.build()
     rng = np.random.default_rng(SEED_ISA)
     k, n = 2 * 256, 40
     results = {"units": torch.ops.tserve_native.vector_units()}
     for name in ("Q4_K", "Q6_K", "Q8_0", "Q5_0", "Q4_0"):
         raw = torch.from_numpy(np.ascontiguousarray(_random_blocks(name, n, k, rng)))
-        for rows in (16, 17, 33, 600):
+        for rows in (3, 16, 17, 33, 600):
             x = _activations(SEED_ISA + rows, rows, k)
             results[f"{name} {rows}"] = torch.ops.tserve_native.kquant_linear(
                 x, raw, kquant.BY_NAME[name].code, n, k, None, kquant.PACKED)
