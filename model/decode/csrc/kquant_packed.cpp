@@ -1299,6 +1299,39 @@ TSERVE_KA_TARGET inline __m512 ka_halves(const uint8_t* const* blk, int64_t at) 
   return _mm512_permutexvar_ps(order, _mm512_cvtph_ps(h));
 }
 
+// The four C tiles cleared; one chunk's four products (A hi and lo from h and l, rows k apart; B w1
+// and w0 at bt, bt + 1,024; SIGNED: w1 is signed, Q6_K's); the four C tiles into ct (1H, 1L, 0H, 0L)
+TSERVE_KA_TARGET inline void ka_clear4() {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+}
+
+template <bool SIGNED>
+TSERVE_KA_TARGET inline void ka_chunk(const void* h, const void* l, int64_t k, const uint8_t* bt) {
+  _tile_loadd(4, h, k);
+  _tile_loadd(5, l, k);
+  _tile_loadd(6, bt, 64);
+  _tile_loadd(7, bt + 1024, 64);
+  if constexpr (SIGNED) {
+    _tile_dpbssd(0, 4, 6);
+    _tile_dpbusd(1, 5, 6);
+  } else {
+    _tile_dpbsud(0, 4, 6);
+    _tile_dpbuud(1, 5, 6);
+  }
+  _tile_dpbsud(2, 4, 7);
+  _tile_dpbuud(3, 5, 7);
+}
+
+TSERVE_KA_TARGET inline void ka_store4(int32_t* ct) {
+  _tile_stored(0, ct, 64);
+  _tile_stored(1, ct + 256, 64);
+  _tile_stored(2, ct + 512, 64);
+  _tile_stored(3, ct + 768, 64);
+}
+
 // Rows [b, b + R) (R <= 16, the tiles configured so) of block i against the prepared pair: acc (R
 // rows of 16 floats, column order) takes the block's terms. C tiles through `ct` (4 x 16 x 16 int32).
 TSERVE_KA_TARGET void ka_rows16(const uint8_t* bw, const uint8_t* const* blk, const KqActs& a, int64_t k, int64_t i,
@@ -1306,24 +1339,9 @@ TSERVE_KA_TARGET void ka_rows16(const uint8_t* bw, const uint8_t* const* blk, co
   const int64_t blocks = k / 256;
   const int8_t* h = a.hi.data() + b * k + i * 256;
   const uint8_t* l = a.lo.data() + b * k + i * 256;
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  for (int c = 0; c < 4; ++c) {
-    _tile_loadd(4, h + 64 * c, k);
-    _tile_loadd(5, l + 64 * c, k);
-    _tile_loadd(6, bw + 2048 * c, 64);
-    _tile_loadd(7, bw + 2048 * c + 1024, 64);
-    _tile_dpbsud(0, 4, 6);
-    _tile_dpbuud(1, 5, 6);
-    _tile_dpbsud(2, 4, 7);
-    _tile_dpbuud(3, 5, 7);
-  }
-  _tile_stored(0, ct, 64);
-  _tile_stored(1, ct + 256, 64);
-  _tile_stored(2, ct + 512, 64);
-  _tile_stored(3, ct + 768, 64);
+  ka_clear4();
+  for (int c = 0; c < 4; ++c) ka_chunk<false>(h + 64 * c, l + 64 * c, k, bw + 2048 * c);
+  ka_store4(ct);
   // the minima's integers of each tile (natural order), then into column order
   const __m512i order = _mm512_setr_epi32(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
   __m256i mp0[4], mp1[4], i1a[16], i1b[16];
@@ -1386,26 +1404,10 @@ TSERVE_KA_TARGET void ka_rows16_k6(const uint8_t* bw6, const uint8_t* const* blk
   for (int x = 0; x < R; ++x) dd[x] = _mm512_mul_ps(d, _mm512_set1_ps(a.scale[(b + x) * blocks + i]));
   for (int h = 0; h < 2; ++h)
     for (int o = 0; o < 2; ++o) {
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
-      _tile_zero(3);
-      for (int e = 0; e < 2; ++e) {
-        const int64_t at = 128 * h + 64 * e;
-        const uint8_t* bt = bw6 + 8192 * h + 4096 * e + 2048 * o;
-        _tile_loadd(4, hp + at, k);
-        _tile_loadd(5, lp + at, k);
-        _tile_loadd(6, bt, 64);
-        _tile_loadd(7, bt + 1024, 64);
-        _tile_dpbssd(0, 4, 6);
-        _tile_dpbusd(1, 5, 6);
-        _tile_dpbsud(2, 4, 7);
-        _tile_dpbuud(3, 5, 7);
-      }
-      _tile_stored(0, ct, 64);
-      _tile_stored(1, ct + 256, 64);
-      _tile_stored(2, ct + 512, 64);
-      _tile_stored(3, ct + 768, 64);
+      ka_clear4();
+      for (int e = 0; e < 2; ++e)
+        ka_chunk<true>(hp + 128 * h + 64 * e, lp + 128 * h + 64 * e, k, bw6 + 8192 * h + 4096 * e + 2048 * o);
+      ka_store4(ct);
       for (int x = 0; x < R; ++x) {
         const __m512i c1h = _mm512_load_si512(ct + 16 * x), c1l = _mm512_load_si512(ct + 256 + 16 * x);
         const __m512i c0h = _mm512_load_si512(ct + 512 + 16 * x), c0l = _mm512_load_si512(ct + 768 + 16 * x);

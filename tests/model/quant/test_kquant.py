@@ -269,86 +269,81 @@ def test_repacked_once_gives_the_scalar_bits_at_any_batch(kernel, name, n, fresh
 SEED_ISA = 4141
 
 
-def packed_products(out: str) -> None:
-    """The packed loops' products for every packed type at 1, 4, 13, 33 and 70 rows, saved to ``out``
-    (run here and in a child with other vector units turned off)."""
+def _products(out: str, names, row_counts, n: int) -> None:
+    """The packed products of `names` at each row count over n outputs and 2 blocks of 256, and
+    the vector units that computed them, saved to ``out`` (run here and in a child with some
+    vector units turned off)."""
     native.build()
     rng = np.random.default_rng(SEED_ISA)
-    k, n = 2 * 256, 24
-    results = {}
-    for name in PACKED_TYPES:
+    k = 2 * 256
+    results = {"units": torch.ops.tserve_native.vector_units()}
+    for name in names:
         raw = torch.from_numpy(np.ascontiguousarray(_random_blocks(name, n, k, rng)))
-        for rows in (1, 4, 13, 33, 70):
+        for rows in row_counts:
             x = _activations(SEED_ISA + rows, rows, k)
             results[f"{name} {rows}"] = torch.ops.tserve_native.kquant_linear(
                 x, raw, kquant.BY_NAME[name].code, n, k, None, kquant.PACKED)
     torch.save(results, out)
 
+
+def packed_products(out: str) -> None:
+    """Every packed type at 1, 4, 13, 33 and 70 rows over 24 outputs."""
+    _products(out, PACKED_TYPES, (1, 4, 13, 33, 70), 24)
+
+
+def amx_products(out: str) -> None:
+    """The types the AMX tiles take (Q4_K, Q6_K, Q8_0, Q5_0, Q4_0) at the row counts they take
+    them (the 32-value types from 3 rows, the K-quants from 16: whole tiles of 16 rows, a short
+    last one, two row groups at 600 rows), over 40 outputs (two pairs of tiles and one alone)."""
+    _products(out, ("Q4_K", "Q6_K", "Q8_0", "Q5_0", "Q4_0"), (3, 16, 17, 33, 600), 40)
+
+
+def _here_and_in_a_child(tmp_path, producer: str, isa: str) -> tuple[dict, dict]:
+    """`producer`'s results in this process and in a child with ``TSERVE_NATIVE_ISA=isa``."""
+    here, there = tmp_path / "here.pt", tmp_path / "child.pt"
+    globals()[producer](str(here))
+    root = Path(__file__).resolve().parents[3]
+    code = f"from tests.model.quant.test_kquant import {producer}; {producer}({str(there)!r})"
+    env = {**os.environ, "TSERVE_NATIVE_ISA": isa}
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return torch.load(here), torch.load(there)
+
+
+def _same_bits(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key].view(torch.int32), b[key].view(torch.int32)), key
 
 
 def test_the_avx512_vnni_loops_give_the_avx2_loops_bits(tmp_path):
     """Where the CPU has AVX512-VNNI, its loops run (kquant_packed.cpp): one row at a time through
     vpdpbusd (kp_row_k4_vnni, kp_row6_vnni: 1 row, and the rows left over), Q4_K's byte loops from
     4 rows below KB_MAX (kb_run_k4: 4 and 13 rows), the widened blocks through vpdpwssd for the
-    other types and from KB_MAX rows, eight rows against two tiles a pass (33 and 70); a child
-    with ``TSERVE_NATIVE_ISA=avx2`` runs the AVX2 loops on the same inputs, and every product has
-    the same bits (on a CPU without VNNI both sides run the AVX2 loops, and this checks only that
-    the switch is harmless)."""
+    other types and from KB_MAX rows, eight rows against two tiles a pass (33 and 70), and the
+    AMX tiles where they run; a child with ``TSERVE_NATIVE_ISA=avx2`` runs the AVX2 loops on the
+    same inputs, and every product has the same bits (on a CPU without VNNI both sides run the
+    AVX2 loops, and this checks only that the switch is harmless)."""
     native.build()
     if torch.ops.tserve_native.kquant_isa(kquant.PACKED) != kquant.PACKED:
         pytest.skip("this CPU has no AVX2 + FMA + F16C")
-    here, avx2 = tmp_path / "here.pt", tmp_path / "avx2.pt"
-    packed_products(str(here))
-    root = Path(__file__).resolve().parents[3]
-    code = f"from tests.model.quant.test_kquant import packed_products; packed_products({str(avx2)!r})"
-    env = {**os.environ, "TSERVE_NATIVE_ISA": "avx2"}
-    done = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    a, b = torch.load(here), torch.load(avx2)
-    assert a.keys() == b.keys()
-    for key in a:
-        assert torch.equal(a[key].view(torch.int32), b[key].view(torch.int32)), key
-
-
-def amx_products(out: str) -> None:
-    """The packed products of the types the AMX tiles take (Q4_K, Q6_K, Q8_0, Q5_0, Q4_0) at the
-    row counts they take them (the 32-value types from 3 rows, the K-quants from 16: whole tiles
-    of 16 rows, a short last one, two row groups at 600 rows of 512 values), over 40 outputs (two
-    pairs of tiles and one left alone), saved to ``out`` with this process's vector units."""
-    native.build()
-    rng = np.random.default_rng(SEED_ISA)
-    k, n = 2 * 256, 40
-    results = {"units": torch.ops.tserve_native.vector_units()}
-    for name in ("Q4_K", "Q6_K", "Q8_0", "Q5_0", "Q4_0"):
-        raw = torch.from_numpy(np.ascontiguousarray(_random_blocks(name, n, k, rng)))
-        for rows in (3, 16, 17, 33, 600):
-            x = _activations(SEED_ISA + rows, rows, k)
-            results[f"{name} {rows}"] = torch.ops.tserve_native.kquant_linear(
-                x, raw, kquant.BY_NAME[name].code, n, k, None, kquant.PACKED)
-    torch.save(results, out)
+    a, b = _here_and_in_a_child(tmp_path, "packed_products", "avx2")
+    assert "avx512" not in b.pop("units")
+    a.pop("units")
+    _same_bits(a, b)
 
 
 def test_the_amx_tiles_give_the_avx512_loops_bits(tmp_path):
-    """Where the CPU has AMX and the kernel grants it (common.h probes both), Q4_K, Q6_K and the
-    32-value types without a minimum take the tiles from 16 rows (ka_run, ka_run32: the same exact
-    integers, the same float combination); a child
-    with ``TSERVE_NATIVE_ISA=avx512`` runs the VNNI loops on the same inputs, and every product
-    has the same bits."""
+    """Where the CPU has AMX and the kernel grants it (common.h probes both), Q4_K and Q6_K take
+    the tiles from 16 rows, Q8_0, Q5_0 and Q4_0 from 3 (ka_run, ka_run32: the same exact integers,
+    the same float combination); a child with ``TSERVE_NATIVE_ISA=avx512`` runs the VNNI loops on
+    the same inputs, and every product has the same bits."""
     native.build()
     if "amx_int8" not in torch.ops.tserve_native.vector_units():
         pytest.skip("no usable AMX on this CPU")
-    here, vnni = tmp_path / "here.pt", tmp_path / "vnni.pt"
-    amx_products(str(here))
-    root = Path(__file__).resolve().parents[3]
-    code = f"from tests.model.quant.test_kquant import amx_products; amx_products({str(vnni)!r})"
-    env = {**os.environ, "TSERVE_NATIVE_ISA": "avx512"}
-    done = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    a, b = torch.load(here), torch.load(vnni)
+    a, b = _here_and_in_a_child(tmp_path, "amx_products", "avx512")
     assert "amx_int8" in a.pop("units") and "amx_int8" not in b.pop("units")
-    assert a.keys() == b.keys()
-    for key in a:
-        assert torch.equal(a[key].view(torch.int32), b[key].view(torch.int32)), key
+    _same_bits(a, b)
 
 
 def test_kquant_linear_fuses_parts_of_several_types_native_or_reference(tiny_gguf, monkeypatch, fresh_seed):
