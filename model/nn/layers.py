@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -298,6 +299,24 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
 
 # --- rotary position embeddings (RoPE) --------------------------------------------------
 
+def _cos_sin(angles: Tensor) -> tuple[Tensor, Tensor]:
+    """cos and sin of float64 angles, through numpy: torch's go through MKL's vector library,
+    whose result for an element can move by an ulp with the array's alignment and how the
+    threads split it, so a table built in two processes differed in a few entries after float32
+    rounding (and a row's keys with them). numpy computes every element the same way."""
+    if angles.device.type != "cpu":  # meta tensors (shapes only) stay torch's
+        return angles.cos(), angles.sin()
+    a = angles.contiguous().numpy()
+    return torch.from_numpy(np.cos(a)), torch.from_numpy(np.sin(a))
+
+
+def _powers(base: float, exponents: Tensor) -> Tensor:
+    """base ** exponents in float64, element by element through numpy (as _cos_sin)."""
+    if exponents.device.type != "cpu":
+        return base ** exponents
+    return torch.from_numpy(np.power(np.float64(base), exponents.contiguous().numpy()))
+
+
 def rope_inv_freq(cfg: ModelConfig, local: bool = False) -> Tensor:
     """The rotation frequency of each pair of head dimensions (hs/2,), float64, scaled as
     the config says: ``linear`` divides every frequency (stretches positions) by ``factor``;
@@ -306,7 +325,7 @@ def rope_inv_freq(cfg: ModelConfig, local: bool = False) -> Tensor:
     of ``local_rope_theta`` (sliding-window layers)."""
     hs = cfg.head_dim
     theta = cfg.local_rope_theta if local else cfg.rope_theta
-    inv_freq = theta ** (-torch.arange(0, hs, 2, dtype=torch.float64) / hs)
+    inv_freq = _powers(theta, -torch.arange(0, hs, 2, dtype=torch.float64) / hs)
     scaling = {} if local else (cfg.rope_scaling or {})
     factor = float(scaling.get("factor", 1.0))
     if scaling.get("type") == "linear":
@@ -329,7 +348,7 @@ def rope_table(cfg: ModelConfig, local: bool = False) -> Tensor:
     ``attention_factor`` multiplies both (so q and k), as Phi-3 does."""
     angles = torch.arange(cfg.max_positions, dtype=torch.float64)[:, None] * rope_inv_freq(cfg, local)[None, :]
     angles = torch.cat([angles, angles], dim=-1)  # (P, hs)
-    table = torch.stack([angles.cos(), angles.sin()])
+    table = torch.stack(_cos_sin(angles))
     scaling = cfg.rope_scaling or {}
     if not local and scaling.get("type") == "longrope":
         table = table * float(scaling["attention_factor"])
@@ -350,12 +369,13 @@ def sinusoidal_table(max_positions: int, d_model: int, layout: str) -> Tensor:
     in the first half and all cosines in the second (Marian / fairseq layout).
     """
     pos = torch.arange(max_positions, dtype=torch.float64)[:, None]  # (P, 1)
-    inv_freq = torch.pow(10000.0, -torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # (d/2,)
+    inv_freq = _powers(10000.0, -torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # (d/2,)
     angles = pos * inv_freq[None, :]  # (P, d/2)
+    cos, sin = _cos_sin(angles)
     if layout == "interleaved":
-        table = torch.stack([angles.sin(), angles.cos()], dim=-1).reshape(max_positions, d_model)
+        table = torch.stack([sin, cos], dim=-1).reshape(max_positions, d_model)
     else:
-        table = torch.cat([angles.sin(), angles.cos()], dim=-1)
+        table = torch.cat([sin, cos], dim=-1)
     return table.float()
 
 
