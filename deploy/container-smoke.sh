@@ -273,7 +273,8 @@ run_and_request() {
         state=$(docker inspect -f '{{.State.Status}}' "$CONTAINER")
         if [ "$state" != running ] || [ "$SECONDS" -ge "$deadline" ]; then
             docker logs --tail 100 "$CONTAINER" >&2 || true
-            fail "container not ready (state $state, after $((SECONDS - start))s)"
+            code=$(docker inspect -f '{{.State.ExitCode}} {{.State.OOMKilled}} {{.State.Error}}' "$CONTAINER" || true)
+            fail "container not ready (state $state, exit code / OOM-killed / error: $code, after $((SECONDS - start))s)"
         fi
         sleep 1
     done

@@ -1508,9 +1508,12 @@ TSERVE_KA_TARGET int64_t ka_run32(const KqActs& a, int64_t B, int64_t k, const u
   constexpr int64_t BB = kp_block32(T);
   const int64_t blocks = k / 32;
   const int64_t group = std::max<int64_t>(16, std::min<int64_t>(512, KA_L2_BYTES / (2 * k)) / 16 * 16);
-  thread_local std::vector<__m512i> prepared;  // 64-byte aligned (C++17's aligned new)
-  prepared.resize(8 * blocks);
-  uint8_t* const bw = reinterpret_cast<uint8_t*>(prepared.data());
+  // 512 bytes a block, aligned to 64 by hand: a std::vector<__m512i> is not (in a build without
+  // -mavx512f, GCC drops __m512i's alignment in a template argument, and the vector's operator new
+  // gave 16-byte blocks: the portable library faulted on the first aligned store)
+  thread_local std::vector<uint8_t> prepared;
+  prepared.resize(512 * blocks + 63);
+  uint8_t* const bw = prepared.data() + (-reinterpret_cast<uintptr_t>(prepared.data()) & 63);
   alignas(64) static thread_local int32_t ct[512];
   int64_t pairs_end = j0 / KP * KP;
   while (pairs_end + KP < j1) pairs_end += 2 * KP;

@@ -6,6 +6,7 @@ through the engine core. Needs a C++ compiler and ninja, which `make setup` and 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -226,6 +227,24 @@ print("loaded", default_library())
     done = subprocess.run([sys.executable, "-c", unnamed], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0 and f"loaded {library}" in done.stdout, done.stderr[-2000:]
     assert not (tmp_path / "cache").exists()
+    # The K-quant kernels of the portable library (its vector loops and AMX tiles compiled through
+    # target attributes, not -march=native) give this process's library's bits, through every
+    # packed type and, where the CPU has usable AMX, the tiles (the image's library once faulted
+    # on an aligned store there, which only a portable build could show)
+    from tests.model.quant.test_kquant import amx_products, packed_products
+
+    for producer in (packed_products, amx_products):
+        here, there = tmp_path / f"{producer.__name__}.pt", tmp_path / f"{producer.__name__}-portable.pt"
+        producer(str(here))
+        code = f"from tests.model.quant.test_kquant import {producer.__name__}; {producer.__name__}({str(there)!r})"
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env,
+                              cwd=Path(__file__).resolve().parents[3])
+        assert done.returncode == 0, f"{producer.__name__}, portable: exit {done.returncode}, {done.stderr[-2000:]}"
+        a, b = torch.load(here), torch.load(there)
+        assert a.pop("units") == b.pop("units")  # the same vector units, chosen at run time
+        assert a.keys() == b.keys()
+        for key in a:
+            assert torch.equal(a[key].view(torch.int32), b[key].view(torch.int32)), key
 
 
 def test_a_missing_prebuilt_library_is_named(monkeypatch):
