@@ -231,9 +231,12 @@ print("loaded", default_library())
     # target attributes, not -march=native) give this process's library's bits, through every
     # packed type and, where the CPU has usable AMX, the tiles (the image's library once faulted
     # on an aligned store there, which only a portable build could show)
+    from model.quant import kquant
     from tests.model.quant.test_kquant import amx_products, packed_products
 
-    for producer in (packed_products, amx_products):
+    native_decode.build()
+    packed_loops = torch.ops.tserve_native.kquant_isa(kquant.PACKED) == kquant.PACKED  # AVX2 + FMA + F16C
+    for producer in (packed_products, amx_products) if packed_loops else ():
         here, there = tmp_path / f"{producer.__name__}.pt", tmp_path / f"{producer.__name__}-portable.pt"
         producer(str(here))
         code = f"from tests.model.quant.test_kquant import {producer.__name__}; {producer.__name__}({str(there)!r})"
