@@ -6,7 +6,6 @@ through the engine core. Needs a C++ compiler and ninja, which `make setup` and 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -232,22 +231,16 @@ print("loaded", default_library())
     # packed type and, where the CPU has usable AMX, the tiles (the image's library once faulted
     # on an aligned store there, which only a portable build could show)
     from model.quant import kquant
-    from tests.model.quant.test_kquant import amx_products, packed_products
+    from tests.model.quant.test_kquant import _here_and_in_a_child, _same_bits
 
     native_decode.build()
-    packed_loops = torch.ops.tserve_native.kquant_isa(kquant.PACKED) == kquant.PACKED  # AVX2 + FMA + F16C
-    for producer in (packed_products, amx_products) if packed_loops else ():
-        here, there = tmp_path / f"{producer.__name__}.pt", tmp_path / f"{producer.__name__}-portable.pt"
-        producer(str(here))
-        code = f"from tests.model.quant.test_kquant import {producer.__name__}; {producer.__name__}({str(there)!r})"
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env,
-                              cwd=Path(__file__).resolve().parents[3])
-        assert done.returncode == 0, f"{producer.__name__}, portable: exit {done.returncode}, {done.stderr[-2000:]}"
-        a, b = torch.load(here), torch.load(there)
+    if torch.ops.tserve_native.kquant_isa(kquant.PACKED) != kquant.PACKED:  # no AVX2 + FMA + F16C
+        return
+    for producer in ("packed_products", "amx_products"):
+        a, b = _here_and_in_a_child(tmp_path, producer, TSERVE_NATIVE_LIBRARY=library,
+                                    TORCH_EXTENSIONS_DIR=str(tmp_path / "cache"))
         assert a.pop("units") == b.pop("units")  # the same vector units, chosen at run time
-        assert a.keys() == b.keys()
-        for key in a:
-            assert torch.equal(a[key].view(torch.int32), b[key].view(torch.int32)), key
+        _same_bits(a, b)
 
 
 def test_a_missing_prebuilt_library_is_named(monkeypatch):

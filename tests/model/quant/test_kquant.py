@@ -298,15 +298,16 @@ def amx_products(out: str) -> None:
     _products(out, ("Q4_K", "Q6_K", "Q8_0", "Q5_0", "Q4_0"), (3, 16, 17, 33, 600), 40)
 
 
-def _here_and_in_a_child(tmp_path, producer: str, isa: str) -> tuple[dict, dict]:
-    """`producer`'s results in this process and in a child with ``TSERVE_NATIVE_ISA=isa``."""
-    here, there = tmp_path / "here.pt", tmp_path / "child.pt"
+def _here_and_in_a_child(tmp_path, producer: str, **env: str) -> tuple[dict, dict]:
+    """`producer`'s results in this process and in a child whose environment adds `env` (some
+    vector units turned off, or another library)."""
+    here, there = tmp_path / f"{producer}-here.pt", tmp_path / f"{producer}-child.pt"
     globals()[producer](str(here))
     root = Path(__file__).resolve().parents[3]
     code = f"from tests.model.quant.test_kquant import {producer}; {producer}({str(there)!r})"
-    env = {**os.environ, "TSERVE_NATIVE_ISA": isa}
-    done = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, env={**os.environ, **env}, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, f"{producer} in the child: exit {done.returncode}, {done.stderr[-3000:]}"
     return torch.load(here), torch.load(there)
 
 
@@ -327,7 +328,7 @@ def test_the_avx512_vnni_loops_give_the_avx2_loops_bits(tmp_path):
     native.build()
     if torch.ops.tserve_native.kquant_isa(kquant.PACKED) != kquant.PACKED:
         pytest.skip("this CPU has no AVX2 + FMA + F16C")
-    a, b = _here_and_in_a_child(tmp_path, "packed_products", "avx2")
+    a, b = _here_and_in_a_child(tmp_path, "packed_products", TSERVE_NATIVE_ISA="avx2")
     assert "avx512" not in b.pop("units")
     a.pop("units")
     _same_bits(a, b)
@@ -341,7 +342,7 @@ def test_the_amx_tiles_give_the_avx512_loops_bits(tmp_path):
     native.build()
     if "amx_int8" not in torch.ops.tserve_native.vector_units():
         pytest.skip("no usable AMX on this CPU")
-    a, b = _here_and_in_a_child(tmp_path, "amx_products", "avx512")
+    a, b = _here_and_in_a_child(tmp_path, "amx_products", TSERVE_NATIVE_ISA="avx512")
     assert "amx_int8" in a.pop("units") and "amx_int8" not in b.pop("units")
     _same_bits(a, b)
 
