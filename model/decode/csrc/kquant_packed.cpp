@@ -1372,12 +1372,12 @@ TSERVE_KA_TARGET void ka_rows16(const uint8_t* bw, const uint8_t* const* blk, co
 
 // Q6_K the same way, with w = (q - 32) sc (signed, |w| <= 4,096) = 64 w1 + w0, w1 in [-64, 64]
 // (tdpbssd against hi, tdpbusd against lo), w0 in [0, 63]. Its block gives four integers, one a
-// group of four sub-blocks of 16 (kquant.h; group 2h + o: values 128h + 32c + 16o .., c = 0-3),
-// and a chunk of 64 values holds two groups' runs of 16 in turn: each group takes its own B
-// tiles over the two chunks of its half, with the other group's rows zero (twice the products
-// of Q4_K's, still a fraction of the widened path's time). bw6 + 8192 h + 4096 e + 2048 o: chunk
-// 2h + e's tiles of group o, w1 then w0 (1,024 bytes each); row 8 (c % 2) + u of chunk 2h + c / 2
-// holds values 128h + 32c + 4u .. of group u / 4.
+// group of four sub-blocks of 16 (kquant.h; group g = 2h + o: values 128h + 32c + 16o .., c =
+// 0-3), whose runs of 16 interleave with the other group's of the same half. The rows'
+// activations are regrouped once per row group (ka_regroup6: each block's group g as its 64
+// bytes 64g ..), so a chunk of 64 values is one group: four chunks a block, as Q4_K's, and no
+// product spent on another group's zeros. bw + 2048 g: chunk g's w1 (16 rows of 64 bytes), + 1,024
+// its w0; row 4c + u' holds values 128h + 32c + 16o + 4u' .. (u' = 0-3).
 TSERVE_KA_TARGET void ka_prep_k6(const uint8_t* const* blk, uint8_t* bw6) {
   const __m512i m32 = _mm512_set1_epi16(32), six = _mm512_set1_epi16(63);
   for (int h = 0; h < 2; ++h)
@@ -1391,35 +1391,53 @@ TSERVE_KA_TARGET void ka_prep_k6(const uint8_t* const* blk, uint8_t* bw6) {
         const __m512i fa = ka_factor_signed(blk[0] + 1536 + 8 * s), fb = ka_factor_signed(blk[1] + 1536 + 8 * s);
         const __m512i wa = _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_cvtepu8_epi16(va[c]), m32), fa);
         const __m512i wb = _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_cvtepu8_epi16(vb[c]), m32), fb);
-        uint8_t* row = bw6 + 8192 * h + 4096 * (c / 2) + 2048 * o + 64 * (8 * (c % 2) + u);
+        uint8_t* row = bw6 + 2048 * (2 * h + o) + 64 * (4 * c + u % 4);
         _mm512_store_si512(row, _mm512_packs_epi16(_mm512_srai_epi16(wa, 6), _mm512_srai_epi16(wb, 6)));
         _mm512_store_si512(row + 1024, _mm512_packus_epi16(_mm512_and_si512(wa, six), _mm512_and_si512(wb, six)));
       }
     }
 }
 
-TSERVE_KA_TARGET void ka_rows16_k6(const uint8_t* bw6, const uint8_t* const* blk, const KqActs& a, int64_t k, int64_t i,
-                                   int64_t b, int R, int32_t* ct, float* acc) {
+// Rows [g0, g1)'s hi and lo bytes, each block's groups in turn (group g = 2h + o at 64g: its runs
+// of 16 at 128h + 32c + 16o, c = 0-3), into hi6 / lo6 (rows k apart, as the activations are)
+TSERVE_KA_TARGET void ka_regroup6(const KqActs& a, int64_t k, int64_t g0, int64_t g1, int8_t* hi6, uint8_t* lo6) {
+  for (int64_t b = g0; b < g1; ++b) {
+    const int8_t* h = a.hi.data() + b * k;
+    const uint8_t* l = a.lo.data() + b * k;
+    int8_t* H = hi6 + (b - g0) * k;
+    uint8_t* L = lo6 + (b - g0) * k;
+    for (int64_t v = 0; v < k; v += 256)
+      for (int g = 0; g < 4; ++g)
+        for (int c = 0; c < 4; ++c) {
+          const int64_t from = v + 128 * (g / 2) + 32 * c + 16 * (g % 2), to = v + 64 * g + 16 * c;
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(H + to), _mm_loadu_si128(reinterpret_cast<const __m128i*>(h + from)));
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(L + to), _mm_loadu_si128(reinterpret_cast<const __m128i*>(l + from)));
+        }
+  }
+}
+
+// Rows [b, b + R) of block i (regrouped activations of the row group from g0 at hi6 / lo6)
+TSERVE_KA_TARGET void ka_rows16_k6(const uint8_t* bw6, const uint8_t* const* blk, const KqActs& a, const int8_t* hi6,
+                                   const uint8_t* lo6, int64_t k, int64_t i, int64_t b, int64_t g0, int R, int32_t* ct,
+                                   float* acc) {
   const int64_t blocks = k / 256;
-  const int8_t* hp = a.hi.data() + b * k + i * 256;
-  const uint8_t* lp = a.lo.data() + b * k + i * 256;
+  const int8_t* hp = hi6 + (b - g0) * k + i * 256;
+  const uint8_t* lp = lo6 + (b - g0) * k + i * 256;
   const __m512 d = ka_halves(blk, 1664);
   __m512 dd[16];
   for (int x = 0; x < R; ++x) dd[x] = _mm512_mul_ps(d, _mm512_set1_ps(a.scale[(b + x) * blocks + i]));
-  for (int h = 0; h < 2; ++h)
-    for (int o = 0; o < 2; ++o) {
-      ka_clear4();
-      for (int e = 0; e < 2; ++e)
-        ka_chunk<true>(hp + 128 * h + 64 * e, lp + 128 * h + 64 * e, k, bw6 + 8192 * h + 4096 * e + 2048 * o);
-      ka_store4(ct);
-      for (int x = 0; x < R; ++x) {
-        const __m512i c1h = _mm512_load_si512(ct + 16 * x), c1l = _mm512_load_si512(ct + 256 + 16 * x);
-        const __m512i c0h = _mm512_load_si512(ct + 512 + 16 * x), c0l = _mm512_load_si512(ct + 768 + 16 * x);
-        const __m512i w1 = _mm512_add_epi32(_mm512_slli_epi32(c1h, 7), c1l);
-        const __m512i ig = _mm512_add_epi32(_mm512_slli_epi32(w1, 6), _mm512_add_epi32(_mm512_slli_epi32(c0h, 7), c0l));
-        _mm512_storeu_ps(acc + 16 * x, _mm512_fmadd_ps(dd[x], _mm512_cvtepi32_ps(ig), _mm512_loadu_ps(acc + 16 * x)));
-      }
+  for (int g = 0; g < 4; ++g) {
+    ka_clear4();
+    ka_chunk<true>(hp + 64 * g, lp + 64 * g, k, bw6 + 2048 * g);
+    ka_store4(ct);
+    for (int x = 0; x < R; ++x) {
+      const __m512i c1h = _mm512_load_si512(ct + 16 * x), c1l = _mm512_load_si512(ct + 256 + 16 * x);
+      const __m512i c0h = _mm512_load_si512(ct + 512 + 16 * x), c0l = _mm512_load_si512(ct + 768 + 16 * x);
+      const __m512i w1 = _mm512_add_epi32(_mm512_slli_epi32(c1h, 7), c1l);
+      const __m512i ig = _mm512_add_epi32(_mm512_slli_epi32(w1, 6), _mm512_add_epi32(_mm512_slli_epi32(c0h, 7), c0l));
+      _mm512_storeu_ps(acc + 16 * x, _mm512_fmadd_ps(dd[x], _mm512_cvtepi32_ps(ig), _mm512_loadu_ps(acc + 16 * x)));
     }
+  }
 }
 
 // The 32-value types without a minimum (Q8_0, Q5_0, Q4_0) the same way, more simply: a block's
@@ -1552,8 +1570,9 @@ TSERVE_KA_TARGET int64_t ka_run(const KqActs& a, int64_t B, int64_t k, const uin
   const int64_t group = std::max<int64_t>(16, std::min<int64_t>(512, KA_L2_BYTES / (2 * k)) / 16 * 16);
   thread_local std::vector<float> sums;
   sums.resize(std::min(rows, group) * 16);
-  alignas(64) static thread_local uint8_t bw[T == KQ6_K ? 16384 : 8192];  // Q6_K: the other group's rows stay zero
-  if constexpr (T == KQ6_K) std::memset(bw, 0, sizeof bw);
+  alignas(64) static thread_local uint8_t bw[8192];
+  thread_local std::vector<uint8_t> regrouped;  // Q6_K: a row group's activations, hi then lo (ka_regroup6)
+  if constexpr (T == KQ6_K) regrouped.resize(2 * std::min(rows, group) * k);
   alignas(64) static thread_local int32_t ct[1024];
   int configured = 0;
   auto rows_of = [&](int R) {
@@ -1564,6 +1583,13 @@ TSERVE_KA_TARGET int64_t ka_run(const KqActs& a, int64_t B, int64_t k, const uin
   // row groups outside: a group's activations stay in L2 across the chunk's tiles (at most 16)
   for (int64_t g0 = 0; g0 < rows; g0 += group) {
     const int64_t g1 = std::min(rows, g0 + group);
+    int8_t* hi6 = nullptr;
+    uint8_t* lo6 = nullptr;
+    if constexpr (T == KQ6_K) {
+      hi6 = reinterpret_cast<int8_t*>(regrouped.data());
+      lo6 = regrouped.data() + (g1 - g0) * k;
+      ka_regroup6(a, k, g0, g1, hi6, lo6);
+    }
     for (int64_t t0 = j0 / KP * KP; t0 < pairs_end; t0 += 2 * KP) {
       std::fill(sums.begin(), sums.end(), 0.0f);
       for (int64_t i = 0; i < blocks; ++i) {
@@ -1575,7 +1601,7 @@ TSERVE_KA_TARGET int64_t ka_run(const KqActs& a, int64_t B, int64_t k, const uin
           for (int64_t b = g0; b < g1; b += 16) {
             const int R = static_cast<int>(std::min<int64_t>(16, g1 - b));
             rows_of(R);
-            ka_rows16_k6(bw, blk, a, k, i, b, R, ct, sums.data() + (b - g0) * 16);
+            ka_rows16_k6(bw, blk, a, hi6, lo6, k, i, b, g0, R, ct, sums.data() + (b - g0) * 16);
           }
         } else {
           ka_prep_k4(blk, bw);
