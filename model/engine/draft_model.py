@@ -29,6 +29,7 @@ from collections.abc import Sequence as Seq
 import torch
 
 from model.config import ModelConfig
+from model.engine.sampling import greedy_tokens
 from model.engine.speculative import ROW_COST, Drafter, SpeculativeConfig
 from model.nn.host_transfer import to_device
 from model.nn.transformer import DecoderLM
@@ -162,7 +163,7 @@ class DraftModel:
         level = [(seq, d) for seq, d, _ in rows if len(d.tokens) - d.seen == 1]
         for group, logits in ((behind, self._catch_up(behind)), (level, self._decode(level))):
             if group:
-                for (seq, d), tok in zip(group, logits.argmax(dim=-1).tolist()):
+                for (seq, d), tok in zip(group, greedy_tokens(logits).tolist()):
                     drafts[seq].append(tok)
                     d.seen = len(d.tokens)
         # then one decode step for every row that wants another draft, feeding its last one
@@ -172,7 +173,7 @@ class DraftModel:
             positions = [len(d.tokens) - 1 + len(drafts[seq]) for seq, d in more]
             logits = self.step(self.cache, to_device(feed, torch.long, self.cache.device),
                                [d.slot for _, d in more], positions)
-            for (seq, _), tok in zip(more, logits.argmax(dim=-1).tolist()):
+            for (seq, _), tok in zip(more, greedy_tokens(logits).tolist()):
                 drafts[seq].append(tok)
         for seq, d, _ in rows:
             d.fed = drafts[seq][:-1]

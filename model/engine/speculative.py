@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from model.engine.sampling import SamplingParams, filter_top_k_top_p
+from model.engine.sampling import SamplingParams, filter_top_k_top_p, greedy_tokens
 from model.nn.host_transfer import to_device
 
 SPECULATIVE_METHODS = ("ngram", "draft", "off")
@@ -202,7 +202,7 @@ def verify(logits: Tensor, drafts: list[list[int]], params: list[SamplingParams]
     dev = logits.device
     counts = [len(d) + 1 for d in drafts]
     starts = [sum(counts[:i]) for i in range(len(counts))]
-    argmax = logits.argmax(dim=-1)
+    argmax = greedy_tokens(logits)
     greedy_host = [p.greedy for p, c in zip(params, counts) for _ in range(c)]
     if all(greedy_host):  # greedy needs no distribution: argmax decides every row
         out = []

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from model import SamplingParams, generate
-from model.engine.sampling import Sampler, apply_repetition_penalty, filter_top_k_top_p, make_generator
+from model.engine.sampling import Sampler, apply_repetition_penalty, filter_top_k_top_p, greedy_tokens, make_generator
 
 VOCAB = 40
 
@@ -162,3 +162,22 @@ def test_a_penalised_request_batched_with_plain_ones_decodes_as_alone(decoder_lm
     assert mixed["x"] == alone
     assert mixed["a"] == run([("a", [7, 7, 3], plain)])["a"]
     assert alone != run([("x", prompt, plain)])["x"]  # the penalties do change this request's tokens
+
+
+def test_greedy_tokens_pick_the_first_of_equal_maxima_as_argmax_does():
+    """The engine's greedy choice (max with indices) is argmax's on every kind of row: ties
+    (first index), NaN, infinities, a row of -inf, a constant row, and random rows."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(12, 1_000, generator=gen)
+    x[0, [5, 700]] = 9.0
+    x[1, 17] = float("nan")
+    x[2, [9, 900]] = float("inf")
+    x[3] = float("-inf")
+    x[4] = 1.0
+    x[5, 999] = 50.0
+    x[6, [0, 999]] = -float("inf")
+    x[7, [3, 4]] = float("nan")
+    picked = greedy_tokens(x)
+    assert torch.equal(picked, x.argmax(dim=-1))
+    assert picked[:6].tolist() == [5, 17, 9, 0, 0, 999]
+    assert torch.equal(greedy_tokens(x.double()), x.double().argmax(dim=-1))
