@@ -1416,13 +1416,12 @@ TSERVE_KA_TARGET void ka_regroup6(const KqActs& a, int64_t k, int64_t g0, int64_
   }
 }
 
-// Rows [b, b + R) of block i (regrouped activations of the row group from g0 at hi6 / lo6)
-TSERVE_KA_TARGET void ka_rows16_k6(const uint8_t* bw6, const uint8_t* const* blk, const KqActs& a, const int8_t* hi6,
-                                   const uint8_t* lo6, int64_t k, int64_t i, int64_t b, int64_t g0, int R, int32_t* ct,
-                                   float* acc) {
+// Rows [b, b + R) of block i, their regrouped activations (ka_regroup6) from h6 / l6, rows k apart
+TSERVE_KA_TARGET void ka_rows16_k6(const uint8_t* bw6, const uint8_t* const* blk, const KqActs& a, const int8_t* h6,
+                                   const uint8_t* l6, int64_t k, int64_t i, int64_t b, int R, int32_t* ct, float* acc) {
   const int64_t blocks = k / 256;
-  const int8_t* hp = hi6 + (b - g0) * k + i * 256;
-  const uint8_t* lp = lo6 + (b - g0) * k + i * 256;
+  const int8_t* hp = h6 + i * 256;
+  const uint8_t* lp = l6 + i * 256;
   const __m512 d = ka_halves(blk, 1664);
   __m512 dd[16];
   for (int x = 0; x < R; ++x) dd[x] = _mm512_mul_ps(d, _mm512_set1_ps(a.scale[(b + x) * blocks + i]));
@@ -1601,7 +1600,7 @@ TSERVE_KA_TARGET int64_t ka_run(const KqActs& a, int64_t B, int64_t k, const uin
           for (int64_t b = g0; b < g1; b += 16) {
             const int R = static_cast<int>(std::min<int64_t>(16, g1 - b));
             rows_of(R);
-            ka_rows16_k6(bw, blk, a, hi6, lo6, k, i, b, g0, R, ct, sums.data() + (b - g0) * 16);
+            ka_rows16_k6(bw, blk, a, hi6 + (b - g0) * k, lo6 + (b - g0) * k, k, i, b, R, ct, sums.data() + (b - g0) * 16);
           }
         } else {
           ka_prep_k4(blk, bw);
