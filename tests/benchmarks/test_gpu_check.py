@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from benchmarks.gpu_check import SECTIONS, TRITON_TESTS, PytestRun, default_runs, run_check
+from benchmarks.gpu_check import SECTIONS, TRITON_TESTS, PytestRun, default_runs, run_check, section_peak
 from model.decode.triton_attention import triton_available
 
 NO_PLUGINS = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
@@ -62,3 +62,10 @@ def test_a_failing_test_fails_the_check_and_the_report_shows_its_error(tmp_path)
                                   f"tests (missing): {missing['error'].splitlines()[0]}"]
     markdown = (tmp_path / "out" / "report.md").read_text()
     assert "**FAILED**" in markdown and "AssertionError: arithmetic" in markdown
+
+
+def test_a_sections_peak_is_its_largest_part_or_the_allocators_and_needs_no_parts():
+    # Section 9 records no parts: the first lent H200 run (2026-11-30) crashed here on max(float).
+    assert section_peak(3 * 2**20, {}) == 3.0
+    assert section_peak(3 * 2**20, {"decode": 1029.8, "kv-cache": 36.9}) == 1029.8
+    assert section_peak(2048 * 2**20, {"decode": 10.0}) == 2048.0
