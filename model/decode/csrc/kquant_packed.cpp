@@ -1346,22 +1346,34 @@ TSERVE_KA_TARGET void ka_rows16(const uint8_t* bw, const uint8_t* const* blk, co
   ka_clear4();
   for (int c = 0; c < 4; ++c) ka_chunk<false>(h + 64 * c, l + 64 * c, k, bw + 2048 * c);
   ka_store4(ct);
-  // the minima's integers of each tile (natural order), then into column order
+  // The minima's integer i1 = sum_s m_s A_s of the pair's 16 outputs at once, in column order: pair
+  // q of sub-blocks' (m_2q, m_2q+1) as a lane's int16 halves, against the row's lo pair and hi pair
+  // of A (KqActs::split32) broadcast: i1 = lo sums + 2^15 hi sums, the integers kw_minima_vnni gives.
   const __m512i order = _mm512_setr_epi32(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
-  __m256i mp0[4], mp1[4], i1a[16], i1b[16];
-  kw_minima_pairs(blk[0] + 1088, mp0);
-  kw_minima_pairs(blk[1] + 1088, mp1);
-  const int16_t* sp[16];
-  for (int x = 0; x < R; ++x) sp[x] = a.split32.data() + (b + x) * (k / 16) + i * 16;
-  kw_minima_vnni(mp0, sp, R, i1a);
-  kw_minima_vnni(mp1, sp, R, i1b);
+  __m512i mq[4];
+  {
+    __m256i mp0[4], mp1[4];
+    kw_minima_pairs(blk[0] + 1088, mp0);
+    kw_minima_pairs(blk[1] + 1088, mp1);
+    for (int q = 0; q < 4; ++q)
+      mq[q] = _mm512_permutexvar_epi32(order, _mm512_inserti64x4(_mm512_castsi256_si512(mp0[q]), mp1[q], 1));
+  }
   const __m512 d = ka_halves(blk, 1152), dm = ka_halves(blk, 1168);
   for (int x = 0; x < R; ++x) {
+    const int16_t* sp = a.split32.data() + (b + x) * (k / 16) + i * 16;
+    __m512i slo = _mm512_setzero_si512(), shi = _mm512_setzero_si512();
+    for (int q = 0; q < 4; ++q) {
+      int32_t lo, hi;
+      std::memcpy(&lo, sp + 4 * q, 4);
+      std::memcpy(&hi, sp + 4 * q + 2, 4);
+      slo = _mm512_dpwssd_epi32(slo, mq[q], _mm512_set1_epi32(lo));
+      shi = _mm512_dpwssd_epi32(shi, mq[q], _mm512_set1_epi32(hi));
+    }
+    const __m512i i1 = _mm512_add_epi32(slo, _mm512_slli_epi32(shi, 15));
     const __m512i c1h = _mm512_load_si512(ct + 16 * x), c1l = _mm512_load_si512(ct + 256 + 16 * x);
     const __m512i c0h = _mm512_load_si512(ct + 512 + 16 * x), c0l = _mm512_load_si512(ct + 768 + 16 * x);
     const __m512i w1 = _mm512_add_epi32(_mm512_slli_epi32(c1h, 7), c1l);
     const __m512i i0 = _mm512_add_epi32(_mm512_slli_epi32(w1, 5), _mm512_add_epi32(_mm512_slli_epi32(c0h, 7), c0l));
-    const __m512i i1 = _mm512_permutexvar_epi32(order, _mm512_inserti64x4(_mm512_castsi256_si512(i1a[x]), i1b[x], 1));
     const __m512 sa = _mm512_set1_ps(a.scale[(b + x) * blocks + i]);
     __m512 v = _mm512_loadu_ps(acc + 16 * x);
     v = _mm512_fmadd_ps(_mm512_mul_ps(d, sa), _mm512_cvtepi32_ps(i0), v);
