@@ -1336,9 +1336,27 @@ TSERVE_KA_TARGET inline void ka_store4(int32_t* ct) {
   _tile_stored(3, ct + 768, 64);
 }
 
+// What a pair's block gives every row tile besides its B tiles, made once a block (ka_terms_k4):
+// the minima pairs (m_2q, m_2q+1) as a lane's int16 halves in column order, and d and dmin.
+struct KaTermsK4 {
+  __m512i mq[4];
+  __m512 d, dm;
+};
+
+TSERVE_KA_TARGET inline void ka_terms_k4(const uint8_t* const* blk, KaTermsK4& t) {
+  const __m512i order = _mm512_setr_epi32(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
+  __m256i mp0[4], mp1[4];
+  kw_minima_pairs(blk[0] + 1088, mp0);
+  kw_minima_pairs(blk[1] + 1088, mp1);
+  for (int q = 0; q < 4; ++q)
+    t.mq[q] = _mm512_permutexvar_epi32(order, _mm512_inserti64x4(_mm512_castsi256_si512(mp0[q]), mp1[q], 1));
+  t.d = ka_halves(blk, 1152);
+  t.dm = ka_halves(blk, 1168);
+}
+
 // Rows [b, b + R) (R <= 16, the tiles configured so) of block i against the prepared pair: acc (R
 // rows of 16 floats, column order) takes the block's terms. C tiles through `ct` (4 x 16 x 16 int32).
-TSERVE_KA_TARGET void ka_rows16(const uint8_t* bw, const uint8_t* const* blk, const KqActs& a, int64_t k, int64_t i,
+TSERVE_KA_TARGET void ka_rows16(const uint8_t* bw, const KaTermsK4& t, const KqActs& a, int64_t k, int64_t i,
                                 int64_t b, int R, int32_t* ct, float* acc) {
   const int64_t blocks = k / 256;
   const int8_t* h = a.hi.data() + b * k + i * 256;
@@ -1346,19 +1364,9 @@ TSERVE_KA_TARGET void ka_rows16(const uint8_t* bw, const uint8_t* const* blk, co
   ka_clear4();
   for (int c = 0; c < 4; ++c) ka_chunk<false>(h + 64 * c, l + 64 * c, k, bw + 2048 * c);
   ka_store4(ct);
-  // The minima's integer i1 = sum_s m_s A_s of the pair's 16 outputs at once, in column order: pair
-  // q of sub-blocks' (m_2q, m_2q+1) as a lane's int16 halves, against the row's lo pair and hi pair
-  // of A (KqActs::split32) broadcast: i1 = lo sums + 2^15 hi sums, the integers kw_minima_vnni gives.
-  const __m512i order = _mm512_setr_epi32(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
-  __m512i mq[4];
-  {
-    __m256i mp0[4], mp1[4];
-    kw_minima_pairs(blk[0] + 1088, mp0);
-    kw_minima_pairs(blk[1] + 1088, mp1);
-    for (int q = 0; q < 4; ++q)
-      mq[q] = _mm512_permutexvar_epi32(order, _mm512_inserti64x4(_mm512_castsi256_si512(mp0[q]), mp1[q], 1));
-  }
-  const __m512 d = ka_halves(blk, 1152), dm = ka_halves(blk, 1168);
+  // The minima's integer i1 = sum_s m_s A_s of the pair's 16 outputs at once: the row's lo pair and
+  // hi pair of A (KqActs::split32) broadcast against t.mq: i1 = lo sums + 2^15 hi sums, the
+  // integers kw_minima_vnni gives.
   for (int x = 0; x < R; ++x) {
     const int16_t* sp = a.split32.data() + (b + x) * (k / 16) + i * 16;
     __m512i slo = _mm512_setzero_si512(), shi = _mm512_setzero_si512();
@@ -1366,8 +1374,8 @@ TSERVE_KA_TARGET void ka_rows16(const uint8_t* bw, const uint8_t* const* blk, co
       int32_t lo, hi;
       std::memcpy(&lo, sp + 4 * q, 4);
       std::memcpy(&hi, sp + 4 * q + 2, 4);
-      slo = _mm512_dpwssd_epi32(slo, mq[q], _mm512_set1_epi32(lo));
-      shi = _mm512_dpwssd_epi32(shi, mq[q], _mm512_set1_epi32(hi));
+      slo = _mm512_dpwssd_epi32(slo, t.mq[q], _mm512_set1_epi32(lo));
+      shi = _mm512_dpwssd_epi32(shi, t.mq[q], _mm512_set1_epi32(hi));
     }
     const __m512i i1 = _mm512_add_epi32(slo, _mm512_slli_epi32(shi, 15));
     const __m512i c1h = _mm512_load_si512(ct + 16 * x), c1l = _mm512_load_si512(ct + 256 + 16 * x);
@@ -1376,8 +1384,8 @@ TSERVE_KA_TARGET void ka_rows16(const uint8_t* bw, const uint8_t* const* blk, co
     const __m512i i0 = _mm512_add_epi32(_mm512_slli_epi32(w1, 5), _mm512_add_epi32(_mm512_slli_epi32(c0h, 7), c0l));
     const __m512 sa = _mm512_set1_ps(a.scale[(b + x) * blocks + i]);
     __m512 v = _mm512_loadu_ps(acc + 16 * x);
-    v = _mm512_fmadd_ps(_mm512_mul_ps(d, sa), _mm512_cvtepi32_ps(i0), v);
-    v = _mm512_fnmadd_ps(_mm512_mul_ps(dm, sa), _mm512_cvtepi32_ps(i1), v);
+    v = _mm512_fmadd_ps(_mm512_mul_ps(t.d, sa), _mm512_cvtepi32_ps(i0), v);
+    v = _mm512_fnmadd_ps(_mm512_mul_ps(t.dm, sa), _mm512_cvtepi32_ps(i1), v);
     _mm512_storeu_ps(acc + 16 * x, v);
   }
 }
@@ -1616,10 +1624,12 @@ TSERVE_KA_TARGET int64_t ka_run(const KqActs& a, int64_t B, int64_t k, const uin
           }
         } else {
           ka_prep_k4(blk, bw);
+          KaTermsK4 terms;
+          ka_terms_k4(blk, terms);
           for (int64_t b = g0; b < g1; b += 16) {
             const int R = static_cast<int>(std::min<int64_t>(16, g1 - b));
             rows_of(R);
-            ka_rows16(bw, blk, a, k, i, b, R, ct, sums.data() + (b - g0) * 16);
+            ka_rows16(bw, terms, a, k, i, b, R, ct, sums.data() + (b - g0) * 16);
           }
         }
       }
