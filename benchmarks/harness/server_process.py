@@ -14,6 +14,7 @@ benchmark.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -26,8 +27,38 @@ import httpx
 
 from benchmarks.harness import REPO_ROOT
 
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_PORT = 10000
+_handed_out: set[int] = set()
+
+
+def ephemeral_low() -> int:
+    """The first port the kernel hands to outgoing connections (Linux); 0 where unknown."""
+    try:
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
 
 def free_port() -> int:
+    """A loopback port nothing is bound to, for a server about to bind it. Where the kernel's
+    ephemeral range is known, from below it: a port inside it can be given to some outgoing
+    connection between this check and the server's bind (a replica of the HAProxy tests once
+    failed so, "address already in use"), one below it only to another explicit bind. This
+    process never hands out the same port twice. Elsewhere, whatever the kernel picks."""
+    low = ephemeral_low()
+    rng = random.SystemRandom()
+    for _ in range(200 if low > LOWEST_PORT + 1000 else 0):
+        port = rng.randrange(LOWEST_PORT, low)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

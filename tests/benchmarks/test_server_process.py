@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import time
 
 import pytest
 
 from benchmarks.harness.server_process import (
+    LOWEST_PORT,
     ServerExited,
     ServerProcess,
+    ephemeral_low,
     free_port,
     metric_total,
     service_command,
@@ -73,3 +76,15 @@ def test_metric_total_sums_every_series_of_one_name():
             "demo_steps_total_other 100\nplain 2\n")
     assert metric_total(text, "demo_steps_total") == 7.0
     assert metric_total(text, "plain") == 2.0
+
+
+def test_free_ports_come_from_below_the_ephemeral_range_and_never_twice():
+    low = ephemeral_low()
+    if low <= LOWEST_PORT + 1000:
+        pytest.skip("this system does not say its ephemeral port range (/proc/sys/net/ipv4/ip_local_port_range)")
+    ports = [free_port() for _ in range(50)]
+    assert len(set(ports)) == len(ports)
+    assert all(LOWEST_PORT <= p < low for p in ports)
+    for p in ports[:5]:  # nothing holds them: a server can bind each
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))
