@@ -33,7 +33,7 @@ namespace tserve_native {
 // Within 3, a CPU with AVX512-VNNI takes vpdpbusd loops for one row at a time and for Q4_K's 4-15
 // rows, and vpdpwssd loops over the widened blocks for the rest from 4 rows on, eight rows against
 // two tiles a pass (the same exact integers; TSERVE_NATIVE_ISA=avx2 turns them off); with AMX
-// (int8 tiles, granted by the kernel), Q4_K and Q6_K from 16 rows and Q8_0, Q5_0, Q4_0 from 3 go
+// (int8 tiles, granted by the kernel), Q4_K from 9 rows, Q6_K from 10 and Q8_0, Q5_0, Q4_0 from 3 go
 // through tile products (ka_run, ka_run32; TSERVE_NATIVE_ISA=avx512 turns them off). (2 was AVX512-VNNI over 8-bit
 // activations, removed with them.)
 constexpr int64_t KQ_AUTO = -1, KQ_SCALAR = 0, KQ_AVX2 = 1, KQ_PACKED = 3;

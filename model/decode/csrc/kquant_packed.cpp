@@ -583,6 +583,7 @@ constexpr int KW_ROWS = 4;
 // in-process on the 1.5B (2 threads, alternated) 4 rows 0.82-0.85x the one-tile widened path's time,
 // 8 rows ~0.95x; from 16 rows the widened path with two tiles a pass (kw_dot8x2_vnni) is as fast or
 // faster (32 rows 0.90-0.98x the byte loops' time); prompts keep the widened path and its row groups.
+// Where the CPU has AMX, Q4_K's tiles take over from KA_MIN_K4 rows (below).
 constexpr int64_t KB_MAX = 16;
 constexpr int64_t KW_L2_BYTES = 192 * 1024;  // the activations a group of rows may hold (a core's L2: 512 KB here)
 
@@ -1222,11 +1223,16 @@ TSERVE_KP_TARGET_VNNI void kb_run_k4(const KqActs& a, int64_t B, int64_t k, cons
 #define TSERVE_KA_TARGET \
   __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")))
 
-// Rows from which the tiles run (in-process, the Qwen2.5-Coder files, 2 threads, alternated): Q4_K
-// and Q6_K from 16 (16 rows 0.88x the VNNI loops' time; 8 rows 1.1-1.16x, their weights' preparation
-// costing more than the products it saves), the 32-value types from 3 (whose preparation is a few
-// byte operations: 3 rows 0.93x, 4 rows 0.89x, 8 rows 0.83x; 2 rows 1.16x).
-constexpr int64_t KA_MIN = 16;
+// Rows from which the tiles run (in-process, the Qwen2.5-Coder files, 2 threads, alternated). Q4_K
+// from 9 and Q6_K from 10, where the tiles' preparation of each block has come to cost less than the
+// products it saves (measured 2026-11-30 on the 1.5B's step, 2-3 rounds a row count, against the
+// byte loops for Q4_K and the widened int16 loops for Q6_K): Q4_K's tiles alone 8 rows 0.97-1.04x
+// the step's time (a wash: left to the byte loops), 9 rows 0.95x; both types' tiles 4 rows 1.3x,
+// 9 rows 1.0x, 10 rows 0.9x, 11 rows 0.84x, 12 rows 0.87x, 14 rows 0.80x. The 32-value types
+// from 3 (whose preparation is a few byte operations: 3 rows 0.93x, 4 rows 0.89x, 8 rows 0.83x;
+// 2 rows 1.16x).
+constexpr int64_t KA_MIN_K4 = 9;
+constexpr int64_t KA_MIN_K6 = 10;
 constexpr int64_t KA32_MIN = 3;
 constexpr int64_t KA_L2_BYTES = 1280 * 1024;  // a row group's activation bytes (hi and lo), in a core's L2
 constexpr int kKaOrder[16] = {0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15};  // column -> output of the pair
@@ -1699,7 +1705,7 @@ bool kq_packed_runs() {
 void kq_packed_rows(const KqActs& a, int64_t B, int64_t k, const uint8_t* packed, int64_t qtype, int64_t j0,
                     int64_t j1, const float* bias, float* y, int64_t stride) {
 #if defined(TSERVE_AVX512)
-  if ((qtype == KQ4_K || qtype == KQ6_K) && B >= KA_MIN && ka_amx()) {
+  if (((qtype == KQ4_K && B >= KA_MIN_K4) || (qtype == KQ6_K && B >= KA_MIN_K6)) && ka_amx()) {
     const bool six = qtype == KQ6_K;
     const int64_t bb = kq_packed_bytes(qtype, KP, 256);
     const int64_t alone = six ? ka_run<KQ6_K>(a, B, k, packed, j0, j1, bias, y, stride)

@@ -293,9 +293,10 @@ def packed_products(out: str) -> None:
 
 def amx_products(out: str) -> None:
     """The types the AMX tiles take (Q4_K, Q6_K, Q8_0, Q5_0, Q4_0) at the row counts they take
-    them (the 32-value types from 3 rows, the K-quants from 16: whole tiles of 16 rows, a short
-    last one, two row groups at 600 rows), over 40 outputs (two pairs of tiles and one alone)."""
-    _products(out, ("Q4_K", "Q6_K", "Q8_0", "Q5_0", "Q4_0"), (3, 16, 17, 33, 600), 40)
+    them (the 32-value types from 3 rows; Q4_K from 9 and Q6_K from 10, so 8 rows is the edge
+    below, 9 and 11 a short tile alone, then whole tiles of 16, a short last one, two row groups
+    at 600 rows), over 40 outputs (two pairs of tiles and one alone)."""
+    _products(out, ("Q4_K", "Q6_K", "Q8_0", "Q5_0", "Q4_0"), (3, 8, 9, 11, 16, 17, 33, 600), 40)
 
 
 def _here_and_in_a_child(tmp_path, producer: str, **env: str) -> tuple[dict, dict]:
@@ -320,7 +321,8 @@ def _same_bits(a: dict, b: dict) -> None:
 def test_the_avx512_vnni_loops_give_the_avx2_loops_bits(tmp_path):
     """Where the CPU has AVX512-VNNI, its loops run (kquant_packed.cpp): one row at a time through
     vpdpbusd (kp_row_k4_vnni, kp_row6_vnni: 1 row, and the rows left over), Q4_K's byte loops from
-    4 rows below KB_MAX (kb_run_k4: 4 and 13 rows), the widened blocks through vpdpwssd for the
+    4 rows below KB_MAX (kb_run_k4: 4 and 13 rows; with AMX, 13 go through Q4_K's tiles and the
+    AMX test's child runs these loops at 8, 9 and 11), the widened blocks through vpdpwssd for the
     other types and from KB_MAX rows, eight rows against two tiles a pass (33 and 70), and the
     AMX tiles where they run; a child with ``TSERVE_NATIVE_ISA=avx2`` runs the AVX2 loops on the
     same inputs, and every product has the same bits (on a CPU without VNNI both sides run the
@@ -335,8 +337,8 @@ def test_the_avx512_vnni_loops_give_the_avx2_loops_bits(tmp_path):
 
 
 def test_the_amx_tiles_give_the_avx512_loops_bits(tmp_path):
-    """Where the CPU has AMX and the kernel grants it (common.h probes both), Q4_K and Q6_K take
-    the tiles from 16 rows, Q8_0, Q5_0 and Q4_0 from 3 (ka_run, ka_run32: the same exact integers,
+    """Where the CPU has AMX and the kernel grants it (common.h probes both), Q4_K takes the
+    tiles from 9 rows, Q6_K from 10, Q8_0, Q5_0 and Q4_0 from 3 (ka_run, ka_run32: the same exact integers,
     the same float combination); a child with ``TSERVE_NATIVE_ISA=avx512`` runs the VNNI loops on
     the same inputs, and every product has the same bits."""
     native.build()
