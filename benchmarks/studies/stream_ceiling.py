@@ -49,10 +49,18 @@ static const int STEP = 64;
 typedef __m256i V;
 static inline V vzero() { return _mm256_setzero_si256(); }
 static inline V vload(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-static inline V vwork(V acc, V v, V b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(v, b), _mm256_set1_epi16(1))); }
+static inline V vwork(V acc, V v, V b) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(v, b), _mm256_set1_epi16(1)));
+}
 static inline V vadd(V a, V b) { return _mm256_add_epi32(a, b); }
 static inline V vset(int x) { return _mm256_set1_epi8(static_cast<char>(x)); }
-static inline long long vsum(V v) { alignas(32) int32_t t[8]; _mm256_store_si256(reinterpret_cast<__m256i*>(t), v); long long s = 0; for (int i = 0; i < 8; ++i) s += t[i]; return s; }
+static inline long long vsum(V v) {
+  alignas(32) int32_t t[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(t), v);
+  long long s = 0;
+  for (int i = 0; i < 8; ++i) s += t[i];
+  return s;
+}
 static const int STEP = 32;
 #endif
 
