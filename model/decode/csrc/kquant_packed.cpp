@@ -1237,6 +1237,9 @@ constexpr int64_t KA32_MIN = 3;
 constexpr int64_t KA_L2_BYTES = 1280 * 1024;  // a row group's activation bytes (hi and lo), in a core's L2
 constexpr int kKaOrder[16] = {0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15};  // column -> output of the pair
 
+// kKaOrder as the dword indices of a permutation: a pair's 16 per-output values into column order
+TSERVE_KA_TARGET inline __m512i ka_order() { return _mm512_loadu_si512(kKaOrder); }
+
 inline bool ka_amx() {
   static const bool on = cpu().amx_int8;
   return on;
@@ -1302,7 +1305,7 @@ TSERVE_KA_TARGET void ka_prep_k4(const uint8_t* const* blk, uint8_t* bw) {
 
 // A pair's d (or dmin) halves as 16 floats in column order
 TSERVE_KA_TARGET inline __m512 ka_halves(const uint8_t* const* blk, int64_t at) {
-  const __m512i order = _mm512_setr_epi32(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
+  const __m512i order = ka_order();
   const __m256i h = _mm256_inserti128_si256(
       _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk[0] + at))),
       _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk[1] + at)), 1);
@@ -1350,7 +1353,7 @@ struct KaTermsK4 {
 };
 
 TSERVE_KA_TARGET inline void ka_terms_k4(const uint8_t* const* blk, KaTermsK4& t) {
-  const __m512i order = _mm512_setr_epi32(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
+  const __m512i order = ka_order();
   __m256i mp0[4], mp1[4];
   kw_minima_pairs(blk[0] + 1088, mp0);
   kw_minima_pairs(blk[1] + 1088, mp1);
