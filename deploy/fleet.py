@@ -141,21 +141,29 @@ class Gateway(ServerProcess):
         super().__init__(argv, log_dir / f"gateway-{policy}.log", port=port, ready_path="/liveness",
                          stop_grace_s=10)
 
-    def healthy_workers(self) -> set[str]:
-        """The worker URLs SMG would route to now."""
+    def healthy_workers(self, polled: bool = False) -> set[str]:
+        """The worker URLs SMG would route to now; with ``polled``, only those whose load
+        (GET /v1/loads) SMG has read at least once."""
         try:
             listed = httpx.get(self.url + "/workers", timeout=5).json()["workers"]
         except (httpx.HTTPError, ValueError, KeyError):
             return set()
-        return {w["url"] for w in listed if w.get("is_healthy")}
+        return {w["url"] for w in listed if w.get("is_healthy") and (not polled or w.get("engine_load"))}
 
     def wait_healthy(self, urls: Sequence[str] | set[str], timeout_s: float = 180) -> None:
-        """Until SMG lists every one of ``urls`` as healthy; else raises, naming those it does not."""
+        """Until SMG lists every one of ``urls`` as healthy and has read each one's load; else
+        raises, naming those it does not. Until its load monitor has polled a replica, SMG's
+        expected-wait estimate prices that replica's requests at 1 s each against ~0.5 s on a
+        polled one (1,024 prompt tokens at its default 2,000 tokens/s), so a burst sent in the
+        first poll interval (2 s) piles onto the replica polled first: 6 of 8 new tenants on one
+        replica, which then queued past SMG's overload mark and spilled turns to replicas that
+        computed the tenants' prompts again."""
         deadline = time.monotonic() + timeout_s
-        while not set(urls) <= (healthy := self.healthy_workers()):
+        while not set(urls) <= (ready := self.healthy_workers(polled=True)):
             if not self.alive() or time.monotonic() > deadline:
-                state = "exited" if not self.alive() else f"did not list them as healthy within {timeout_s:g} s"
-                raise TimeoutError(f"the gateway ({self.url}) cannot reach {sorted(set(urls) - healthy)}: it {state}; "
+                state = ("exited" if not self.alive() else
+                         f"did not list them as healthy with a polled load within {timeout_s:g} s")
+                raise TimeoutError(f"the gateway ({self.url}) cannot reach {sorted(set(urls) - ready)}: it {state}; "
                                    f"its log ({self.log_path}) ends:\n{self.log_tail()}")
             time.sleep(0.5)
 
