@@ -152,12 +152,9 @@ class Gateway(ServerProcess):
 
     def wait_healthy(self, urls: Sequence[str] | set[str], timeout_s: float = 180) -> None:
         """Until SMG lists every one of ``urls`` as healthy and has read each one's load; else
-        raises, naming those it does not. Until its load monitor has polled a replica, SMG's
-        expected-wait estimate prices that replica's requests at 1 s each against ~0.5 s on a
-        polled one (1,024 prompt tokens at its default 2,000 tokens/s), so a burst sent in the
-        first poll interval (2 s) piles onto the replica polled first: 6 of 8 new tenants on one
-        replica, which then queued past SMG's overload mark and spilled turns to replicas that
-        computed the tenants' prompts again."""
+        raises, naming those it does not. Before its first poll of a replica SMG prices that
+        replica's requests above a polled one's, so a burst would pile onto the replica polled
+        first (docs/deployment.md, "Start-up")."""
         deadline = time.monotonic() + timeout_s
         while not set(urls) <= (ready := self.healthy_workers(polled=True)):
             if not self.alive() or time.monotonic() > deadline:

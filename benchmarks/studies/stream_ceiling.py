@@ -12,10 +12,10 @@ of a few passes, one thread; the same loop over a buffer that fits in L1 gives t
 
     python -m benchmarks.studies.stream_ceiling [--mib 512] [--work 0 4 8 16] [--json PATH]
 
-What it showed on the 2-core Sapphire Rapids VM (2026-11-30; docs/benchmarks.md, "What one core
-streams while it computes"): 12.8-13.9 GB/s with no work, 9.1-11.2 with 4 products a line, 6.1 with
-16, where 16 is also the work's own rate in L1: the stream and the work overlap only in part, so a
-step that does any work on its bytes reads below torch's sum.
+What it showed on the 2-core Sapphire Rapids VM (2026-11-30; docs/benchmarks.md, "Tiles from 9
+rows, and what one core streams while it computes"): 12.3-14.7 GB/s with no work, 9.1-11.1 with 4
+products a line, 4.6-5.5 with 16, where 16 is also the work's own rate in L1: the stream and the
+work overlap only in part, so a step that does any work on its bytes reads below torch's sum.
 """
 from __future__ import annotations
 
